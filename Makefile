@@ -1,0 +1,52 @@
+# locvit: the README's two commands are `make demo` and `make test`.
+# Both set up .venv first (system libraries for FFCV included); a second run skips
+# what is already installed.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# FFCV builds against OpenCV and libjpeg-turbo found through pkg-config.
+SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev
+STAMP := $(VENV)/.locvit-installed
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: install system-deps demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "FFCV needs system packages that are missing. Run, as root:"; \
+	    echo "  apt-get update && apt-get install -y$$missing"; \
+	    echo "then run make again."; exit 1; \
+	  fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+demo: install
+	$(BIN)/locvit validate
+	$(BIN)/snakemake --cores all all
+	@$(BIN)/locvit results
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results .snakemake

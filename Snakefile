@@ -1,0 +1,23 @@
+"""locvit: the study pipeline, prepare -> train (variant x seed) -> evaluate -> report.
+
+The study config is params.yaml (another file: --config params=path/to/study.yaml).
+It is validated against workflow/schemas/params.schema.yaml before any job runs.
+"""
+
+from locvit.config import load_params
+
+
+PARAMS_FILE = config.get("params", "params.yaml")
+P = load_params(PARAMS_FILE)
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        report_files(),
+    default_target: True

@@ -1,0 +1,5 @@
+import sys
+
+from locvit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,196 @@
+"""The one validated config: ``params.yaml`` checked against its JSON schema.
+
+``workflow/schemas/params.schema.yaml`` declares every key once (type, default,
+description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
+and out-of-range values with a message that names the key and what is allowed,
+fills defaults, then checks what a schema cannot: that every variant's model
+exists and builds with its keyword arguments at the data's image size.
+Nothing runs and nothing is written before this passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+# Keys the pipeline sets itself from the data section; a variant may not override them.
+PIPELINE_KWARGS = ("img_size", "num_classes")
+
+
+class ConfigError(ValueError):
+    """A config that breaks the schema; ``problems`` lists one message per bad key."""
+
+    def __init__(self, problems: list[str], source: str = "params.yaml"):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source} is invalid ({len(problems)} problem(s)); nothing was run:\n{lines}")
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _describe(err: jsonschema.ValidationError) -> str:
+    """One readable line for a schema error: the key, what is wrong, what is allowed."""
+    key = _key(err.absolute_path)
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        where = f"under '{key}'" if err.absolute_path else "at the top level"
+        hints = []
+        for name in extra:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hints.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        return f"unknown key {', '.join(hints)} {where}; allowed keys: {', '.join(allowed)}"
+    if err.validator == "enum":
+        return f"{key}: {err.instance!r} is not allowed; allowed values: {', '.join(map(repr, err.validator_value))}"
+    if err.validator == "pattern":
+        if "file name" in schema.get("description", ""):
+            return (f"{key}: name {err.instance!r} is not safe as a file name; use letters, digits, '_' and '-', "
+                    "starting with a letter or digit (at most 64)")
+        return f"{key}: {err.instance!r} does not match the pattern {err.validator_value!r}"
+    return f"{key}: {err.message}"
+
+
+def _schema_errors(params: Any, schema: dict) -> list[str]:
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = []
+    for err in sorted(validator.iter_errors(params), key=lambda e: list(map(str, e.absolute_path))):
+        problems.append(_describe(err))
+    return problems
+
+
+def _fill_defaults(params: dict, schema: dict) -> dict:
+    """Fill the declared defaults of the top-level sections (not of variant overrides)."""
+    out = copy.deepcopy(params)
+    for key, sub in schema["properties"].items():
+        if "default" in sub and key not in out:
+            out[key] = copy.deepcopy(sub["default"])
+    for section in ("data", "train"):
+        sub = schema["properties"][section]
+        sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
+        for key, spec in sub.get("properties", {}).items():
+            if "default" in spec and key not in out[section]:
+                out[section][key] = copy.deepcopy(spec["default"])
+    for variant in out["variants"].values():
+        variant.setdefault("kwargs", {})
+        variant.setdefault("train", {})
+    return out
+
+
+def _check_semantics(params: dict) -> list[str]:
+    """What the schema cannot say: recipe coherence and models that build."""
+    from locvit.data.sources import get_source  # data sources know their class count
+
+    problems = []
+    recipes = {"train": params["train"]}
+    recipes.update({f"variants.{n}.train": {**params["train"], **v["train"]} for n, v in params["variants"].items()})
+    for where, recipe in recipes.items():
+        if recipe["min_lr"] > recipe["lr"]:
+            problems.append(f"{where}.min_lr: {recipe['min_lr']} is larger than lr {recipe['lr']}")
+        if recipe["warmup_epochs"] >= recipe["epochs"] and recipe["warmup_epochs"] > 0:
+            problems.append(f"{where}.warmup_epochs: {recipe['warmup_epochs']} must be smaller than epochs ({recipe['epochs']})")
+    source = get_source(params["data"]["source"])
+    for name, variant in params["variants"].items():
+        for key in PIPELINE_KWARGS:
+            if key in variant["kwargs"]:
+                problems.append(
+                    f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
+                    f"(data.image_size / the dataset's classes); remove it from the variant"
+                )
+        if problems:
+            continue
+        problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes))
+    return problems
+
+
+def check_model(name: str, variant: dict, image_size: int, num_classes: int) -> list[str]:
+    """Build the variant's model on the meta device (no memory, no compute) to check it."""
+    import timm
+    import torch
+
+    import locvit.models  # noqa: F401  registers locvit's families
+
+    model = variant["model"]
+    if not timm.is_model(model):
+        close = difflib.get_close_matches(model, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `timm.list_models()`"
+        return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
+    try:
+        with torch.device("meta"):
+            timm.create_model(model, pretrained=False, img_size=image_size, num_classes=num_classes, **variant["kwargs"])
+    except Exception as err:  # any build failure is a config problem of this variant
+        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
+    return []
+
+
+def validate_params(params: Any, source: str = "params.yaml", check_models: bool = True) -> dict:
+    """Validate a parsed config; return it with defaults filled, or raise :class:`ConfigError`."""
+    schema = load_schema()
+    if not isinstance(params, dict):
+        raise ConfigError([f"the file must hold a mapping of keys, not {type(params).__name__}"], source)
+    problems = _schema_errors(params, schema)
+    if problems:
+        raise ConfigError(problems, source)
+    params = _fill_defaults(params, schema)
+    problems = _check_semantics(params) if check_models else []
+    if problems:
+        raise ConfigError(problems, source)
+    return params
+
+
+def load_params(path: str | os.PathLike = "params.yaml", check_models: bool = True) -> dict:
+    """Read and validate ``params.yaml``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path} does not exist; copy params.yaml from the repository root"], str(path))
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError([f"not valid YAML: {err}"], str(path)) from err
+    return validate_params(raw, str(path), check_models=check_models)
+
+
+def run_config(params: dict, variant: str, seed: int) -> dict:
+    """The fully resolved config of one training run (what MLflow records as params)."""
+    from locvit.data.sources import get_source
+
+    if variant not in params["variants"]:
+        raise ConfigError([f"variants.{variant}: no such variant; defined: {', '.join(params['variants'])}"])
+    spec = params["variants"][variant]
+    source = get_source(params["data"]["source"])
+    kwargs = dict(spec["kwargs"], img_size=params["data"]["image_size"], num_classes=source.num_classes)
+    return {
+        "study": params["study"],
+        "variant": variant,
+        "seed": int(seed),
+        "model": spec["model"],
+        "model_kwargs": kwargs,
+        "data": copy.deepcopy(params["data"]),
+        "train": {**params["train"], **spec["train"]},
+    }
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{'a': {'b': 1}} -> {'a.b': 1}`` (for MLflow params)."""
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out

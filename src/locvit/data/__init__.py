@@ -1,0 +1,1 @@
+"""Datasets: sources behind one small interface, preparation into FFCV files, loaders."""

@@ -1,0 +1,6 @@
+"""locvit's model families, registered with timm on import.
+
+Every model is then built by name: ``timm.create_model("<name>", **kwargs)``.
+The families (MaiT, LSA, IBiT) arrive in their own modules; the baselines (DeiT,
+CaiT, ConViT, NesT) come straight from timm.
+"""

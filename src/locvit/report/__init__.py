@@ -1,0 +1,1 @@
+"""Results tables (and, later, plots) built from the evaluation files of a study."""

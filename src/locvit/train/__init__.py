@@ -1,0 +1,1 @@
+"""Training: the engine (one epoch, evaluation), checkpoints, and the run loop."""

@@ -1,0 +1,62 @@
+"""Shared fixtures: the repository root, a prepared tiny digits set, small configs."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_params() -> dict:
+    """The validated tiny preset."""
+    from locvit.config import load_params
+
+    return load_params(REPO / "presets" / "tiny.yaml")
+
+
+@pytest.fixture
+def raw_tiny() -> dict:
+    """The tiny preset as written (unvalidated), for tests that break it."""
+    return copy.deepcopy(yaml.safe_load((REPO / "presets" / "tiny.yaml").read_text()))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, tiny_params) -> dict:
+    """The tiny preset's data prepared once: paths of the three splits and the manifest."""
+    from locvit.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("data")
+    paths = {s: out / f"{s}.beton" for s in ("train", "val", "test")}
+    manifest = prepare(tiny_params["data"], paths, out / "manifest.json")
+    return {**paths, "manifest": out / "manifest.json", "manifest_data": manifest, "dir": out}
+
+
+def copy_workflow(dest: Path) -> Path:
+    """Copy what a user's checkout needs to run the pipeline (not results, not .venv)."""
+    for name in ("Snakefile", "params.yaml", "dvc.yaml"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("workflow", "profiles", "cluster", "presets", "src"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+def env_with_venv() -> dict:
+    """The environment for subprocesses: our venv's bin first on PATH (for `locvit`, `dvc`)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env

@@ -1,0 +1,130 @@
+"""Config validation: each kind of bad value is rejected with a message naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from locvit.config import ConfigError, load_params, run_config, validate_params
+
+
+def _error(params) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate_params(params)
+    return str(info.value)
+
+
+def test_the_shipped_configs_are_valid(repo):
+    for path in [repo / "params.yaml", *sorted((repo / "presets").glob("*.yaml"))]:
+        params = load_params(path)
+        assert params["variants"], path
+
+
+def test_defaults_are_filled(tiny_params):
+    assert tiny_params["train"]["weight_decay"] == 0.05  # schema default, not in the preset
+    assert tiny_params["data"]["write_mode"] == "raw"
+    assert tiny_params["variants"]["deit_a"]["train"] == {}
+
+
+def test_unknown_top_level_key(raw_tiny):
+    raw_tiny["seed"] = 3
+    assert "unknown key 'seed' (did you mean 'seeds'?) at the top level" in _error(raw_tiny)
+
+
+def test_unknown_nested_key_names_the_section_and_allowed_keys(raw_tiny):
+    raw_tiny["train"]["learning_rate"] = 0.1
+    msg = _error(raw_tiny)
+    assert "unknown key 'learning_rate'" in msg and "under 'train'" in msg and "allowed keys:" in msg and "lr" in msg
+
+
+def test_wrong_type(raw_tiny):
+    raw_tiny["train"]["epochs"] = "ten"
+    assert "train.epochs: 'ten' is not of type 'integer'" in _error(raw_tiny)
+
+
+def test_out_of_range(raw_tiny):
+    raw_tiny["variants"]["deit_a"]["train"] = {"lr": -1}
+    assert "variants.deit_a.train.lr: -1 is less than or equal to the minimum of 0" in _error(raw_tiny)
+
+
+def test_enum_lists_allowed_values(raw_tiny):
+    raw_tiny["data"]["source"] = "imagenet"
+    assert "data.source: 'imagenet' is not allowed; allowed values: 'digits'" in _error(raw_tiny)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "with space", ".hidden", ""])
+def test_unsafe_variant_names(raw_tiny, name):
+    raw_tiny["variants"][name] = raw_tiny["variants"]["deit_a"]
+    msg = _error(raw_tiny)
+    assert "variants" in msg and repr(name) in msg and "not safe as a file name" in msg
+
+
+def test_missing_required_and_empty_lists(raw_tiny):
+    del raw_tiny["variants"]["deit_a"]["model"]
+    raw_tiny["seeds"] = []
+    msg = _error(raw_tiny)
+    assert "variants.deit_a: 'model' is a required property" in msg
+    assert "seeds: [] should be non-empty" in msg
+
+
+def test_duplicate_seeds(raw_tiny):
+    raw_tiny["seeds"] = [0, 0]
+    assert "seeds: [0, 0] has non-unique elements" in _error(raw_tiny)
+
+
+def test_unknown_model_suggests_close_names(raw_tiny):
+    raw_tiny["variants"]["deit_a"]["model"] = "deit_tiny_patch16_22"
+    msg = _error(raw_tiny)
+    assert "variants.deit_a.model: 'deit_tiny_patch16_22' is not a registered timm model" in msg
+    assert "deit_tiny_patch16_224" in msg
+
+
+def test_kwargs_that_do_not_build(raw_tiny):
+    raw_tiny["variants"]["deit_a"]["kwargs"]["embed_dim"] = 33  # not divisible by 2 heads
+    assert "variants.deit_a.kwargs: deit_tiny_patch16_224 does not build" in _error(raw_tiny)
+
+
+def test_pipeline_owned_kwargs_are_refused(raw_tiny):
+    raw_tiny["variants"]["deit_a"]["kwargs"]["img_size"] = 224
+    assert "variants.deit_a.kwargs.img_size: set by the pipeline" in _error(raw_tiny)
+
+
+def test_incoherent_recipe(raw_tiny):
+    raw_tiny["train"]["min_lr"] = 0.5
+    raw_tiny["train"]["warmup_epochs"] = 5
+    msg = _error(raw_tiny)
+    assert "train.min_lr: 0.5 is larger than lr" in msg and "train.warmup_epochs: 5 must be smaller" in msg
+
+
+def test_not_a_mapping_and_bad_yaml(tmp_path):
+    assert "must hold a mapping" in _error([1, 2])
+    bad = tmp_path / "p.yaml"
+    bad.write_text("study: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_params(tmp_path / "missing.yaml")
+
+
+def test_run_config_merges_variant_overrides(raw_tiny):
+    raw_tiny["variants"]["deit_b"]["train"] = {"lr": 0.01}
+    params = validate_params(raw_tiny)
+    cfg = run_config(params, "deit_b", 1)
+    assert cfg["train"]["lr"] == 0.01 and cfg["train"]["epochs"] == 2 and cfg["seed"] == 1
+    assert cfg["model_kwargs"]["img_size"] == 16 and cfg["model_kwargs"]["num_classes"] == 10
+    with pytest.raises(ConfigError, match="no such variant"):
+        run_config(params, "nope", 0)
+
+
+def test_cli_rejects_a_bad_config_and_writes_nothing(tmp_path, raw_tiny, capsys):
+    from locvit.cli import main
+
+    raw_tiny["train"]["batch_size"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw_tiny))
+    out = tmp_path / "out"
+    code = main(["prepare", "--params", str(bad), "--train", str(out / "t.beton"), "--val", str(out / "v.beton"),
+                 "--test", str(out / "s.beton"), "--manifest", str(out / "m.json")])
+    assert code == 2
+    assert "train.batch_size: 0 is less than the minimum of 1" in capsys.readouterr().err
+    assert not out.exists()

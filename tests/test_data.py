@@ -1,0 +1,88 @@
+"""Data preparation: split sizes and stratification, determinism, manifest, FFCV round trip."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from locvit.data.ffcv_io import read_all
+from locvit.data.prepare import load_manifest, prepare, split_indices
+from locvit.data.sources import get_source
+
+
+def test_split_is_stratified_disjoint_and_complete():
+    labels = get_source("digits")
+    labels.load(8)
+    y = labels.labels
+    splits = split_indices(y, 0.15, 0.2, seed=0)
+    all_idx = np.concatenate(list(splits.values()))
+    assert len(all_idx) == len(y) == 1797
+    assert len(np.unique(all_idx)) == len(y)  # disjoint and complete
+    assert len(splits["test"]) == math.ceil(0.2 * 1797)  # scikit-learn rounds the test share up
+    assert abs(len(splits["val"]) - 0.15 * 1797) <= 1
+    # Stratified: every class's share in each split is within 2 points of its overall share.
+    overall = np.bincount(y, minlength=10) / len(y)
+    for idx in splits.values():
+        share = np.bincount(y[idx], minlength=10) / len(idx)
+        assert np.abs(share - overall).max() < 0.02
+
+
+def test_split_depends_on_seed_only():
+    y = np.repeat(np.arange(10), 50)
+    a, b, c = split_indices(y, 0.1, 0.2, 0), split_indices(y, 0.1, 0.2, 0), split_indices(y, 0.1, 0.2, 1)
+    assert all(np.array_equal(a[s], b[s]) for s in a)
+    assert not np.array_equal(a["train"], c["train"])
+
+
+def test_manifest_records_sizes_counts_and_hashes(prepared):
+    m = prepared["manifest_data"]
+    assert m["image_size"] == 16 and m["num_classes"] == 10
+    assert sum(m["splits"][s]["size"] for s in m["splits"]) == 1797
+    for split in ("train", "val", "test"):
+        info = m["splits"][split]
+        assert sum(info["class_counts"]) == info["size"]
+        assert info["file_bytes"] == prepared[split].stat().st_size
+        assert len(info["content_sha256"]) == 64
+    assert load_manifest(prepared["manifest"]) == m
+
+
+def test_prepare_is_deterministic(tmp_path, tiny_params, prepared):
+    paths = {s: tmp_path / f"{s}.beton" for s in ("train", "val", "test")}
+    again = prepare(tiny_params["data"], paths, tmp_path / "manifest.json")
+    assert again["data_hash"] == prepared["manifest_data"]["data_hash"]
+    for split in paths:
+        assert again["splits"][split]["content_sha256"] == prepared["manifest_data"]["splits"][split]["content_sha256"]
+
+
+def test_ffcv_round_trip_gives_back_the_source_images(prepared, tiny_params):
+    source = get_source("digits")
+    source.load(tiny_params["data"]["image_size"])
+    idx = split_indices(source.labels, 0.15, 0.2, 0)["val"]
+    images, labels = read_all(prepared["val"])  # sequential order: the written order
+    assert images.shape == (len(idx), 16, 16, 3) and images.dtype == np.uint8
+    assert np.array_equal(labels, source.labels[idx])
+    assert np.array_equal(images, np.stack([source.image(int(i)) for i in idx]))
+
+
+def test_truncated_beton_is_reported_with_its_name(prepared, tmp_path):
+    bad = tmp_path / "val.beton"
+    bad.write_bytes(prepared["val"].read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"val\.beton.*truncated.*prepare"):
+        load_manifest(prepared["manifest"], {"val": bad})
+    with pytest.raises(FileNotFoundError, match="missing"):
+        load_manifest(prepared["manifest"], {"val": tmp_path / "nope.beton"})
+
+
+def test_missing_or_corrupt_manifest_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.*does not exist"):
+        load_manifest(tmp_path / "manifest.json")
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"manifest\.json is not valid JSON.*prepare"):
+        load_manifest(tmp_path / "manifest.json")
+
+
+def test_unknown_source_lists_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed values: digits"):
+        get_source("mnist")

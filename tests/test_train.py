@@ -1,0 +1,101 @@
+"""Training engine and checkpoints: the loss goes down, checkpoints round-trip exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+
+from locvit.config import run_config
+from locvit.data.ffcv_io import make_loader
+from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
+from locvit.train.engine import cosine_schedule, evaluate, train_one_epoch
+from locvit.train.loop import build_model, normalisation, param_groups, seed_everything
+
+
+def test_cosine_schedule_warms_up_then_decays_to_min_lr():
+    lrs = [cosine_schedule(s, 100, 10, 1e-3, 1e-5) for s in range(101)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))  # rising during warm-up
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then non-increasing
+    assert lrs[100] == pytest.approx(1e-5)
+    assert lrs[55] == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5))  # half-way through the cosine
+
+
+def test_weight_decay_skips_biases_norms_and_tokens():
+    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
+                              num_heads=2, num_classes=10)
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim > 1 for p in decay["params"])
+    skipped = {names[id(p)] for p in no_decay["params"]}
+    assert {"cls_token", "pos_embed", "norm.weight", "head.bias"} <= skipped
+
+
+def test_a_few_batches_bring_the_loss_down(prepared, tiny_params):
+    seed_everything(0)
+    torch.set_num_threads(2)
+    cfg = run_config(tiny_params, "deit_a", 0)
+    model = build_model(cfg)
+    mean, std = normalisation(model)
+    loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
+    val_loader = make_loader(prepared["val"], 256, False, torch.device("cpu"))
+    before = evaluate(model, val_loader, mean, std)["loss"]
+    opt = torch.optim.AdamW(param_groups(model, 0.05), lr=3e-3)
+    step = 0
+    for _ in range(3):
+        stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, step, mean, std, show_progress=False)
+        step = stats["steps"]
+    after = evaluate(model, val_loader, mean, std)
+    assert step == 3 * len(loader)
+    assert after["loss"] < before - 0.1, (before, after)
+    assert after["top1"] > 0.2  # chance is 0.1
+
+
+def test_non_finite_loss_stops_training(prepared, tiny_params):
+    model = build_model(run_config(tiny_params, "deit_b", 0))
+    with torch.no_grad():
+        model.head.weight.fill_(math.nan)
+    loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(FloatingPointError, match="non-finite training loss"):
+        train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
+
+
+def test_checkpoint_round_trip_gives_the_same_logits(tmp_path, tiny_params):
+    cfg = run_config(tiny_params, "deit_a", 0)
+    seed_everything(1)
+    model = build_model(cfg).eval()
+    path = tmp_path / "ckpt" / "best.pt"
+    save_checkpoint(path, {"model": model.state_dict(), "config": cfg, "epoch": 3, "val_top1": 0.5,
+                           "mlflow_run_id": "abc"})
+    assert [p.name for p in path.parent.iterdir()] == ["best.pt"]  # no temporary file left behind
+    state = load_checkpoint(path)
+    rebuilt = build_from_checkpoint(state).eval()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(model(x), rebuilt(x))
+    assert state["epoch"] == 3 and state["config"] == cfg
+
+
+def test_corrupt_or_missing_checkpoint_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint .*missing\.pt does not exist.*Re-run"):
+        load_checkpoint(tmp_path / "missing.pt")
+    bad = tmp_path / "bad.pt"
+    torch.save({"w": torch.ones(1000)}, bad)
+    bad.write_bytes(bad.read_bytes()[:300])
+    with pytest.raises(ValueError, match=r"checkpoint .*bad\.pt cannot be read.*truncated or corrupt"):
+        load_checkpoint(bad)
+
+
+def test_checkpoints_refuse_pickled_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(ValueError, match="cannot be read"):
+        load_checkpoint(path)
