@@ -1,21 +1,23 @@
 """The ``locvit`` command line: one subcommand per pipeline step.
 
-Snakemake rules and DVC stages call these with explicit input and output paths;
-every subcommand validates ``params.yaml`` first, so a bad config stops before
-anything is written.
+Snakemake rules and DVC stages call these with explicit input and output paths.
+Two ways to say what to run:
+
+* Snakemake validates ``params.yaml`` once and hands each job exactly its part of
+  it (``--data-config`` / ``--run-config``, JSON). A job's command then changes only
+  when its own config does, so editing one variant re-runs only that variant.
+* DVC stages (and people) give ``--params params.yaml`` with ``--variant`` and
+  ``--all-seeds``; the file is validated before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from locvit.config import ConfigError, load_params, run_config
-
-
-def _seeds(args, params) -> list[int]:
-    return params["seeds"] if args.all_seeds else [args.seed]
+from locvit.config import ConfigError, load_params, run_config, validate_data, validate_run_config
 
 
 def cmd_validate(args) -> None:
@@ -28,43 +30,37 @@ def cmd_validate(args) -> None:
 def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
-    params = load_params(args.params, check_models=False)
-    manifest = prepare(params["data"], {"train": args.train, "val": args.val, "test": args.test}, args.manifest)
+    data = validate_data(json.loads(args.data_config)) if args.data_config else \
+        load_params(args.params, check_models=False)["data"]
+    manifest = prepare(data, {"train": args.train, "val": args.val, "test": args.test}, args.manifest)
     sizes = {s: manifest["splits"][s]["size"] for s in manifest["splits"]}
     print(f"prepared {manifest['source']} at {manifest['image_size']}px: {sizes}; data hash {manifest['data_hash']}")
-
-
-def cmd_tracking(args) -> None:
-    from locvit import tracking
-    from locvit.io import write_json
-
-    params = load_params(args.params, check_models=False)
-    experiment_id = tracking.setup(params["study"], args.study_dir)
-    write_json(args.out, {"experiment": params["study"], "experiment_id": experiment_id,
-                          "tracking_uri": tracking.default_uri(args.study_dir)})
-    print(f"MLflow experiment {params['study']!r} ({experiment_id}) at {tracking.default_uri(args.study_dir)}")
 
 
 def cmd_train(args) -> None:
     from locvit.train.loop import train_run
 
-    params = load_params(args.params)
-    for seed in _seeds(args, params):
-        out_dir = args.out_dir if not args.all_seeds else args.runs_dir / f"seed{seed}"
-        train_run(run_config(params, args.variant, seed), args.train_data, args.val_data, args.manifest,
-                  out_dir, args.study_dir, show_progress=args.progress, threads=args.threads)
+    if args.run_config:
+        jobs = [(validate_run_config(json.loads(args.run_config)), args.out_dir)]
+    else:
+        params = load_params(args.params)
+        jobs = [(run_config(params, args.variant, s), args.runs_dir / f"seed{s}") for s in params["seeds"]]
+    for cfg, out_dir in jobs:
+        train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
+                  show_progress=args.progress, threads=args.threads)
 
 
 def cmd_evaluate(args) -> None:
-    from locvit.train.evaluate import evaluate_checkpoint
+    from locvit.train.evaluate import evaluate_checkpoints
 
-    params = load_params(args.params, check_models=False)
     if args.all_seeds:
-        jobs = [(args.runs_dir / f"seed{s}" / "best.pt", args.eval_dir / f"seed{s}.json") for s in params["seeds"]]
+        seeds = load_params(args.params, check_models=False)["seeds"]
+        checkpoints = [args.runs_dir / f"seed{s}" / "best.pt" for s in seeds]
+        outs = [args.eval_dir / f"seed{s}.json" for s in seeds]
     else:
-        jobs = [(args.checkpoint, args.out)]
-    for checkpoint, out in jobs:
-        result = evaluate_checkpoint(checkpoint, args.data, args.manifest, out, args.study_dir, threads=args.threads)
+        checkpoints, outs = args.checkpoint, args.out
+    for result in evaluate_checkpoints(checkpoints, outs, args.data, args.manifest, args.tracking_db,
+                                       threads=args.threads):
         print(f"{result['variant']} seed {result['seed']}: test top-1 {100 * result['test_top1']:.2f}% "
               f"on {result['n']} images")
 
@@ -89,6 +85,10 @@ def cmd_results(args) -> None:
     print(f"Results table: {table} (also .csv and .tex beside it)")
 
 
+TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
+THREADS_HELP = "torch CPU threads (default: torch's choice)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="locvit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,40 +102,36 @@ def build_parser() -> argparse.ArgumentParser:
     add("validate", cmd_validate, "check params.yaml and say how many runs it defines")
 
     p = add("prepare", cmd_prepare, "split the dataset and write one FFCV file per split plus a manifest")
+    p.add_argument("--data-config", help="the data section as JSON (instead of reading it from --params)")
     for split in ("train", "val", "test"):
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
 
-    p = add("tracking", cmd_tracking, "create the study's MLflow experiment (before jobs log to it in parallel)")
-    p.add_argument("--study-dir", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True, help="output JSON naming the experiment and backend")
-
-    p = add("train", cmd_train, "train one variant at one seed (or all seeds)")
-    p.add_argument("--variant", required=True)
+    p = add("train", cmd_train, "train one run (--run-config) or every seed of a variant (--variant)")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--all-seeds", action="store_true", help="train every seed of params.yaml into --runs-dir/seed<k>")
+    g.add_argument("--run-config", help="one run's resolved config as JSON (written by Snakemake)")
+    g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")
     p.add_argument("--train-data", type=Path, required=True)
     p.add_argument("--val-data", type=Path, required=True)
     p.add_argument("--manifest", type=Path, required=True)
-    p.add_argument("--out-dir", type=Path, help="with --seed: where last.pt, best.pt and metrics.json go")
-    p.add_argument("--runs-dir", type=Path, help="with --all-seeds: parent of the seed<k> folders")
-    p.add_argument("--study-dir", type=Path, required=True, help="results/<study> (holds the default MLflow backend)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out-dir", type=Path, help="with --run-config: where last.pt, best.pt and metrics.json go")
+    p.add_argument("--runs-dir", type=Path, help="with --variant: parent of the seed<k> folders")
+    p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
 
-    p = add("evaluate", cmd_evaluate, "score a checkpoint on the test split")
+    p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--checkpoint", type=Path)
+    g.add_argument("--checkpoint", type=Path, nargs="+", help="checkpoints to score")
     g.add_argument("--all-seeds", action="store_true", help="score --runs-dir/seed<k>/best.pt into --eval-dir")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--manifest", type=Path, required=True)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, nargs="+", help="one output JSON per --checkpoint")
     p.add_argument("--runs-dir", type=Path)
     p.add_argument("--eval-dir", type=Path)
-    p.add_argument("--study-dir", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
     p = add("report", cmd_report, "write the results table (Markdown, CSV, LaTeX)")
     p.add_argument("--eval", type=Path, nargs="+", required=True, help="evaluation JSON files or folders of them")
@@ -148,16 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options each mode needs beyond argparse's own checks.
+NEEDED = {
+    ("train", "run_config"): ["out_dir"],
+    ("train", "variant"): ["runs_dir"],
+    ("evaluate", "checkpoint"): ["out"],
+    ("evaluate", "all_seeds"): ["runs_dir", "eval_dir"],
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "all_seeds", False):
-        needed = {"train": ["runs_dir"], "evaluate": ["runs_dir", "eval_dir"]}[args.command]
-    else:
-        needed = {"train": ["out_dir"], "evaluate": ["out"]}.get(args.command, [])
-    missing = [f"--{n.replace('_', '-')}" for n in needed if getattr(args, n) is None]
-    if missing:
-        parser.error(f"{args.command}: {' and '.join(missing)} required here")
+    for (command, mode), needed in NEEDED.items():
+        if args.command == command and getattr(args, mode):
+            missing = [f"--{n.replace('_', '-')}" for n in needed if getattr(args, n) is None]
+            if missing:
+                parser.error(f"{command} --{mode.replace('_', '-')}: {' and '.join(missing)} required")
     try:
         args.fn(args)
     except ConfigError as err:

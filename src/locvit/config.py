@@ -82,12 +82,18 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
     for section in ("data", "train"):
         sub = schema["properties"][section]
         sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
-        for key, spec in sub.get("properties", {}).items():
-            if "default" in spec and key not in out[section]:
-                out[section][key] = copy.deepcopy(spec["default"])
+        out[section] = _fill_defaults_section(out[section], sub)
     for variant in out["variants"].values():
         variant.setdefault("kwargs", {})
         variant.setdefault("train", {})
+    return out
+
+
+def _fill_defaults_section(section: dict, schema: dict) -> dict:
+    out = copy.deepcopy(section)
+    for key, spec in schema.get("properties", {}).items():
+        if "default" in spec and key not in out:
+            out[key] = copy.deepcopy(spec["default"])
     return out
 
 
@@ -162,6 +168,36 @@ def load_params(path: str | os.PathLike = "params.yaml", check_models: bool = Tr
     except yaml.YAMLError as err:
         raise ConfigError([f"not valid YAML: {err}"], str(path)) from err
     return validate_params(raw, str(path), check_models=check_models)
+
+
+def validate_data(data: dict) -> dict:
+    """Validate a data section given on its own (as Snakemake hands it to a job)."""
+    schema = load_schema()
+    sub = {**schema, "required": ["data"], "properties": {"data": schema["properties"]["data"]}}
+    problems = _schema_errors({"data": data}, sub)
+    if problems:
+        raise ConfigError(problems, "--data-config")
+    return _fill_defaults_section(data, schema["properties"]["data"])
+
+
+RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
+
+
+def validate_run_config(cfg: dict) -> dict:
+    """Check a resolved run config (from :func:`run_config`) handed to a job as JSON."""
+    missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
+    extra = [k for k in cfg if k not in RUN_CONFIG_KEYS]
+    if missing or extra:
+        raise ConfigError([f"run config: missing keys {missing}, unknown keys {extra}; "
+                           f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"], "--run-config")
+    schema = load_schema()
+    recipe = {**schema["$defs"]["recipe"], "required": list(schema["$defs"]["recipe"]["properties"])}
+    sub = {**schema, "required": ["train", "data"],
+           "properties": {"train": recipe, "data": schema["properties"]["data"]}}
+    problems = _schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
+    if problems:
+        raise ConfigError(problems, "--run-config")
+    return cfg
 
 
 def run_config(params: dict, variant: str, seed: int) -> dict:

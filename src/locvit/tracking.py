@@ -8,10 +8,12 @@ at once, so every call goes through :func:`retry`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -19,17 +21,12 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 
-def default_uri(study_dir: str | Path) -> str:
-    """The tracking URI: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<study_dir>/mlflow.db``."""
+def default_uri(db: str | Path) -> str:
+    """The tracking URI: ``$MLFLOW_TRACKING_URI`` or the SQLite file ``db``."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    db = (Path(study_dir) / "mlflow.db").resolve()
-    return f"sqlite:///{db}"
-
-
-def artifact_root(study_dir: str | Path) -> str:
-    return (Path(study_dir) / "mlartifacts").resolve().as_uri()
+    return f"sqlite:///{Path(db).resolve()}"
 
 
 def retry(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
@@ -48,25 +45,36 @@ def retry(fn: Callable[..., T], *args, attempts: int = 8, **kwargs) -> T:
     raise AssertionError("unreachable")
 
 
-def setup(study: str, study_dir: str | Path) -> str:
-    """Point MLflow at the study's backend and make sure its experiment exists; return its id."""
-    import mlflow
+def setup(study: str, db: str | Path) -> str:
+    """Point MLflow at the study's backend and make sure its experiment exists; return its id.
 
-    uri = default_uri(study_dir)
+    With the default SQLite backend, the first job to get here creates the database
+    and the experiment under a file lock, so parallel jobs never race on MLflow's
+    schema migrations. Artifacts go to ``mlartifacts/`` beside the database.
+    """
+    import mlflow
+    from filelock import FileLock
+
+    uri = default_uri(db)
+    ours = "MLFLOW_TRACKING_URI" not in os.environ  # read first: set_tracking_uri sets that variable
     mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient()
-    exp = retry(client.get_experiment_by_name, study)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return retry(client.create_experiment, study, artifact_location=None if "MLFLOW_TRACKING_URI" in os.environ
-                     else artifact_root(study_dir))
-    except Exception:
-        # Another job created it between our two calls.
+    # Any SQLite backend (ours or one given by URI) is created under a lock beside its file.
+    lock_path = Path(uri[len("sqlite:///"):] + ".lock") if uri.startswith("sqlite:///") else None
+    if lock_path:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_path)) if lock_path else contextlib.nullcontext():
+        client = mlflow.MlflowClient()  # opening the store creates/migrates the database: under the lock
         exp = retry(client.get_experiment_by_name, study)
-        if exp is None:
-            raise
-        return exp.experiment_id
+        if exp is not None:
+            return exp.experiment_id
+        artifacts = (Path(db).parent / "mlartifacts").resolve().as_uri() if ours else None
+        try:
+            return retry(client.create_experiment, study, artifact_location=artifacts)
+        except Exception:
+            exp = retry(client.get_experiment_by_name, study)  # created meanwhile by another client
+            if exp is None:
+                raise
+            return exp.experiment_id
 
 
 @functools.lru_cache(maxsize=1)
@@ -97,3 +105,29 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int) -> None:
     client = mlflow.MlflowClient()
     now = int(time.time() * 1000)
     retry(client.log_batch, run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+
+def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
+    """Log to an existing run; if the backend does not know it, warn and go on.
+
+    That happens after ``dvc pull`` on a fresh clone: the checkpoints come back, the
+    MLflow database of the machine that trained them does not. The caller's own
+    result files are still written.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        log_metrics(run_id, metrics, step)
+        return True
+    except MlflowException as err:
+        if "not found" not in str(err).lower() and "does not exist" not in str(err).lower():
+            raise
+        print(f"WARNING: MLflow run {run_id} is not in the tracking backend {_current_uri()}; "
+              f"{', '.join(metrics)} written to the local result file only.", file=sys.stderr, flush=True)
+        return False
+
+
+def _current_uri() -> str:
+    import mlflow
+
+    return mlflow.get_tracking_uri()

@@ -13,6 +13,8 @@ RUNS_DIR = f"{STUDY_DIR}/runs"
 EVAL_DIR = f"{STUDY_DIR}/eval"
 REPORT_DIR = f"{STUDY_DIR}/report"
 LOG_DIR = f"{STUDY_DIR}/logs"
+# Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
+TRACKING_DB = f"{STUDY_DIR}/mlflow.db"
 VARIANTS = list(P["variants"])
 SEEDS = P["seeds"]
 # The same interpreter that runs Snakemake runs the jobs (works without an activated venv).
@@ -33,6 +35,11 @@ def eval_files(wildcards):
     return expand(f"{EVAL_DIR}/{{variant}}/seed{{seed}}.json", variant=VARIANTS, seed=SEEDS)
 
 
+def variant_checkpoints(wildcards):
+    """The best checkpoint of every seed of one variant (scored together by one evaluate job)."""
+    return expand(f"{RUNS_DIR}/{wildcards.variant}/seed{{seed}}/best.pt", seed=SEEDS)
+
+
 def data_config(wildcards):
     """The data section: a params trigger, so changing it re-runs prepare and all after it."""
     return json.dumps(P["data"], sort_keys=True)
@@ -42,8 +49,3 @@ def run_config_json(wildcards):
     """The resolved config of one run: a params trigger, so a changed variant re-trains only itself."""
     return json.dumps(run_config(P, wildcards.variant, int(wildcards.seed)), sort_keys=True)
 
-
-def study_dir_of(wildcards, input=None, output=None):
-    """results/<study>: the folder of the tracking file (holds the default MLflow backend)."""
-    tracking = input.tracking if input and "tracking" in input.keys() else output[0]
-    return os.path.dirname(tracking)

@@ -1,4 +1,9 @@
-"""Score a trained checkpoint on a split and record the result in its MLflow run."""
+"""Score trained checkpoints on a split and record the results in their MLflow runs.
+
+Several checkpoints (the seeds of one variant) are scored by one process with one
+FFCV loader: building a loader JIT-compiles its pipeline, which costs far more than
+scoring a small test split, so the compile is paid once per variant, not per seed.
+"""
 
 from __future__ import annotations
 
@@ -15,26 +20,34 @@ from locvit.train.engine import evaluate
 from locvit.train.loop import normalisation, resolve_device
 
 
-def evaluate_checkpoint(checkpoint: Path, data: Path, manifest_path: Path, out: Path, study_dir: Path,
-                        split: str = "test", threads: int | None = None) -> dict:
+def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, manifest_path: Path,
+                         tracking_db: Path, split: str = "test", threads: int | None = None) -> list[dict]:
+    """Score each checkpoint on ``data``; write one JSON per checkpoint to ``outs``."""
+    if len(checkpoints) != len(outs):
+        raise ValueError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
     manifest = load_manifest(manifest_path, {split: data})
-    state = load_checkpoint(checkpoint)
-    cfg = state["config"]
-    device = resolve_device(cfg["train"]["device"])
-    model = build_from_checkpoint(state).to(device)
-    mean, std = normalisation(model)
-    loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"])
-    if threads and device.type == "cpu":
-        torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
-    scores = evaluate(model, loader, mean, std)
-    result = {
-        "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-        "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],
-        "n_params": sum(p.numel() for p in model.parameters()), "checkpoint_epoch": state["epoch"],
-        "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"], "data_hash": manifest["data_hash"],
-    }
-    tracking.setup(cfg["study"], study_dir)
-    tracking.log_metrics(state["mlflow_run_id"], {f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"]},
-                         step=state["epoch"])
-    write_json(out, result)
-    return result
+    states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
+    results, loader = [], None
+    for state, out in zip(states, outs):
+        cfg = state["config"]
+        device = resolve_device(cfg["train"]["device"])
+        if loader is None:
+            loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"])
+            if threads and device.type == "cpu":
+                torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
+        model = build_from_checkpoint(state).to(device)
+        mean, std = normalisation(model)
+        scores = evaluate(model, loader, mean, std)
+        result = {
+            "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
+            "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],
+            "n_params": sum(p.numel() for p in model.parameters()), "checkpoint_epoch": state["epoch"],
+            "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"],
+            "data_hash": manifest["data_hash"],
+        }
+        tracking.setup(cfg["study"], tracking_db)
+        tracking.log_to_run(state["mlflow_run_id"], {f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"]},
+                            step=state["epoch"])
+        write_json(out, result)
+        results.append(result)
+    return results

@@ -63,7 +63,7 @@ def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
 
 
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
-              study_dir: Path, show_progress: bool | None = None, threads: int | None = None) -> dict:
+              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None) -> dict:
     """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json."""
     out_dir = Path(out_dir)
     recipe = cfg["train"]
@@ -90,7 +90,7 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     def lr_at(step: int) -> float:
         return cosine_schedule(step, total_steps, warmup_steps, recipe["lr"], recipe["min_lr"])
 
-    experiment_id = tracking.setup(cfg["study"], study_dir)
+    experiment_id = tracking.setup(cfg["study"], tracking_db)
     tags = {
         "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
         "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),

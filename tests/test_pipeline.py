@@ -1,0 +1,149 @@
+"""End to end: the whole Snakemake DAG on the tiny preset, read back as a user would.
+
+One real Snakemake run (prepare -> train x 4 -> evaluate -> report) in a temporary
+copy of the workflow; the MLflow runs are read back with the MLflow client.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BIN, copy_workflow, env_with_venv
+
+pytestmark = pytest.mark.e2e
+TINY = "presets/tiny.yaml"
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,
+                          text=True, timeout=1200)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    """A finished tiny study (the working directory of the run)."""
+    work = copy_workflow(tmp_path_factory.mktemp("study"))
+    snakemake(work, "--cores", "2", "all", "--config", f"params={TINY}")
+    return work
+
+
+@pytest.fixture(scope="module")
+def params(study) -> dict:
+    from locvit.config import load_params
+
+    return load_params(study / TINY)
+
+
+def test_every_output_is_there(study, params):
+    root = study / "results" / "tiny"
+    for split in ("train", "val", "test"):
+        assert (root / "data" / f"{split}.beton").stat().st_size > 0
+    for variant in params["variants"]:
+        for seed in params["seeds"]:
+            run = root / "runs" / variant / f"seed{seed}"
+            assert {"best.pt", "last.pt", "metrics.json"} <= {p.name for p in run.iterdir()}
+            metrics = json.loads((run / "metrics.json").read_text())
+            assert len(metrics["history"]) == params["train"]["epochs"]
+            assert (root / "eval" / variant / f"seed{seed}.json").is_file()
+    assert not list(root.rglob("*.tmp"))  # no temporary file left behind
+
+
+def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study / 'results' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == len(params["variants"]) * len(params["seeds"])
+    seen = set()
+    for run in runs:
+        tags, data = run.data.tags, run.data
+        seen.add((tags["variant"], int(tags["seed"])))
+        assert run.info.status == "FINISHED"
+        assert tags["study"] == "tiny" and tags["dataset"] == "digits" and tags["model"] == "deit_tiny_patch16_224"
+        assert len(tags["data_hash"]) == 16 and tags["git_commit"]
+        assert data.params["train.epochs"] == "2" and data.params["model_kwargs.img_size"] == "16"
+        assert data.params["variant"] == tags["variant"]
+        history = client.get_metric_history(run.info.run_id, "val_top1")
+        assert [m.step for m in history] == [0, 1]  # one value per epoch, step = epoch
+        assert "test_top1" in data.metrics
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"metrics.json", "checkpoints"} <= artifacts
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
+    assert seen == {(v, s) for v in params["variants"] for s in params["seeds"]}
+
+
+def test_results_table_matches_the_evaluations(study, params):
+    report = study / "results" / "tiny" / "report"
+    rows = list(csv.DictReader((report / "results.csv").open()))
+    assert [r["variant"] for r in rows] == list(params["variants"])
+    md = (report / "results.md").read_text()
+    tex = (report / "results.tex").read_text()
+    for row in rows:
+        evals = [json.loads((study / "results" / "tiny" / "eval" / row["variant"] / f"seed{s}.json").read_text())
+                 for s in params["seeds"]]
+        accs = [100 * e["test_top1"] for e in evals]
+        assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
+        assert int(row["seeds"]) == 2 and row["missing_seeds"] == ""
+        assert set(row["mlflow_run_ids"].split()) == {e["mlflow_run_id"] for e in evals}
+        assert f"| {row['variant']} |" in md and row["variant"].replace("_", r"\_") in tex
+    assert "±" in md and r"\toprule" in tex
+
+
+def test_rerun_with_nothing_changed_does_nothing(study):
+    out = snakemake(study, "--cores", "2", "all", "--config", f"params={TINY}")
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def _planned(dry_run_output: str, rule: str) -> list[str]:
+    """The wildcards of every job of ``rule`` in a dry run's output."""
+    jobs = dry_run_output.split("\nrule ")[1:]
+    return [line.strip() for job in jobs if job.startswith(f"{rule}:")
+            for line in job.splitlines() if line.strip().startswith("wildcards:")]
+
+
+def test_changing_one_variant_retrains_only_that_variant(study):
+    changed = yaml.safe_load((study / TINY).read_text())
+    changed["variants"]["deit_b"]["train"] = {"lr": 0.001}
+    (study / "changed.yaml").write_text(yaml.safe_dump(changed))
+    out = snakemake(study, "-n", "all", "--config", "params=changed.yaml")
+    assert sorted(_planned(out.stdout, "train")) == ["wildcards: variant=deit_b, seed=0",
+                                                     "wildcards: variant=deit_b, seed=1"]
+    assert _planned(out.stdout, "evaluate") == ["wildcards: variant=deit_b"]
+    assert "rule prepare:" not in out.stdout
+
+
+def test_bad_config_stops_before_any_job(tmp_path, raw_tiny):
+    work = copy_workflow(tmp_path)
+    raw_tiny["variants"]["../escape"] = raw_tiny["variants"]["deit_a"]
+    raw_tiny["train"]["optimizer"] = "sgd"
+    (work / "bad.yaml").write_text(yaml.safe_dump(raw_tiny))
+    out = snakemake(work, "--cores", "1", "all", "--config", "params=bad.yaml", check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "variants: name '../escape' is not safe as a file name" in text
+    assert "unknown key 'optimizer' under 'train'" in text
+    assert not (work / "results").exists()
+
+
+def test_lint_is_clean(repo):
+    out = snakemake(repo, "--lint")
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+
+
+def test_cluster_profile_dry_run(repo, tmp_path):
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "-n", "--profile", "cluster", "all", "--config", f"params={TINY}")
+    text = out.stdout + out.stderr
+    assert "Using profiles cluster" in text
+    assert "slurm_partition=gpu" in text and "gpu=1" in text  # training jobs ask for a GPU
