@@ -11,7 +11,7 @@ SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps demo test test-fast lint bench clean
+.PHONY: install system-deps demo test lint bench clean
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ test: install
 
 lint: install
 	$(BIN)/snakemake --lint
+
+# Speed comparisons, measured as ratios side by side; results in benchmarks/results/*.json.
+bench: install
+	cd benchmarks && ../$(BIN)/python bench_mait.py
 
 clean:
 	rm -rf results .snakemake

@@ -4,3 +4,5 @@ Every model is then built by name: ``timm.create_model("<name>", **kwargs)``.
 The families (MaiT, LSA, IBiT) arrive in their own modules; the baselines (DeiT,
 CaiT, ConViT, NesT) come straight from timm.
 """
+
+from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)

@@ -1,0 +1,72 @@
+"""MaiT training step time over its unmasked twin (same size, batch, data), in one run.
+
+The paper says masks cost nothing; we report masked / unmasked step-time ratios for
+the multiply, soft and restrict modes. Results: benchmarks/results/mait_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import timm
+import torch
+import torch.nn.functional as F
+
+import locvit.models  # noqa: F401
+from common import alternate, median, write_result
+
+CASES = {
+    "multiply_sch1": dict(masked_heads="sch1", mask_type="hard", mask_mode="multiply"),
+    "multiply_all": dict(masked_heads="all", mask_type="hard", mask_mode="multiply"),
+    "soft_all": dict(masked_heads="all", mask_type="soft"),
+    "restrict_sch1": dict(masked_heads="sch1", mask_type="hard", mask_mode="restrict"),
+}
+
+
+def step_fn(model: torch.nn.Module, batch: int, size: int, device: torch.device):
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Two sizes: the demo's (65 tokens) and DeiT-Tiny's at 224 (197 tokens).
+    shapes = {
+        "demo_32px_p4_48d_4L": dict(img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=3),
+        "deit_tiny_224_6L": dict(img_size=224, patch_size=16, embed_dim=192, depth=6, num_heads=3),
+    }
+    results = {}
+    for shape_name, shape in shapes.items():
+        batch = args.batch if shape["img_size"] <= 32 else max(8, args.batch // 4)
+        torch.manual_seed(0)
+        fns = {"unmasked": step_fn(timm.create_model("vit_tiny_patch16_224", num_classes=10, **shape).to(device),
+                                   batch, shape["img_size"], device)}
+        for case, opts in CASES.items():
+            model = timm.create_model("mait_tiny_patch16_224", num_classes=10, **shape, **opts).to(device)
+            fns[case] = step_fn(model, batch, shape["img_size"], device)
+        times = alternate(fns, args.repeats)
+        base = median(times["unmasked"])
+        results[shape_name] = {
+            "batch": batch, "shape": shape, "unmasked_step_s": base,
+            "ratios": {case: median(times[case]) / base for case in CASES},
+        }
+        print(shape_name, {k: round(v, 3) for k, v in results[shape_name]["ratios"].items()})
+    path = write_result("mait_step", {"device": str(device), "repeats": args.repeats, "results": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

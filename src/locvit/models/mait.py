@@ -1,0 +1,382 @@
+"""MaiT: Integrating spatial locality into image transformers with attention masks.
+
+Paper: ``shared/papers/000_5c63b9eb4eba7d92.txt`` (no public code). Attention masks
+on some heads of DeiT (and CaiT) make those heads attend to each patch's spatial
+neighbours; the other heads stay global.
+
+Blocks
+    :class:`MaskedAttention`  timm's ``Attention`` with per-head masks, plugged into
+        ``VisionTransformer(attn_layer=MaskedAttention)``; unmasked heads keep the fused path.
+    :class:`MaskedTalkingHeadAttn`  the same for CaiT's talking-heads self-attention.
+Models
+    :class:`MaiT` (a ``VisionTransformer``) and :class:`MaskedCait` (a ``Cait``):
+    timm's models with the masks configured per layer after construction.
+
+Choices (the paper is silent or vague; each is an option):
+
+* ``mask_mode='multiply'`` (default, the paper's Eq. 2): ``softmax(M * QK^T / sqrt(d))``:
+  a dropped entry becomes logit 0, i.e. weight e^0, so a head can still bypass
+  locality. ``'restrict'``: dropped entries get -inf (truly local, sparse attention).
+* A patch row keeps its ``kh x kw`` spatial neighbourhood (itself included, no wrap at
+  the borders) and nothing else, not the class token: "we only compute 9 out of all
+  (N+1) attention weights" for 3x3. Class (and distillation) token rows keep all.
+* Soft masks (Sec. 4.3): non-neighbours get ``alpha = sigmoid(a)`` per head, in (0, 1);
+  neighbours keep 1. ``alpha_init`` sets the start (default 0.5).
+* Masked heads are the first heads of a layer unless head indices are given.
+* Sch.2 leaves layer 8 of 24 unstated: we give it one masked head (it starts the
+  "middle" block; layers 0-7 are the first third).
+* Masked CaiT: the mask multiplies the logits that enter the softmax, i.e. after
+  CaiT's pre-softmax talking-heads mix (``proj_l``), in its self-attention layers only
+  (they hold no class token); its class-attention layers are unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention
+from timm.models import register_model
+from timm.models._builder import build_model_with_cfg
+from timm.models._registry import generate_default_cfgs
+from timm.models.cait import Cait, TalkingHeadAttn
+from timm.models.vision_transformer import VisionTransformer, _cfg
+
+MASK_MODES = ("multiply", "restrict")
+MASK_TYPES = ("hard", "soft", "random")
+SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
+HeadSpec = Union[str, Sequence[Union[int, Sequence[int]]]]
+
+
+def neighbourhood_mask(grid: tuple[int, int], kernel: tuple[int, int] = (3, 3), num_prefix: int = 1) -> torch.Tensor:
+    """Boolean (T, T) mask, T = num_prefix + H*W: which key each query row keeps.
+
+    Patch ``p`` at (r, c) keeps patches within ``kh // 2`` rows and ``kw // 2`` columns
+    (``kernel = (kh, kw)``, both odd; no wrap at the borders). Prefix rows (class,
+    distillation tokens) keep every key; patch rows keep no prefix column.
+    """
+    kh, kw = kernel
+    if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
+        raise ValueError(f"mask_kernel must be odd sizes like (3, 3) or (3, 5), got {kernel}")
+    h, w = grid
+    rows = torch.arange(h, device="cpu").repeat_interleave(w)  # (N,) row of each patch; built on the CPU
+    cols = torch.arange(w, device="cpu").repeat(h)
+    near = ((rows[:, None] - rows[None, :]).abs() <= kh // 2) & ((cols[:, None] - cols[None, :]).abs() <= kw // 2)
+    t = num_prefix + h * w
+    mask = torch.zeros(t, t, dtype=torch.bool, device="cpu")
+    mask[:num_prefix] = True
+    mask[num_prefix:, num_prefix:] = near
+    return mask
+
+
+def random_mask(like: torch.Tensor, num_prefix: int, seed: int) -> torch.Tensor:
+    """A fixed random mask with the same keep rate on the patch rows as ``like`` (Sec. 5.5 control)."""
+    gen = torch.Generator().manual_seed(seed)
+    patch_rows = like[num_prefix:]
+    rate = patch_rows.float().mean().item()
+    mask = like.clone()
+    mask[num_prefix:] = torch.rand(patch_rows.shape, generator=gen, device="cpu") < rate
+    return mask
+
+
+def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]]:
+    """Masked head indices per layer from a scheme name or a per-layer list.
+
+    A per-layer list holds, for each layer, a count (the first heads) or head indices.
+    Names: ``none``; ``sch1`` one head in every layer; ``sch2`` H-1 heads in the first
+    third of the layers, one head up to 5/6 of the depth, none after (24 layers:
+    0-7, 8-19, 20-23); ``sch3`` every head of the first 7/8 of the layers (24: 0-20;
+    the paper's soft-mask scheme); ``mixed`` every head in the first third, one head
+    after (36 layers: 12 + 24, Fig. 4); ``all`` every head of every layer.
+    """
+    if isinstance(scheme, str):
+        third, five_sixths, seven_eighths = depth // 3, (5 * depth) // 6, -(-7 * depth // 8)
+        counts = {
+            "none": [0] * depth,
+            "sch1": [1] * depth,
+            "sch2": [num_heads - 1 if i < third else 1 if i < five_sixths else 0 for i in range(depth)],
+            "sch3": [num_heads if i < seven_eighths else 0 for i in range(depth)],
+            "mixed": [num_heads if i < third else 1 for i in range(depth)],
+            "all": [num_heads] * depth,
+        }
+        if scheme not in counts:
+            raise ValueError(f"masked_heads: unknown scheme {scheme!r}; allowed values: {', '.join(SCHEMES)} "
+                             f"or a per-layer list of head counts / head indices")
+        return [list(range(c)) for c in counts[scheme]]
+    scheme = list(scheme)
+    if len(scheme) != depth:
+        raise ValueError(f"masked_heads: a per-layer list needs one entry per layer ({depth}), got {len(scheme)}")
+    heads = []
+    for layer, entry in enumerate(scheme):
+        idx = list(range(entry)) if isinstance(entry, int) else [int(h) for h in entry]
+        bad = [h for h in idx if not 0 <= h < num_heads] + ([entry] if isinstance(entry, int) and entry > num_heads else [])
+        if bad or len(set(idx)) != len(idx):
+            raise ValueError(f"masked_heads[{layer}]: {entry!r} names heads that do not exist or repeat; "
+                             f"this model has heads 0..{num_heads - 1}")
+        heads.append(sorted(idx))
+    return heads
+
+
+class _HeadMasks(nn.Module):
+    """Per-head masks of one layer: which heads, the boolean neighbourhood, soft alphas."""
+
+    def __init__(self):
+        super().__init__()
+        self.mode = "multiply"
+        self.mask_type = "hard"
+        self.leading = True
+        self.register_buffer("heads", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.register_buffer("keep", torch.zeros(0, 0, dtype=torch.bool), persistent=False)
+        self.alpha_logit: nn.Parameter | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.heads.numel() > 0
+
+    def configure(self, heads: Sequence[int], keep: torch.Tensor, mode: str, mask_type: str, alpha_init: float):
+        if mode not in MASK_MODES:
+            raise ValueError(f"mask_mode: {mode!r} is not allowed; allowed values: {', '.join(MASK_MODES)}")
+        if mask_type not in MASK_TYPES:
+            raise ValueError(f"mask_type: {mask_type!r} is not allowed; allowed values: {', '.join(MASK_TYPES)}")
+        if mask_type == "soft" and mode != "multiply":
+            raise ValueError("mask_type 'soft' scales logits: it needs mask_mode 'multiply'")
+        if not 0.0 < alpha_init < 1.0:
+            raise ValueError(f"alpha_init: {alpha_init} must lie in (0, 1)")
+        self.mode, self.mask_type = mode, mask_type
+        self.heads = torch.as_tensor(list(heads), dtype=torch.long, device=self.heads.device)
+        self.leading = list(heads) == list(range(len(heads)))  # heads 0..h'-1: sliceable
+        self.keep = keep.to(self.heads.device)
+        if mask_type == "soft" and heads:
+            self.alpha_logit = nn.Parameter(torch.full((len(heads),), math.log(alpha_init / (1.0 - alpha_init))))
+
+    def alpha(self) -> torch.Tensor | None:
+        return None if self.alpha_logit is None else torch.sigmoid(self.alpha_logit)
+
+    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Mask pre-softmax logits of the masked heads: (B, h', T, T) -> (B, h', T, T)."""
+        if self.mode == "restrict":
+            return logits.masked_fill(~self.keep, float("-inf"))
+        if self.mask_type == "soft":
+            # Neighbours x1, others x alpha[h]: (h', T, T) weights.
+            weight = torch.where(self.keep, torch.ones((), device=logits.device, dtype=logits.dtype),
+                                 self.alpha().to(logits.dtype)[:, None, None])
+            return logits * weight
+        return logits * self.keep.to(logits.dtype)
+
+
+class MaskedAttention(Attention):
+    """timm ``Attention`` whose masked heads use ``softmax(M * QK^T / sqrt(d))``.
+
+    Unconfigured (no masked head) it is timm's ``Attention`` exactly, same parameters
+    and fused kernel. Configured, the unmasked heads keep the fused kernel and only
+    the masked heads take the eager path, so masks cost little.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.masks = _HeadMasks()
+
+    def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if not self.masks.active or attn_mask is not None or is_causal:
+            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, T, hd)
+        q, k = self.q_norm(q), self.k_norm(k)
+        n_masked = self.masks.heads.numel()
+        if self.masks.leading:
+            # Masked heads are heads 0..h'-1 (the usual case): slices are views, no gathers.
+            masked, free = slice(0, n_masked), slice(n_masked, self.num_heads)
+        else:
+            masked, free = self.masks.heads, self._free_heads()
+        attn = self._masked_logits(q[:, masked], k[:, masked]).softmax(dim=-1)
+        out = self.attn_drop(attn) @ v[:, masked]  # (B, h', T, hd)
+        if n_masked < self.num_heads:
+            free_out = F.scaled_dot_product_attention(
+                q[:, free], k[:, free], v[:, free], dropout_p=self.attn_drop.p if self.training else 0.0)
+            if self.masks.leading:
+                out = torch.cat([out, free_out], dim=1)
+            else:
+                out = torch.zeros_like(q).index_copy(1, free, free_out).index_copy(1, masked, out)
+        x = out.transpose(1, 2).reshape(B, N, self.attn_dim)
+        x = self.norm(x)
+        return self.proj_drop(self.proj(x))
+
+    def _free_heads(self) -> torch.Tensor:
+        taken = torch.zeros(self.num_heads, dtype=torch.bool, device=self.masks.heads.device)
+        taken[self.masks.heads] = True
+        return (~taken).nonzero().flatten()
+
+    @torch.no_grad()
+    def attention_maps(self, x: torch.Tensor, logits: bool = False) -> torch.Tensor:
+        """Every head's attention probabilities (or pre-softmax logits): (B, H, T, T)."""
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, _ = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        scores = (q * self.scale) @ k.transpose(-2, -1)
+        if self.masks.active:
+            heads = self.masks.heads
+            scores = scores.index_copy(1, heads, self.masks.mask_logits(scores.index_select(1, heads)))
+        return scores if logits else scores.softmax(dim=-1)
+
+
+class MaskedTalkingHeadAttn(TalkingHeadAttn):
+    """CaiT's talking-heads self-attention with per-head masks on the softmax input."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.masks = _HeadMasks()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.masks.active:
+            return super().forward(x)
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]
+        attn = q @ k.transpose(-2, -1)  # (B, H, N, N)
+        attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # talking heads, pre-softmax
+        heads = self.masks.heads
+        attn = attn.index_copy(1, heads, self.masks.mask_logits(attn.index_select(1, heads)))
+        attn = attn.softmax(dim=-1)
+        attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        attn = self.attn_drop(attn)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+def install_masks(model: nn.Module, attns: Sequence[nn.Module], num_prefix: int, masked_heads: HeadSpec,
+                  mask_kernel: Sequence[int], mask_mode: str, mask_type: str | None, alpha_init: float,
+                  random_seed: int) -> None:
+    """Configure every layer's masks from the model-level options; record them on ``model``."""
+    # Sch.3 is the paper's soft-mask scheme; every other default is a hard mask.
+    mask_type = mask_type or ("soft" if masked_heads == "sch3" else "hard")
+    heads = scheme_heads(masked_heads, len(attns), attns[0].num_heads)
+    keep = neighbourhood_mask(tuple(model.patch_embed.grid_size), tuple(mask_kernel), num_prefix)
+    for layer, (attn, idx) in enumerate(zip(attns, heads)):
+        layer_keep = random_mask(keep, num_prefix, random_seed + layer) if mask_type == "random" else keep
+        attn.masks.configure(idx, layer_keep, mask_mode, mask_type, alpha_init)
+    model.mask_options = dict(masked_heads=masked_heads, mask_kernel=tuple(mask_kernel), mask_mode=mask_mode,
+                              mask_type=mask_type, alpha_init=alpha_init, random_seed=random_seed)
+
+
+class MaiT(VisionTransformer):
+    """A timm ``VisionTransformer`` with MaiT attention masks (see the module docstring).
+
+    Args (besides ``VisionTransformer``'s):
+        masked_heads: scheme name (``none``, ``sch1``, ``sch2``, ``sch3``, ``mixed``, ``all``)
+            or a per-layer list of head counts / head indices.
+        mask_kernel: odd ``(kh, kw)`` neighbourhood, e.g. (3, 3), (3, 5), (5, 5).
+        mask_mode: ``multiply`` (paper) or ``restrict`` (-inf outside the neighbourhood).
+        mask_type: ``hard``, ``soft`` (learnable alpha per head) or ``random`` (control);
+            default ``soft`` for ``sch3``, else ``hard``.
+        alpha_init: initial soft-mask alpha in (0, 1).
+        random_seed: seed of the random-mask control (layer l uses seed + l).
+    """
+
+    def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
+                 mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
+                 random_seed: int = 0, **kwargs):
+        kwargs.setdefault("attn_layer", MaskedAttention)
+        super().__init__(**kwargs)
+        install_masks(self, [b.attn for b in self.blocks], self.num_prefix_tokens, masked_heads, mask_kernel,
+                      mask_mode, mask_type, alpha_init, random_seed)
+
+
+class MaskedCait(Cait):
+    """A timm ``Cait`` with MaiT masks in its self-attention layers (options as :class:`MaiT`)."""
+
+    def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
+                 mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
+                 random_seed: int = 0, **kwargs):
+        kwargs.setdefault("attn_block", MaskedTalkingHeadAttn)
+        super().__init__(**kwargs)
+        # CaiT's self-attention layers see patch tokens only; its class token joins later.
+        install_masks(self, [b.attn for b in self.blocks], 0, masked_heads, mask_kernel, mask_mode, mask_type,
+                      alpha_init, random_seed)
+
+
+def _create(cls, variant: str, pretrained: bool = False, **kwargs):
+    if pretrained:
+        raise ValueError(f"{variant}: no pretrained weights exist for MaiT; use pretrained=False")
+    return build_model_with_cfg(cls, variant, pretrained=False, **kwargs)
+
+
+ENTRYPOINTS = (
+    "mait_xtiny_d24_patch16_224", "mait_tiny_patch16_224", "mait_tiny_d24_patch16_224", "mait_tiny_d36_patch16_224",
+    "mait_xsmall_d24_patch16_224", "mait_small_patch16_224", "mait_small_d24_patch16_224",
+    "mait_cait_xxs24_224", "mait_cait_s24_224",
+)
+# No released weights: the configs only carry input size, classes and normalisation (DeiT's).
+default_cfgs = generate_default_cfgs({name: _cfg(url="", num_classes=1000, input_size=(3, 224, 224))
+                                      for name in ENTRYPOINTS})
+
+
+# Entrypoints: sizes from the paper's Table 1; defaults follow its best setting per size.
+@register_model
+def mait_xtiny_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-XT* (Table 4: 24 layers, 6.3M, LayerScale); Sch.2 hard 3x3 masks."""
+    args = dict(patch_size=16, embed_dim=144, depth=24, num_heads=3, init_values=1e-5, masked_heads="sch2")
+    return _create(MaiT, "mait_xtiny_d24_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_tiny_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-T, 12 layers (DeiT-T shape, 5.7M); MaiT+ soft 3x3 masks on every head (Table 2: 74.7)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, masked_heads="all", mask_type="soft")
+    return _create(MaiT, "mait_tiny_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_tiny_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-T, 24 layers (Table 4: 11M); Sch.3 soft masks (Table 3: 79.3)."""
+    args = dict(patch_size=16, embed_dim=192, depth=24, num_heads=3, masked_heads="sch3")
+    return _create(MaiT, "mait_tiny_d24_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_tiny_d36_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-T, 36 layers; mixed masking: every head in layers 0-11, one head after (Fig. 4: 79.8)."""
+    args = dict(patch_size=16, embed_dim=192, depth=36, num_heads=3, masked_heads="mixed")
+    return _create(MaiT, "mait_tiny_d36_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_xsmall_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-XS* (Table 4: 24 layers, 24.5M, LayerScale); Sch.2 hard 3x3 masks (Table 3: 81.4)."""
+    args = dict(patch_size=16, embed_dim=288, depth=24, num_heads=3, init_values=1e-5, masked_heads="sch2")
+    return _create(MaiT, "mait_xsmall_d24_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_small_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-S, 12 layers (DeiT-S shape); MaiT+ soft 3x3 masks on every head (Table 2: 80.9)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, masked_heads="all", mask_type="soft")
+    return _create(MaiT, "mait_small_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_small_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
+    """MaiT-S* (Table 4: 24 layers, 43.3M, LayerScale); Sch.2 hard 3x3 masks."""
+    args = dict(patch_size=16, embed_dim=384, depth=24, num_heads=6, init_values=1e-5, masked_heads="sch2")
+    return _create(MaiT, "mait_small_d24_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_cait_xxs24_224(pretrained=False, **kwargs) -> MaskedCait:
+    """Masked CaiT-XXS24 (Table 4 "Masked CaiT"): one hard 3x3 masked head per self-attention layer."""
+    args = dict(patch_size=16, embed_dim=192, depth=24, num_heads=4, init_values=1e-5, masked_heads="sch1")
+    return _create(MaskedCait, "mait_cait_xxs24_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def mait_cait_s24_224(pretrained=False, **kwargs) -> MaskedCait:
+    """Masked CaiT-S24 (Table 4 "Masked CaiT-S"): one hard 3x3 masked head per self-attention layer."""
+    args = dict(patch_size=16, embed_dim=384, depth=24, num_heads=8, init_values=1e-5, masked_heads="sch1")
+    return _create(MaskedCait, "mait_cait_s24_224", pretrained, **dict(args, **kwargs))

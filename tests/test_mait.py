@@ -1,0 +1,175 @@
+"""MaiT: masks (Fig. 1), the two mask modes, soft masks, schemes, every entrypoint."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import locvit.models  # noqa: F401
+from locvit.models.mait import (MaiT, MaskedAttention, neighbourhood_mask, random_mask, scheme_heads)
+
+SMALL = dict(img_size=32, patch_size=4, embed_dim=48, depth=3, num_heads=3, num_classes=10)
+
+
+def test_figure_1_masks_on_the_14x14_grid():
+    mask = neighbourhood_mask((14, 14), (3, 3), num_prefix=1)  # token t = patch t-1
+    kept = lambda patch, m=mask: sorted((m[patch + 1].nonzero().flatten() - 1).tolist())  # noqa: E731
+    assert kept(16) == [1, 2, 3, 15, 16, 17, 29, 30, 31]
+    big = neighbourhood_mask((14, 14), (5, 5), num_prefix=1)
+    assert kept(36, big) == [r * 14 + c for r in range(0, 5) for c in range(6, 11)]  # its 25 neighbours
+    assert len(kept(0)) == 4 and len(kept(13)) == 4 and len(kept(14)) == 6  # corners and borders keep fewer
+    assert mask[0].all()  # the class-token row keeps everything
+    assert not mask[1:, 0].any()  # patch rows keep 9 of N+1 entries, not the class token
+    assert mask.shape == (197, 197)
+
+
+def test_rectangular_kernel_and_bad_kernels():
+    mask = neighbourhood_mask((6, 6), (3, 5), num_prefix=0)
+    assert int(mask[2 * 6 + 2].sum()) == 15  # an interior patch: 3 rows x 5 columns
+    with pytest.raises(ValueError, match="odd"):
+        neighbourhood_mask((6, 6), (2, 3))
+
+
+def test_random_mask_has_the_same_keep_rate():
+    keep = neighbourhood_mask((14, 14), (3, 3), 1)
+    rnd = random_mask(keep, 1, seed=0)
+    assert rnd[0].all()
+    rate, rnd_rate = keep[1:].float().mean().item(), rnd[1:].float().mean().item()
+    assert abs(rate - rnd_rate) < 0.005 and not torch.equal(rnd, keep)
+    assert torch.equal(rnd, random_mask(keep, 1, seed=0))  # fixed by its seed
+
+
+def test_schemes():
+    assert scheme_heads("sch1", 24, 3) == [[0]] * 24
+    sch2 = scheme_heads("sch2", 24, 3)
+    assert sch2[:8] == [[0, 1]] * 8 and sch2[8:20] == [[0]] * 12 and sch2[20:] == [[]] * 4
+    sch3 = scheme_heads("sch3", 24, 3)
+    assert sch3[:21] == [[0, 1, 2]] * 21 and sch3[21:] == [[]] * 3
+    mixed = scheme_heads("mixed", 36, 3)
+    assert mixed[:12] == [[0, 1, 2]] * 12 and mixed[12:] == [[0]] * 24
+    assert scheme_heads([0, 2, [1, 2]], 3, 3) == [[], [0, 1], [1, 2]]
+    with pytest.raises(ValueError, match="allowed values: none, sch1"):
+        scheme_heads("sch9", 12, 3)
+    with pytest.raises(ValueError, match="heads that do not exist"):
+        scheme_heads([[3], 0, 0], 3, 3)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        scheme_heads([1, 1], 3, 3)
+
+
+def _first_attn(model: MaiT) -> MaskedAttention:
+    return model.blocks[0].attn
+
+
+def test_multiply_mode_zeroes_logits_outside_the_neighbourhood():
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads=[1, 0, 0], mask_type="hard", **SMALL).eval()
+    attn = _first_attn(model)
+    x = torch.randn(2, 65, 48)
+    logits = attn.attention_maps(x, logits=True)  # (B, H, T, T)
+    keep = attn.masks.keep
+    assert torch.all(logits[:, 0][:, ~keep] == 0)  # masked head: exactly 0 outside
+    assert torch.all(logits[:, 0][:, keep] != 0)
+    assert torch.all(logits[:, 1:] != 0)  # other heads untouched
+    probs = attn.attention_maps(x)
+    assert torch.all(probs[:, 0][:, ~keep] > 0)  # e^0: the head can still look outside
+    assert torch.allclose(probs.sum(-1), torch.ones(()))
+
+
+def test_restrict_mode_zeroes_attention_outside_the_neighbourhood():
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads="sch1", mask_mode="restrict", mask_type="hard",
+                              **SMALL).eval()
+    attn = _first_attn(model)
+    probs = attn.attention_maps(torch.randn(2, 65, 48))
+    keep = attn.masks.keep
+    assert torch.all(probs[:, 0][:, ~keep] == 0) and torch.all(probs[:, 0][:, keep] > 0)
+    assert torch.allclose(probs.sum(-1), torch.ones(()))
+
+
+def test_forward_agrees_with_the_attention_maps():
+    """The fast path (fused unmasked heads + eager masked heads) equals the plain computation."""
+    torch.manual_seed(0)
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads=[1, 2, [2]], mask_type="soft", **SMALL).eval()
+    attn = model.blocks[1].attn
+    x = torch.randn(2, 65, 48)
+    probs = attn.attention_maps(x)  # (B, H, T, T)
+    v = attn.qkv(x).reshape(2, 65, 3, 3, 16).permute(2, 0, 3, 1, 4)[2]
+    expected = attn.proj((probs @ v).transpose(1, 2).reshape(2, 65, 48))
+    assert torch.allclose(attn(x), expected, atol=1e-5)
+
+
+def test_soft_alpha_gets_a_gradient_and_alpha_one_is_the_unmasked_head():
+    torch.manual_seed(0)
+    soft = timm.create_model("mait_tiny_patch16_224", masked_heads="all", mask_type="soft", alpha_init=0.3, **SMALL)
+    alphas = [b.attn.masks.alpha() for b in soft.blocks]
+    assert all(torch.allclose(a, torch.full((3,), 0.3)) for a in alphas)
+    # All tokens' features: in the last layer only patch rows (not the class row) see alpha.
+    soft.forward_features(torch.randn(2, 3, 32, 32)).pow(2).sum().backward()
+    assert all(b.attn.masks.alpha_logit.grad.abs().sum() > 0 for b in soft.blocks)
+
+    plain = timm.create_model("mait_tiny_patch16_224", masked_heads="none", **SMALL).eval()
+    plain.load_state_dict({k: v for k, v in soft.state_dict().items() if "alpha" not in k})
+    with torch.no_grad():
+        for b in soft.blocks:
+            b.attn.masks.alpha_logit.fill_(100.0)  # sigmoid(100) == 1.0 in float32
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(soft.eval()(x), plain(x), atol=1e-5)
+
+
+def test_no_masked_head_is_exactly_timms_vit():
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", **SMALL).eval()
+    mait = timm.create_model("mait_tiny_patch16_224", masked_heads="none", **SMALL).eval()
+    assert list(mait.state_dict()) == list(vit.state_dict())
+    mait.load_state_dict(vit.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(mait(x), vit(x))
+
+
+def test_masks_add_no_parameters_and_soft_masks_one_per_head():
+    base = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_224", **SMALL).parameters())
+    hard = timm.create_model("mait_tiny_patch16_224", masked_heads="all", mask_type="hard", **SMALL)
+    soft = timm.create_model("mait_tiny_patch16_224", masked_heads="all", mask_type="soft", **SMALL)
+    assert sum(p.numel() for p in hard.parameters()) == base
+    assert sum(p.numel() for p in soft.parameters()) == base + 3 * 3  # depth x heads
+
+
+def test_masked_cait_masks_its_self_attention():
+    model = timm.create_model("mait_cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4,
+                              num_classes=10)
+    attn = model.blocks[0].attn
+    assert attn.masks.active and attn.masks.heads.tolist() == [0] and attn.masks.keep.shape == (64, 64)
+    cait = timm.create_model("cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4,
+                             num_classes=10)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in cait.parameters())
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(ValueError, match="mask_mode: 'sparse' is not allowed; allowed values: multiply, restrict"):
+        timm.create_model("mait_tiny_patch16_224", mask_mode="sparse", **SMALL)
+    with pytest.raises(ValueError, match="needs mask_mode 'multiply'"):
+        timm.create_model("mait_tiny_patch16_224", mask_mode="restrict", mask_type="soft", **SMALL)
+
+
+# Parameter counts of the paper's Table 4 (and DeiT-T's 5.7M for the 12-layer tiny).
+PAPER_PARAMS = {
+    "mait_xtiny_d24_patch16_224": 6.3e6, "mait_tiny_d24_patch16_224": 11e6, "mait_xsmall_d24_patch16_224": 24.5e6,
+    "mait_small_d24_patch16_224": 43.3e6, "mait_tiny_patch16_224": 5.7e6,
+}
+
+
+@pytest.mark.parametrize("name", timm.list_models("mait_*"))
+def test_every_entrypoint_trains_on_a_small_input(name):
+    with torch.device("meta"):
+        full = timm.create_model(name)
+    n = sum(p.numel() for p in full.parameters())
+    if name in PAPER_PARAMS:
+        assert abs(n - PAPER_PARAMS[name]) / PAPER_PARAMS[name] < 0.03, n
+    model = timm.create_model(name, img_size=32, patch_size=8, depth=3, num_classes=7)
+    x = torch.randn(2, 3, 32, 32)
+    out = model(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    out.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
