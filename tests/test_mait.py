@@ -85,10 +85,13 @@ def test_restrict_mode_zeroes_attention_outside_the_neighbourhood():
     assert torch.allclose(probs.sum(-1), torch.ones(()))
 
 
-def test_forward_agrees_with_the_attention_maps():
-    """The fast path (fused unmasked heads + eager masked heads) equals the plain computation."""
+@pytest.mark.parametrize("opts", [dict(mask_type="soft"), dict(mask_type="hard"),
+                                  dict(mask_type="hard", mask_mode="restrict")])
+def test_forward_agrees_with_the_attention_maps(opts):
+    """The fast paths (fused unmasked heads + eager masked heads; one masked SDPA call for
+    restrict) equal the plain computation from the attention maps."""
     torch.manual_seed(0)
-    model = timm.create_model("mait_tiny_patch16_224", masked_heads=[1, 2, [2]], mask_type="soft", **SMALL).eval()
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads=[1, 2, [2]], **opts, **SMALL).eval()
     attn = model.blocks[1].attn
     x = torch.randn(2, 65, 48)
     probs = attn.attention_maps(x)  # (B, H, T, T)

@@ -178,6 +178,7 @@ class MaskedAttention(Attention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.masks = _HeadMasks()
+        self._restrict_cache: torch.Tensor | None = None  # built on first use (not in the state dict)
 
     def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
@@ -189,6 +190,12 @@ class MaskedAttention(Attention):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
         q, k = self.q_norm(q), self.k_norm(k)
+        if self.masks.mode == "restrict" and self.fused_attn:
+            # -inf outside the neighbourhood is a boolean mask: one fused call for all heads,
+            # unmasked heads keeping every key.
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._restrict_mask(),
+                                                 dropout_p=self.attn_drop.p if self.training else 0.0)
+            return self._finish(out, B, N)
         n_masked = self.masks.heads.numel()
         if self.masks.leading:
             # Masked heads are heads 0..h'-1 (the usual case): slices are views, no gathers.
@@ -198,15 +205,33 @@ class MaskedAttention(Attention):
         attn = self._masked_logits(q[:, masked], k[:, masked]).softmax(dim=-1)
         out = self.attn_drop(attn) @ v[:, masked]  # (B, h', T, hd)
         if n_masked < self.num_heads:
-            free_out = F.scaled_dot_product_attention(
-                q[:, free], k[:, free], v[:, free], dropout_p=self.attn_drop.p if self.training else 0.0)
+            free_out = self._plain_attention(q[:, free], k[:, free], v[:, free])
             if self.masks.leading:
                 out = torch.cat([out, free_out], dim=1)
             else:
                 out = torch.zeros_like(q).index_copy(1, free, free_out).index_copy(1, masked, out)
-        x = out.transpose(1, 2).reshape(B, N, self.attn_dim)
+        return self._finish(out, B, N)
+
+    def _finish(self, out: torch.Tensor, B: int, N: int) -> torch.Tensor:
+        x = out.transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, H, T, hd) -> (B, T, C)
         x = self.norm(x)
         return self.proj_drop(self.proj(x))
+
+    def _restrict_mask(self) -> torch.Tensor:
+        """(H, T, T) boolean: the neighbourhood for masked heads, every key for the others."""
+        if self._restrict_cache is None or self._restrict_cache.device != self.masks.keep.device:
+            t = self.masks.keep.shape[0]
+            full = torch.ones(self.num_heads, t, t, dtype=torch.bool, device=self.masks.keep.device)
+            full[self.masks.heads] = self.masks.keep
+            self._restrict_cache = full
+        return self._restrict_cache
+
+    def _plain_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Unmasked heads: timm's fused kernel unless fused attention is off (then eager, as timm does)."""
+        if self.fused_attn:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.attn_drop(attn) @ v
 
     def _free_heads(self) -> torch.Tensor:
         taken = torch.zeros(self.num_heads, dtype=torch.bool, device=self.masks.heads.device)
