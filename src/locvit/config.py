@@ -75,10 +75,7 @@ def _schema_errors(params: Any, schema: dict) -> list[str]:
 
 def _fill_defaults(params: dict, schema: dict) -> dict:
     """Fill the declared defaults of the top-level sections (not of variant overrides)."""
-    out = copy.deepcopy(params)
-    for key, sub in schema["properties"].items():
-        if "default" in sub and key not in out:
-            out[key] = copy.deepcopy(sub["default"])
+    out = _fill_defaults_section(params, schema)
     for section in ("data", "train"):
         sub = schema["properties"][section]
         sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
@@ -103,7 +100,9 @@ def _check_semantics(params: dict) -> list[str]:
 
     problems = []
     recipes = {"train": params["train"]}
-    recipes.update({f"variants.{n}.train": {**params["train"], **v["train"]} for n, v in params["variants"].items()})
+    # A variant's recipe is checked only where it overrides something (else train's message says it all).
+    recipes.update({f"variants.{n}.train": {**params["train"], **v["train"]}
+                    for n, v in params["variants"].items() if v["train"]})
     for where, recipe in recipes.items():
         if recipe["min_lr"] > recipe["lr"]:
             problems.append(f"{where}.min_lr: {recipe['min_lr']} is larger than lr {recipe['lr']}")
@@ -111,15 +110,11 @@ def _check_semantics(params: dict) -> list[str]:
             problems.append(f"{where}.warmup_epochs: {recipe['warmup_epochs']} must be smaller than epochs ({recipe['epochs']})")
     source = get_source(params["data"]["source"])
     for name, variant in params["variants"].items():
-        for key in PIPELINE_KWARGS:
-            if key in variant["kwargs"]:
-                problems.append(
-                    f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
-                    f"(data.image_size / the dataset's classes); remove it from the variant"
-                )
-        if problems:
-            continue
-        problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes))
+        owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
+        problems.extend(f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
+                        f"(data.image_size / the dataset's classes); remove it from the variant" for key in owned)
+        if not owned:
+            problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes))
     return problems
 
 
