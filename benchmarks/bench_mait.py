@@ -41,7 +41,7 @@ def step_fn(model: torch.nn.Module, batch: int, size: int, device: torch.device)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

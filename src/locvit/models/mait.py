@@ -187,29 +187,36 @@ class MaskedAttention(Attention):
         if not self.masks.active or attn_mask is not None or is_causal:
             return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
         B, N, _ = x.shape
+        n_masked = self.masks.heads.numel()
+        restrict_fused = self.masks.mode == "restrict" and self.fused_attn
+        if self.masks.leading and n_masked < self.num_heads and not restrict_fused:
+            # Masked heads are heads 0..h'-1 (the usual case): split the projections per
+            # group (split's backward is one concatenation, where indexing would fill zeros).
+            qkv_m, qkv_f = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).split(
+                [n_masked, self.num_heads - n_masked], dim=3)
+            qm, km, vm = qkv_m.permute(2, 0, 3, 1, 4).unbind(0)  # (B, h', T, hd)
+            qf, kf, vf = qkv_f.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H-h', T, hd)
+            attn = self._masked_logits(self.q_norm(qm), self.k_norm(km)).softmax(dim=-1)
+            out_m = self.attn_drop(attn) @ vm
+            out_f = self._plain_attention(self.q_norm(qf), self.k_norm(kf), vf)
+            return self._finish(torch.cat([out_m, out_f], dim=1), B, N)
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
         q, k = self.q_norm(q), self.k_norm(k)
-        if self.masks.mode == "restrict" and self.fused_attn:
+        if restrict_fused:
             # -inf outside the neighbourhood is a boolean mask: one fused call for all heads,
             # unmasked heads keeping every key.
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._restrict_mask(),
                                                  dropout_p=self.attn_drop.p if self.training else 0.0)
             return self._finish(out, B, N)
-        n_masked = self.masks.heads.numel()
-        if self.masks.leading:
-            # Masked heads are heads 0..h'-1 (the usual case): slices are views, no gathers.
-            masked, free = slice(0, n_masked), slice(n_masked, self.num_heads)
-        else:
-            masked, free = self.masks.heads, self._free_heads()
+        if n_masked == self.num_heads:
+            attn = self._masked_logits(q, k).softmax(dim=-1)
+            return self._finish(self.attn_drop(attn) @ v, B, N)
+        masked, free = self.masks.heads, self._free_heads()
         attn = self._masked_logits(q[:, masked], k[:, masked]).softmax(dim=-1)
         out = self.attn_drop(attn) @ v[:, masked]  # (B, h', T, hd)
-        if n_masked < self.num_heads:
-            free_out = self._plain_attention(q[:, free], k[:, free], v[:, free])
-            if self.masks.leading:
-                out = torch.cat([out, free_out], dim=1)
-            else:
-                out = torch.zeros_like(q).index_copy(1, free, free_out).index_copy(1, masked, out)
+        free_out = self._plain_attention(q[:, free], k[:, free], v[:, free])
+        out = torch.zeros_like(q).index_copy(1, free, free_out).index_copy(1, masked, out)
         return self._finish(out, B, N)
 
     def _finish(self, out: torch.Tensor, B: int, N: int) -> torch.Tensor:
