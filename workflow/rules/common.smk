@@ -1,6 +1,5 @@
 # Target lists, paths and input functions shared by the rules (no logic in rules).
 import json
-import os
 import re
 import shlex
 import sys
