@@ -49,7 +49,7 @@ def test_out_of_range(raw_tiny):
 
 def test_enum_lists_allowed_values(raw_tiny):
     raw_tiny["data"]["source"] = "imagenet"
-    assert "data.source: 'imagenet' is not allowed; allowed values: 'digits'" in _error(raw_tiny)
+    assert "data.source: 'imagenet' is not allowed; allowed values: 'digits', 'cifar10', 'cifar100'" in _error(raw_tiny)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "with space", ".hidden", ""])
@@ -94,6 +94,8 @@ def test_incoherent_recipe(raw_tiny):
     raw_tiny["train"]["warmup_epochs"] = 5
     msg = _error(raw_tiny)
     assert "train.min_lr: 0.5 is larger than lr" in msg and "train.warmup_epochs: 5 must be smaller" in msg
+    raw_tiny["train"] = {"batch_size": 63, "mixup": 0.8}
+    assert "train.batch_size: MixUp/CutMix pair images within a batch, so it must be even (got 63)" in _error(raw_tiny)
 
 
 def test_not_a_mapping_and_bad_yaml(tmp_path):

@@ -84,5 +84,54 @@ def test_missing_or_corrupt_manifest_names_the_file(tmp_path):
 
 
 def test_unknown_source_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed values: digits"):
+    with pytest.raises(ValueError, match="allowed values: digits, cifar10, cifar100"):
         get_source("mnist")
+
+
+def _fake_cifar10(root, per_batch: int = 20, test: int = 30, seed: int = 0):
+    """A CIFAR-10 python release in miniature: the real file layout and pickle format."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    batches = {f"data_batch_{i}": per_batch for i in range(1, 6)} | {"test_batch": test}
+    for name, n in batches.items():
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)  # rows: R plane, G plane, B plane
+        with open(folder / name, "wb") as fh:
+            pickle.dump({b"data": data, b"labels": [i % 10 for i in range(n)]}, fh)
+    with open(folder / "batches.meta", "wb") as fh:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, fh)
+    return folder
+
+
+def test_cifar_release_keeps_its_official_test_split(tmp_path):
+    folder = _fake_cifar10(tmp_path)
+    data = {"source": "cifar10", "root": str(tmp_path), "download": False, "image_size": 32, "val_fraction": 0.1,
+            "test_fraction": 0.2, "split_seed": 0, "write_mode": "raw", "jpeg_quality": 90, "train_fraction": 1.0}
+    paths = {s: tmp_path / f"{s}.beton" for s in ("train", "val", "test")}
+    manifest = prepare(data, paths, tmp_path / "manifest.json")
+    assert [manifest["splits"][s]["size"] for s in ("train", "val", "test")] == [90, 10, 30]
+    assert manifest["official_test_split"] and manifest["class_names"][:2] == ["c0", "c1"]
+    import pickle
+
+    with open(folder / "test_batch", "rb") as fh:
+        raw = pickle.load(fh, encoding="bytes")
+    images, labels = read_all(paths["test"])  # the test split is the test batch, in order, as (H, W, 3)
+    assert np.array_equal(images, raw[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    assert np.array_equal(labels, np.array(raw[b"labels"]))
+    # A fraction of the training split, stratified; val and test unchanged.
+    half = prepare({**data, "train_fraction": 0.5}, paths, tmp_path / "manifest.json")
+    assert half["splits"]["train"]["size"] == 45 and half["splits"]["test"] == manifest["splits"]["test"]
+    assert half["splits"]["val"]["content_sha256"] == manifest["splits"]["val"]["content_sha256"]
+    assert max(half["splits"]["train"]["class_counts"]) - min(half["splits"]["train"]["class_counts"]) <= 1
+
+
+def test_missing_or_corrupt_cifar_says_which_file_and_what_to_do(tmp_path):
+    source = get_source("cifar10", root=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"data_batch_1 is missing\. Set data\.download: true"):
+        source.load(32)
+    folder = _fake_cifar10(tmp_path)
+    (folder / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match=r"data_batch_3 is not a readable CIFAR batch.*data\.download: true"):
+        get_source("cifar10", root=tmp_path).load(32)

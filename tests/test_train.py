@@ -99,3 +99,37 @@ def test_checkpoints_refuse_pickled_code(tmp_path):
     torch.save({"x": Evil()}, path)
     with pytest.raises(ValueError, match="cannot be read"):
         load_checkpoint(path)
+
+
+def test_mixup_and_cutmix_are_a_recipe_setting(prepared, tiny_params):
+    from locvit.train.loop import make_mixup
+
+    recipe = tiny_params["train"]
+    assert recipe["mixup"] == 0 and recipe["cutmix"] == 0 and make_mixup(recipe, 10) is None  # off by default
+    seen = {}
+
+    class Recorder(torch.nn.Module):  # a linear classifier that keeps the first batch it is given
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3 * 16 * 16, 10)
+
+        def forward(self, x):
+            seen.setdefault(self.tag, x.detach().clone())
+            return self.fc(x.flatten(1))
+
+    def first_batch(mixup, tag):
+        torch.manual_seed(0)
+        model = Recorder()
+        model.tag = tag
+        loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        stats = train_one_epoch(model, loader, opt, lambda s: 0.0, 0, (0.5,) * 3, (0.5,) * 3, 0.1,
+                                show_progress=False, mixup=mixup)
+        assert math.isfinite(stats["train_loss"])
+
+    first_batch(None, "plain")
+    first_batch(make_mixup({**recipe, "cutmix": 1.0}, 10), "cutmix")
+    plain, cut = seen["plain"], seen["cutmix"]
+    assert plain.shape == cut.shape
+    changed = (plain != cut).any(dim=1)  # (B, H, W): pixels pasted from the flipped batch
+    assert 0 < changed.float().mean() < 1  # CutMix pastes boxes: some pixels change, not all

@@ -108,6 +108,9 @@ def _check_semantics(params: dict) -> list[str]:
             problems.append(f"{where}.min_lr: {recipe['min_lr']} is larger than lr {recipe['lr']}")
         if recipe["warmup_epochs"] >= recipe["epochs"] and recipe["warmup_epochs"] > 0:
             problems.append(f"{where}.warmup_epochs: {recipe['warmup_epochs']} must be smaller than epochs ({recipe['epochs']})")
+        if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and recipe["batch_size"] % 2:
+            problems.append(f"{where}.batch_size: MixUp/CutMix pair images within a batch, so it must be even "
+                            f"(got {recipe['batch_size']}); or set mixup and cutmix to 0")
     source = get_source(params["data"]["source"])
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]

@@ -21,12 +21,26 @@ from locvit.io import read_json, sha256_file, write_json
 SPLITS = ("train", "val", "test")
 
 
-def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """Stratified train/val/test indices (sorted), reproducible for a given seed."""
+def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int,
+                  fixed_test: np.ndarray | None = None, train_fraction: float = 1.0) -> dict[str, np.ndarray]:
+    """Stratified train/val/test indices (sorted), reproducible for a given seed.
+
+    Without ``fixed_test`` the test split is ``test_fraction`` of everything and val is
+    ``val_fraction`` of everything. With an official test split, it is the test split
+    and val is ``val_fraction`` of the rest. ``train_fraction`` < 1 then keeps a
+    stratified subset of the training split (the data-fraction studies).
+    """
     idx = np.arange(len(labels))
-    rest, test = train_test_split(idx, test_size=test_fraction, stratify=labels, random_state=seed)
-    val_of_rest = val_fraction / (1.0 - test_fraction)
+    if fixed_test is None:
+        rest, test = train_test_split(idx, test_size=test_fraction, stratify=labels, random_state=seed)
+        val_of_rest = val_fraction / (1.0 - test_fraction)
+    else:
+        test = np.asarray(fixed_test)
+        rest = np.setdiff1d(idx, test)
+        val_of_rest = val_fraction
     train, val = train_test_split(rest, test_size=val_of_rest, stratify=labels[rest], random_state=seed + 1)
+    if train_fraction < 1.0:
+        train, _ = train_test_split(train, train_size=train_fraction, stratify=labels[train], random_state=seed + 2)
     return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
 
 
@@ -40,16 +54,19 @@ def content_hash(source, indices: np.ndarray) -> str:
 
 def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> dict:
     """Prepare the dataset described by ``data_cfg`` (the validated ``data`` section)."""
-    source = get_source(data_cfg["source"])
+    source = get_source(data_cfg["source"], data_cfg["root"], data_cfg["download"])
     size = data_cfg["image_size"]
     source.load(size)
-    splits = split_indices(source.labels, data_cfg["val_fraction"], data_cfg["test_fraction"], data_cfg["split_seed"])
+    splits = split_indices(source.labels, data_cfg["val_fraction"], data_cfg["test_fraction"], data_cfg["split_seed"],
+                           source.fixed_test, data_cfg["train_fraction"])
     manifest = {
         "source": source.name,
         "image_size": size,
         "num_classes": source.num_classes,
         "class_names": list(source.class_names),
         "split_seed": data_cfg["split_seed"],
+        "train_fraction": data_cfg["train_fraction"],
+        "official_test_split": source.fixed_test is not None,
         "splits": {},
     }
     for split in SPLITS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,13 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, m
 
 def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                     lr_at: callable, first_step: int, mean, std, label_smoothing: float = 0.0,
-                    clip_grad: float | None = None, desc: str = "train", show_progress: bool = True) -> dict:
-    """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step."""
+                    clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
+                    mixup: Callable | None = None) -> dict:
+    """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
+
+    ``mixup`` (timm's ``Mixup``, which also applies the label smoothing) mixes each batch
+    and turns the labels into soft targets; accuracy is still counted on the true labels.
+    """
     model.train()
     total_loss, total_correct, total_seen = 0.0, 0, 0
     step = first_step
@@ -35,8 +40,13 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         for group in optimizer.param_groups:
             group["lr"] = lr
         x = to_model_input(images, mean, std)
-        logits = model(x)  # (B, num_classes)
-        loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+        if mixup is not None:
+            x, soft = mixup(x, labels)  # soft: (B, num_classes), smoothing included
+            logits = model(x)  # (B, num_classes)
+            loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
+        else:
+            logits = model(x)
+            loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)

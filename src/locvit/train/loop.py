@@ -57,6 +57,17 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_mixup(recipe: dict, num_classes: int):
+    """timm's batch MixUp/CutMix for the recipe, or None when both are off."""
+    if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
+        return None
+    from timm.data import Mixup
+
+    return Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], prob=recipe["mixup_prob"],
+                 switch_prob=recipe["mixup_switch_prob"], label_smoothing=recipe["label_smoothing"],
+                 num_classes=num_classes)
+
+
 def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     return tuple(cfg.get("mean", (0.485, 0.456, 0.406))), tuple(cfg.get("std", (0.229, 0.224, 0.225)))
@@ -87,6 +98,8 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=recipe["lr"],
                                   betas=tuple(recipe["betas"]))
 
+    mixup = make_mixup(recipe, manifest["num_classes"])
+
     def lr_at(step: int) -> float:
         return cosine_schedule(step, total_steps, warmup_steps, recipe["lr"], recipe["min_lr"])
 
@@ -110,7 +123,7 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     try:
         for epoch in range(recipe["epochs"]):
             stats = train_one_epoch(model, train_loader, optimizer, lr_at, step, mean, std,
-                                    recipe["label_smoothing"], recipe["clip_grad"],
+                                    recipe["label_smoothing"], recipe["clip_grad"], mixup=mixup,
                                     desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=show_progress)
             step = stats.pop("steps")
             val = evaluate(model, val_loader, mean, std)
