@@ -6,3 +6,4 @@ CaiT, ConViT, NesT) come straight from timm.
 """
 
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
+from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)

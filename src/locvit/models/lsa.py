@@ -1,0 +1,428 @@
+"""LSA: Locally Shifted Attention With Early Global Integration.
+
+Paper: ``shared/papers/001_3b3d7441821d877e.txt``; the authors' code
+(github shellysheynin/Locally-SAG-Transformer) where the paper is vague
+(``shared/REFERENCE_NOTES.md`` §3). Each patch is seen in T shifted versions of the image;
+a local attention lets the unshifted patch pick among its own T variants, then a pyramid
+of global attention levels mixes all patches, coarser at each level.
+
+Blocks
+    :class:`ShiftEmbed`  the T image-shifting variants, one conv embedding per variant,
+        a positional embedding per patch and variant -> tokens (B, T, N, D).
+    :class:`LocalShiftAttention`  per patch: the query from the unshifted variant, keys
+        and values from its T variants, softmax over those T only (B*N attentions of
+        one query over T keys; never the (B*T) x (B*T) map).
+    :class:`LSAAttention`  global multi-head self-attention over all tokens of a level,
+        with per-head or shared keys/values.
+    :class:`LSABlock`  pre-norm attention + MLP block holding either attention.
+    :class:`Downsample`  between levels: conv 3x3 -> LayerNorm over channels -> max-pool 3x3/2.
+Model
+    :class:`LSA`: shift embedding, levels of blocks (the first block of the first level
+    is the local block), downsampling between levels, LayerNorm, token mean, linear head.
+
+Choices (the paper is silent or vague, or it and the code disagree; each is an option):
+
+* Shifts: a shift ``(dx, dy)`` moves the image content ``dx`` pixels right and ``dy``
+  down with circular wrap (``torch.roll``); variant 0 is always ``(0, 0)``. Named
+  lists: ``cifar18`` (Sec. 4, T=18), ``imagenet10`` (Sec. 4, T=10), ``axes9`` (Sec. 4.1,
+  the 9 shifts on the axes; the extracted text lost its minus signs, we restore them),
+  ``none`` (T=1). Both published lists are symmetric under swapping dx and dy, so the
+  axis convention does not change them. The authors' ImageNet code pads one side
+  circularly instead of rolling (the map grows by the shift); we roll at every size.
+* ``shift_mode='conv'`` (default): one conv embedding per variant (implemented as one
+  grouped convolution, the same parameters). ``'translate'`` is Table 5's
+  "pre-processing" ablation: the variants are translated with reflection padding and
+  share one conv embedding.
+* ``pos_embed='per_variant'`` (default, Table 5 "Full") or ``'shared'`` by all T variants.
+  As in the code, every later level adds its own positional embedding too.
+* K/V sharing (``kv_shared``): the committed CIFAR code uses one key/value projection for
+  all heads (``Linear(dim, 2 * head_dim)``), the ImageNet code a full ``2 * dim``. The
+  paper's parameter counts decide each size's default: tiny CIFAR (10.2M) is the shared
+  model with the paper's 3 heads (the code hard-codes 4: 10.14M); small and base CIFAR
+  (36.2M, 115.8M) and both ImageNet sizes are full-K/V models.
+* ImageNet tiny embedding: Table 2 says K=S=7, P=0, the code's script K=9, S=7, P=1
+  (the same 32x32 grid). The code's kernel gives the paper's 9.9M (9.92M; K=7 gives
+  9.73M), so it is the default; ``kernel_size=7, padding=0`` is the table's reading.
+* ``local_block=None`` means "local block iff T > 1": the no-shift ablation (Table 5, A)
+  removes the local attention layer, so its first block is global.
+* Stochastic depth: the same ``drop_path_rate`` (default 0.1, as in the code) at every
+  block, not timm's linear ramp. Norms: one pair per block (the code shares one pair per
+  level; a few hundred parameters).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import register_model
+from timm.models._builder import build_model_with_cfg
+from timm.models._registry import generate_default_cfgs
+
+Shift = tuple[int, int]
+SHIFTS: dict[str, tuple[Shift, ...]] = {
+    "none": ((0, 0),),
+    "axes9": ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (-1, 0), (-2, 0), (0, -1), (0, -2)),
+    "cifar18": ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1), (2, 0), (0, 2), (-2, 0), (0, -2), (1, 1), (1, 2),
+                (1, -1), (-1, 1), (-1, 2), (-1, -1), (2, 1), (2, 2), (2, -1)),
+    "imagenet10": ((0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3), (1, 1), (2, 2), (3, 3)),
+}
+SHIFT_MODES = ("conv", "translate")
+POS_EMBEDS = ("per_variant", "shared")
+
+
+def resolve_shifts(shifts: Union[str, Sequence[Sequence[int]]]) -> tuple[Shift, ...]:
+    """A named shift list or explicit ``(dx, dy)`` pairs; the first must be ``(0, 0)``."""
+    if isinstance(shifts, str):
+        if shifts not in SHIFTS:
+            raise ValueError(f"shifts: unknown list {shifts!r}; allowed values: {', '.join(SHIFTS)} "
+                             f"or a list of [dx, dy] pairs starting with [0, 0]")
+        return SHIFTS[shifts]
+    pairs = tuple((int(s[0]), int(s[1])) for s in shifts if len(s) == 2)
+    if len(pairs) != len(shifts) or not pairs or pairs[0] != (0, 0) or len(set(pairs)) != len(pairs):
+        raise ValueError(f"shifts: need distinct [dx, dy] pairs starting with [0, 0] (the unshifted image), got {shifts!r}")
+    return pairs
+
+
+def shift_image(img: torch.Tensor, dx: int, dy: int, pad: str = "circular") -> torch.Tensor:
+    """``img`` (..., H, W) moved ``dx`` right and ``dy`` down; edges wrap or reflect."""
+    if pad == "circular":
+        return torch.roll(img, shifts=(dy, dx), dims=(-2, -1))
+    p = max(abs(dx), abs(dy))
+    if p == 0:
+        return img
+    h, w = img.shape[-2:]
+    padded = F.pad(img, (p, p, p, p), mode="reflect")
+    return padded[..., p - dy:p - dy + h, p - dx:p - dx + w]
+
+
+class ShiftEmbed(nn.Module):
+    """T shifted copies of the image, each through its conv embedding, plus positions.
+
+    Returns tokens (B, T, N, D) with N = H' * W' the conv's output grid; variant 0 is
+    the unshifted image.
+    """
+
+    def __init__(self, img_size: int, shifts: Sequence[Shift], kernel_size: int, stride: int, padding: int,
+                 in_chans: int, embed_dim: int, shift_mode: str = "conv", pos_embed: str = "per_variant"):
+        super().__init__()
+        if shift_mode not in SHIFT_MODES:
+            raise ValueError(f"shift_mode: {shift_mode!r}; allowed values: {', '.join(SHIFT_MODES)}")
+        if pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed: {pos_embed!r}; allowed values: {', '.join(POS_EMBEDS)}")
+        self.shifts = tuple(shifts)
+        self.shift_mode = shift_mode
+        self.in_chans = in_chans
+        t = len(self.shifts)
+        side = (img_size + 2 * padding - kernel_size) // stride + 1
+        if side < 1:
+            raise ValueError(f"img_size {img_size} is too small for a kernel {kernel_size} conv embedding")
+        self.grid_size = (side, side)
+        self.num_patches = side * side
+        groups = t if shift_mode == "conv" else 1  # one conv per variant = a grouped conv over stacked variants
+        self.proj = nn.Conv2d(in_chans * groups, embed_dim * groups, kernel_size, stride, padding, groups=groups)
+        self.pos_embed = nn.Parameter(torch.zeros(t if pos_embed == "per_variant" else 1, self.num_patches, embed_dim))
+        trunc_normal_(self.pos_embed, std=0.02)
+
+    def variants(self, img: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, T, C, H, W): the image-shifting variants."""
+        pad = "circular" if self.shift_mode == "conv" else "reflect"
+        return torch.stack([shift_image(img, dx, dy, pad) for dx, dy in self.shifts], dim=1)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = img.shape
+        t = len(self.shifts)
+        v = self.variants(img)  # (B, T, C, H, W)
+        if self.shift_mode == "conv":
+            x = self.proj(v.reshape(b, t * c, h, w)).reshape(b, t, -1, self.num_patches)  # (B, T, D, N)
+        else:
+            x = self.proj(v.reshape(b * t, c, h, w)).reshape(b, t, -1, self.num_patches)
+        return x.transpose(2, 3) + self.pos_embed  # (B, T, N, D)
+
+
+class LocalShiftAttention(nn.Module):
+    """Attention of each unshifted patch over its own T variants (Eqs. 1-4).
+
+    ``q = x U_q`` from the unshifted tokens (B, N, D); ``[k, v] = z U_kv`` from all
+    variants (B, T, N, D); for every patch and head, softmax over the T variants. Cost
+    O(B N T D): the (B T) x (B T) attention is never formed.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kv_heads = 1 if kv_shared else num_heads
+        self.scale = self.head_dim ** -0.5
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _logits(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, n, _ = z.shape
+        q = self.q(x).reshape(b, 1, n, self.num_heads, self.head_dim) * self.scale  # (B, 1, N, h, hd)
+        k, v = self.kv(z).reshape(b, t, n, 2, self.kv_heads, self.head_dim).unbind(3)  # (B, T, N, h_kv, hd)
+        # A broadcast product summed over hd: B*N*h dot products of length hd per variant,
+        # no permuted copies (a shared K/V broadcasts over the heads).
+        return (q * k).sum(-1), v  # (B, T, N, h), (B, T, N, h_kv, hd)
+
+    def weights(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Softmax weights (B, T, N, heads) of each patch over its T variants."""
+        return self._logits(x, z)[0].softmax(dim=1)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        logits, v = self._logits(x, z)
+        attn = self.attn_drop(logits.softmax(dim=1))  # over the T variants
+        out = (attn.unsqueeze(-1) * v).sum(1).reshape(b, n, c)  # (B, N, h, hd) -> (B, N, D)
+        return self.proj_drop(self.proj(out))
+
+
+class LSAAttention(nn.Module):
+    """Global multi-head self-attention; keys/values per head or one pair shared by all heads."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kv_heads = 1 if kv_shared else num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, N, hd)
+        k, v = self.kv(x).reshape(b, n, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, h_kv, N, hd)
+        if self.kv_heads != self.num_heads:
+            k, v = k.expand(-1, self.num_heads, -1, -1), v.expand(-1, self.num_heads, -1, -1)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+class LSABlock(nn.Module):
+    """Pre-norm block: ``x + attn(LN(x))`` then ``x + MLP(LN(x))``; local or global attention."""
+
+    def __init__(self, dim: int, num_heads: int, local: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 kv_shared: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0):
+        super().__init__()
+        self.local = local
+        attn_cls = LocalShiftAttention if local else LSAAttention
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, kv_shared=kv_shared,
+                             attn_drop=attn_drop, proj_drop=proj_drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+
+    def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.local:  # x: the unshifted tokens (B, N, D); z: all variants (B, T, N, D)
+            x = x + self.drop_path(self.attn(self.norm1(x), self.norm1(z)))
+        else:
+            x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class Downsample(nn.Module):
+    """(B, N, C) on an (h, w) grid -> conv 3x3 -> LayerNorm over channels -> max-pool 3x3/2."""
+
+    def __init__(self, dim: int, dim_out: int):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim_out, 3, padding=1)
+        self.norm = nn.LayerNorm(dim_out, eps=1e-6)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        b, n, c = x.shape
+        x = self.conv(x.transpose(1, 2).reshape(b, c, *grid))
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.pool(x).flatten(2).transpose(1, 2)
+
+
+def _per_level(value, levels: int, name: str) -> tuple:
+    values = tuple(value) if isinstance(value, (list, tuple)) else (value,) * levels
+    if len(values) != levels:
+        raise ValueError(f"{name}: need one value per level ({levels}), got {list(values)}")
+    return values
+
+
+class LSA(nn.Module):
+    """Locally shifted attention with a pyramid of global attention levels.
+
+    Args:
+        img_size, in_chans, num_classes: input and output.
+        shifts: a named list (``cifar18``, ``imagenet10``, ``axes9``, ``none``) or (dx, dy) pairs.
+        kernel_size, stride, padding: the conv embedding of each variant.
+        embed_dims, depths, num_heads: per level (a single number means every level).
+        kv_shared: one key/value projection for all heads (the CIFAR code) instead of per head.
+        shift_mode: ``conv`` (a conv per variant) or ``translate`` (pre-shifted images, one conv).
+        pos_embed: ``per_variant`` or ``shared`` positional embedding in the first level.
+        local_block: the first block is the local attention; None = iff more than one shift.
+    """
+
+    def __init__(self, img_size: int = 32, in_chans: int = 3, num_classes: int = 10,
+                 shifts: Union[str, Sequence[Sequence[int]]] = "cifar18", kernel_size: int = 3, stride: int = 1,
+                 padding: int = 1, embed_dims: Union[int, Sequence[int]] = 192, depths: Sequence[int] = (2, 4, 4, 4),
+                 num_heads: Union[int, Sequence[int]] = 3, kv_shared: bool = False, shift_mode: str = "conv",
+                 pos_embed: str = "per_variant", local_block: Optional[bool] = None, mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.1, global_pool: str = "avg"):
+        super().__init__()
+        if global_pool not in ("avg", ""):
+            raise ValueError(f"global_pool: {global_pool!r}; allowed values: avg, '' (tokens)")
+        levels = len(depths)
+        dims = _per_level(embed_dims, levels, "embed_dims")
+        heads = _per_level(num_heads, levels, "num_heads")
+        self.shifts = resolve_shifts(shifts)
+        self.local_block = len(self.shifts) > 1 if local_block is None else bool(local_block)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = dims[-1]
+
+        self.patch_embed = ShiftEmbed(img_size, self.shifts, kernel_size, stride, padding, in_chans, dims[0],
+                                      shift_mode=shift_mode, pos_embed=pos_embed)
+        grid = self.patch_embed.grid_size
+        self.grids, self.levels, self.downsamples = [], nn.ModuleList(), nn.ModuleList()
+        self.level_pos = nn.ParameterList()
+        for i, (dim, depth, h) in enumerate(zip(dims, depths, heads)):
+            self.grids.append(grid)
+            blocks = [LSABlock(dim, h, local=(i == 0 and j == 0 and self.local_block), mlp_ratio=mlp_ratio,
+                               qkv_bias=qkv_bias, kv_shared=kv_shared, proj_drop=proj_drop_rate,
+                               attn_drop=attn_drop_rate, drop_path=drop_path_rate) for j in range(depth)]
+            self.levels.append(nn.ModuleList(blocks))
+            if i > 0:  # the first level's positions live in the shift embedding (per variant)
+                self.level_pos.append(nn.Parameter(trunc_normal_(torch.zeros(1, grid[0] * grid[1], dim), std=0.02)))
+            if i + 1 < levels:
+                self.downsamples.append(Downsample(dim, dims[i + 1]))
+                grid = ((grid[0] + 1) // 2, (grid[1] + 1) // 2)  # max-pool 3x3, stride 2, padding 1
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # The authors' (and DeiT's) init: truncated normal 0.02 for linear and conv weights, zero biases.
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"patch_embed.pos_embed"} | {f"level_pos.{i}" for i in range(len(self.level_pos))}
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_local(self, img: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, D) after the shift embedding and the local block (or the unshifted tokens)."""
+        z = self.patch_embed(img)  # (B, T, N, D)
+        x = z[:, 0]
+        first = self.levels[0][0]
+        return first(x, z) if first.local else x
+
+    def forward_features(self, img: torch.Tensor) -> torch.Tensor:
+        x = self.forward_local(img)
+        for i, blocks in enumerate(self.levels):
+            if i > 0:
+                x = self.downsamples[i - 1](x, self.grids[i - 1]) + self.level_pos[i - 1]
+            for j, block in enumerate(blocks):
+                if not (i == 0 and j == 0 and block.local):  # the local block ran in forward_local
+                    x = block(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == "avg":
+            x = x.mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(img))
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> LSA:
+    if pretrained:
+        raise ValueError(f"{variant}: no pretrained weights exist for LSA; use pretrained=False")
+    return build_model_with_cfg(LSA, variant, pretrained=False, **kwargs)
+
+
+def _cfg(size: int, num_classes: int, **kwargs) -> dict:
+    mean, std = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)) if size == 32 else \
+        ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    return dict(url="", num_classes=num_classes, input_size=(3, size, size), pool_size=None, crop_pct=1.0 if size == 32
+                else 0.875, interpolation="bicubic", fixed_input_size=True, mean=mean, std=std,
+                first_conv="patch_embed.proj", classifier="head", **kwargs)
+
+
+ENTRYPOINTS = ("lsa_tiny_cifar", "lsa_small_cifar", "lsa_base_cifar", "lsa_tiny_224", "lsa_small_224")
+default_cfgs = generate_default_cfgs({name: _cfg(32, 10) if name.endswith("cifar") else _cfg(224, 1000)
+                                      for name in ENTRYPOINTS})
+
+# Entrypoints: Table 2's sizes. CIFAR: T=18, a 3x3 stride-1 conv per variant (1024 tokens),
+# four levels 1024 -> 256 -> 64 -> 16 tokens. ImageNet: T=10, a strided conv per variant.
+CIFAR_EMBED = dict(shifts="cifar18", kernel_size=3, stride=1, padding=1, img_size=32, num_classes=10)
+
+
+@register_model
+def lsa_tiny_cifar(pretrained=False, **kwargs) -> LSA:
+    """Our-T, CIFAR (Table 3: 10.2M): 192-d, 3 heads, blocks (2, 4, 4, 4), shared K/V."""
+    args = dict(CIFAR_EMBED, embed_dims=192, depths=(2, 4, 4, 4), num_heads=3, kv_shared=True)
+    return _create("lsa_tiny_cifar", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def lsa_small_cifar(pretrained=False, **kwargs) -> LSA:
+    """Our-S, CIFAR (Table 3: 36.2M): 384-d, 6 heads, blocks (2, 4, 4, 4), per-head K/V."""
+    args = dict(CIFAR_EMBED, embed_dims=384, depths=(2, 4, 4, 4), num_heads=6)
+    return _create("lsa_small_cifar", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def lsa_base_cifar(pretrained=False, **kwargs) -> LSA:
+    """Our-B, CIFAR (Table 3: 115.8M): 768-d, 12 heads, blocks (3, 3, 3, 3), per-head K/V."""
+    args = dict(CIFAR_EMBED, embed_dims=768, depths=(3, 3, 3, 3), num_heads=12)
+    return _create("lsa_base_cifar", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def lsa_tiny_224(pretrained=False, **kwargs) -> LSA:
+    """Our-T, ImageNet (Table 4: 9.9M): K=9, S=7, P=1 (1024 tokens), 192-d, 4 heads, blocks (2, 4, 4, 4)."""
+    args = dict(shifts="imagenet10", kernel_size=9, stride=7, padding=1, img_size=224, num_classes=1000,
+                embed_dims=192, depths=(2, 4, 4, 4), num_heads=4)
+    return _create("lsa_tiny_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def lsa_small_224(pretrained=False, **kwargs) -> LSA:
+    """Our-S, ImageNet (Table 4: 22.0M): K=S=4 (3136 tokens), dims (64, 192, 384), heads (2, 6, 12), blocks (2, 2, 10)."""
+    args = dict(shifts="imagenet10", kernel_size=4, stride=4, padding=0, img_size=224, num_classes=1000,
+                embed_dims=(64, 192, 384), depths=(2, 2, 10), num_heads=(2, 6, 12))
+    return _create("lsa_small_224", pretrained, **dict(args, **kwargs))
+
+
+__all__ = ["LSA", "ShiftEmbed", "LocalShiftAttention", "LSAAttention", "SHIFTS", "resolve_shifts", "shift_image"]
