@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 import locvit.models  # noqa: F401
-from locvit.models.lsa import ENTRYPOINTS, SHIFTS, LocalShiftAttention, resolve_shifts
+from locvit.models.lsa import ENTRYPOINTS, SHIFTS, LocalShiftAttention, LSAAttention, resolve_shifts
 
 # A demo-sized LSA: 16x16 input, 4x4 non-overlapping patches (4x4 grid), two levels.
 SMALL = dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1), num_heads=3,
@@ -105,6 +105,15 @@ def test_local_cost_is_linear_in_tokens_and_in_variants():
     flops_t, largest_t = _cost(local, 64, 18)
     assert flops_t < 2 * flops and largest_t == 2 * largest  # only keys/values grow with T
     assert largest <= 2 * 9 * 64 * 2 * 24  # never more than the (B, T, N, 2D) keys and values
+
+
+def test_eager_global_attention_matches_the_fused_path():
+    torch.manual_seed(0)
+    attn = LSAAttention(24, 3, kv_shared=True).eval()
+    x = torch.randn(2, 16, 24)
+    fused = attn(x)
+    attn.fused_attn = False
+    torch.testing.assert_close(attn(x), fused, atol=1e-6, rtol=1e-5)
 
 
 def test_pyramid_halves_the_grid_per_level():

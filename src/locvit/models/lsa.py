@@ -57,7 +57,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
@@ -197,6 +197,7 @@ class LSAAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.kv_heads = 1 if kv_shared else num_heads
+        self.fused_attn = use_fused_attn()
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
         self.attn_drop = attn_drop
@@ -209,7 +210,11 @@ class LSAAttention(nn.Module):
         k, v = self.kv(x).reshape(b, n, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, h_kv, N, hd)
         if self.kv_heads != self.num_heads:
             k, v = k.expand(-1, self.num_heads, -1, -1), v.expand(-1, self.num_heads, -1, -1)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        if self.fused_attn:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        else:  # eager, as timm does when fused attention is off (e.g. to count FLOPs or read the maps)
+            attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = F.dropout(attn, self.attn_drop, self.training) @ v
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
