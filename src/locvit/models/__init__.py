@@ -5,5 +5,6 @@ The families (MaiT, LSA, IBiT) arrive in their own modules; the baselines (DeiT,
 CaiT, ConViT, NesT) come straight from timm.
 """
 
+from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
 from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)

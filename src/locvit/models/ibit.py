@@ -1,0 +1,482 @@
+"""IBiT: Utilizing inductive biases to create a more data efficient attention mechanism.
+
+Paper: ``shared/papers/002_6598e069e8997897.txt`` (its Sec. 3.2 and Appendix A are cut
+from the extraction; ``shared/REFERENCE_NOTES.md`` Sec. 4 fills them from the authors'
+public code, read for understanding only). Learned Mask Self-Attention (LMSA) multiplies
+the attention logits by a learned, low-rank mask that starts as a radial kernel around
+each patch, so every head begins local and may learn to look further.
+
+Blocks
+    :class:`LearnedMaskAttention`  timm's ``Attention`` with the learned mask, plugged into
+        ``VisionTransformer(attn_layer=LearnedMaskAttention)``.
+    :class:`IBiTBlock`  timm's ``Block`` with the reference code's residual as an option.
+Model
+    :class:`IBiT` (a ``VisionTransformer``): every block's attention is LMSA, its mask set
+    up for the patch grid after construction.
+Mask fit
+    :func:`fit_mask_factors` (Algorithm 1) and :func:`initial_factors`, its cache.
+
+The mask. Per head, ``A`` and ``B`` of shape (rank, N) (N patches, rank = the paper's
+"mask fidelity") give ``L = A^T B``, stored relative to the query: row ``p`` of ``L`` is
+patch ``p``'s kernel rolled back by ``p`` along the flattened grid. A precomputed gather
+rolls it into place, ``mask[p, k] = L[p, (k - p) mod N]`` (a 1-D roll: it wraps across
+image rows, as in the authors' code). Rolled this way the kernels of all patches nearly
+coincide, which is why a low rank can hold them.
+
+Choices (paper and code disagree, or are silent; each is an option):
+
+* ``normalize='frobenius'`` (default; Alg. 2 line 12 divides by a "NORM", the code by the
+  Frobenius norm): ``attn = (M * QK^T / sqrt(d)) / (||.||_F + 1e-8)`` over the whole
+  T x T map (class token included) per sample and head, no softmax, then ``attn @ V``.
+  ``'softmax'``: ``softmax(M * QK^T / sqrt(d))``, the reading of Sec. 3.2 where the mask
+  multiplies an ordinary attention map (MaiT's form); with an all-ones mask it is plain
+  attention.
+* ``mask_kernel='radial'`` (default, the code): ``exp(-0.5 * d)``, d the Euclidean
+  distance between patches in patch units. ``'gaussian'``: ``exp(-d^2 / 2)``, the
+  Gaussian kernel that Sec. 3.3 and Fig. 2 name (the paper gives no width; sigma = 1 patch).
+* ``mask_rank=9``: the code's final run (its model class defaults to 3).
+* Class token: its row and column of the (N+1) x (N+1) mask are fixed at 1, outside the
+  low-rank factors, and patch ``p`` is token ``p + 1``, so each kernel is centred on its
+  own patch. The authors' code fits (N+1)-long factors, so its class row and column are
+  learned, and its gather misses the one-token shift (every patch's kernel is off by one).
+  Any prefix token (register tokens too) is treated like the class token.
+* Initial mask (Algorithm 1): ``A, B ~ N(0, std 1e-3)`` (seed 0), Adam lr 0.1, 10,000
+  steps, MSE to the rolled kernel; one fit shared by every head of every layer (the code
+  repeats it). The fit depends only on grid, rank, kernel, steps, lr, seed and init std:
+  it is computed once per process and kept on disk (:func:`initial_factors`). On the
+  ``meta`` device no fit runs; ``init_weights()`` / ``reset_parameters()`` fill the mask
+  once real weights exist. Measured (14 x 14, rank 9, radial): MSE 4.3e-4, the
+  truncated-SVD optimum (Eckart-Young), so the residual is the rank's, not the
+  optimiser's; every patch row peaks on its own patch; the error is at most 0.06 in a
+  patch's 3 x 3 neighbourhood and 0.22 far from it (row-wrap entries of border patches).
+  The fit takes about 2 s on one CPU thread (it runs single-threaded).
+* Heads: 3 (Table 1, "the same as DeiT"); the appendix (Table 5) says 4: ``num_heads=4``.
+* Block: timm's pre-norm block (the paper: "the same as the DeiT model architecture").
+  ``residual='reference'`` is the code's ``y = attn(LN1(x)) + LN1(x)``, then
+  ``MLP(LN2(y)) + LN2(y)``.
+* Stochastic depth: Sec. 4.1 removes it from the feed-forward branch (the code drops the
+  attention branch only): ``mlp_drop_path=False``. It matters only with
+  ``drop_path_rate > 0`` (the appendix trains with 0.1).
+* Positional embedding: learned, DeiT's. ``pos_embed='sincos'`` is the code's fixed 1-D
+  sin-cos over the token index (class token at 0), frequencies geometric from 1 down to
+  ``e^-ceil(ln T)``.
+* The code's separate Q, K, V linears are timm's fused ``qkv`` (the same parameters); its
+  output projection (``include_fcn=True``) is timm's ``proj``. The code has no final
+  LayerNorm before the head; we keep timm's (``final_norm=False`` removes it).
+
+Size: the masks add ``depth * 2 * heads * rank * N`` parameters, 127,008 for the tiny model
+at 224/16 (12 x 2 x 3 x 9 x 196): 5.84M in all, the paper's "6M" (DeiT-Tiny: 5.72M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import warnings
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention
+from timm.models import register_model
+from timm.models._builder import build_model_with_cfg
+from timm.models._registry import generate_default_cfgs
+from timm.models.deit import _cfg
+from timm.models.vision_transformer import Block, VisionTransformer
+
+from locvit.io import atomic_path
+
+_logger = logging.getLogger(__name__)
+
+KERNELS = ("radial", "gaussian")
+NORMALIZATIONS = ("frobenius", "softmax")
+RESIDUALS = ("prenorm", "reference")
+POS_EMBEDS = ("learn", "sincos", "none")
+NORM_EPS = 1e-8  # added to the Frobenius norm, as in the authors' code
+CACHE_ENV = "LOCVIT_CACHE_DIR"
+FIT_FORMAT = 1  # bump when the fit or its file changes: old files are then ignored
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}: {value!r} is not allowed; allowed values: {', '.join(allowed)}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# The kernel, the roll and the fit (Algorithm 1)
+
+
+def kernel_matrix(grid: tuple[int, int], kernel: str = "radial") -> torch.Tensor:
+    """(N, N) float32, N = H*W: ``K[p, k]`` = kernel of the distance between patches p and k."""
+    _choice("mask_kernel", kernel, KERNELS)
+    h, w = grid
+    idx = torch.arange(h * w, device="cpu")  # built on the CPU, whatever the default device
+    rows, cols = idx // w, idx % w
+    sq = ((rows[:, None] - rows[None, :]) ** 2 + (cols[:, None] - cols[None, :]) ** 2).double()
+    k = torch.exp(-0.5 * sq.sqrt()) if kernel == "radial" else torch.exp(-0.5 * sq)
+    return k.float()
+
+
+def roll_index(n: int) -> torch.Tensor:
+    """(n, n) long: ``mask = L.gather(-1, idx)`` puts ``mask[p, k] = L[p, (k - p) mod n]``."""
+    i = torch.arange(n, device="cpu")
+    return (i[None, :] - i[:, None]) % n
+
+
+def unroll_index(n: int) -> torch.Tensor:
+    """(n, n) long, the inverse of :func:`roll_index`: ``L = mask.gather(-1, idx)``."""
+    i = torch.arange(n, device="cpu")
+    return (i[:, None] + i[None, :]) % n
+
+
+def rolled_kernel(grid: tuple[int, int], kernel: str = "radial") -> torch.Tensor:
+    """The fit's target: each patch's kernel stored relative to the patch, (N, N)."""
+    k = kernel_matrix(grid, kernel)
+    return k.gather(-1, unroll_index(k.shape[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskFit:
+    """Everything the initial mask depends on, and so the key of its cache."""
+
+    grid: tuple[int, int]
+    rank: int = 9
+    kernel: str = "radial"
+    steps: int = 10_000
+    lr: float = 0.1
+    seed: int = 0
+    init_std: float = 1e-3
+
+    def record(self) -> dict:
+        return {**dataclasses.asdict(self), "grid": list(self.grid), "format": FIT_FORMAT}
+
+    def file_name(self) -> str:
+        h, w = self.grid
+        return (f"lmsa_{h}x{w}_rank{self.rank}_{self.kernel}_steps{self.steps}_lr{self.lr:g}"
+                f"_seed{self.seed}_std{self.init_std:g}_v{FIT_FORMAT}.pt")
+
+
+def fit_mask_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Algorithm 1: ``A, B`` (rank, N) with ``A^T B`` fitted to the rolled kernel by Adam on MSE.
+
+    Returns ``(A, B, mse)`` on the CPU. The gradient of the MSE is written out (``G = 2/N^2
+    (A^T B - L)``, ``dA = B G^T``, ``dB = A G``): the same step as autograd's, at a third of
+    the cost per step, which dominates 10,000 tiny steps.
+    """
+    target = rolled_kernel(spec.grid, spec.kernel)  # (N, N)
+    n = target.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(spec.seed)
+    a = nn.Parameter(torch.randn(spec.rank, n, generator=gen, device="cpu") * spec.init_std)
+    b = nn.Parameter(torch.randn(spec.rank, n, generator=gen, device="cpu") * spec.init_std)
+    a.grad, b.grad = torch.zeros_like(a), torch.zeros_like(b)
+    opt = torch.optim.Adam([a, b], lr=spec.lr, fused=True)
+    # One thread: the ops are too small to split, and on a busy machine a second thread
+    # made each step 50x slower (8 ms instead of 0.15 ms at 14 x 14).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for _ in range(spec.steps):
+                g = torch.addmm(target, a.t(), b, beta=-1.0).mul_(2.0 / target.numel())  # (N, N)
+                torch.mm(b, g.t(), out=a.grad)
+                torch.mm(a, g, out=b.grad)
+                opt.step()
+            mse = F.mse_loss(a.t() @ b, target).item()
+    finally:
+        torch.set_num_threads(threads)
+    return a.detach().clone(), b.detach().clone(), mse
+
+
+def cache_dir() -> Path:
+    """Where fits are kept: ``$LOCVIT_CACHE_DIR/ibit``, else ``~/.cache/locvit/ibit``."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "locvit") / "ibit"
+
+
+_FITS: dict[MaskFit, tuple[torch.Tensor, torch.Tensor]] = {}  # this process's fits
+
+
+def initial_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, B)`` of :func:`fit_mask_factors`, fitted once: from this process, the disk, or a fit."""
+    if spec in _FITS:
+        return _FITS[spec]
+    path = cache_dir() / spec.file_name()
+    factors = _read_fit(path, spec)
+    if factors is None:
+        _logger.info("IBiT: fitting the initial mask for %s (once; kept in %s)", spec, path)
+        a, b, mse = fit_mask_factors(spec)
+        factors = (a, b)
+        _write_fit(path, spec, a, b, mse)
+    _FITS[spec] = factors
+    return factors
+
+
+def _read_fit(path: Path, spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not path.is_file():
+        return None
+    n = spec.grid[0] * spec.grid[1]
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        a, b = data["a"], data["b"]
+        if data["key"] != spec.record() or a.shape != (spec.rank, n) or b.shape != (spec.rank, n):
+            raise ValueError("it holds a different fit")
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise ValueError("it holds non-finite values")
+    except Exception as err:  # noqa: BLE001  (torch.load fails in many ways; any of them means refit)
+        warnings.warn(f"IBiT mask-fit cache {path} is unusable ({type(err).__name__}: {err}); refitting",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    return a.float(), b.float()
+
+
+def _write_fit(path: Path, spec: MaskFit, a: torch.Tensor, b: torch.Tensor, mse: float) -> None:
+    try:
+        with atomic_path(path) as tmp:  # concurrent jobs each write whole files; the last one wins
+            torch.save({"key": spec.record(), "a": a, "b": b, "mse": mse}, tmp)
+    except OSError as err:
+        warnings.warn(f"IBiT mask fit not cached ({err}); the next process will fit again",
+                      RuntimeWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------
+# Blocks
+
+
+class FrobeniusAttention(torch.autograd.Function):
+    """``(S * M) @ V / (||S * M||_F + eps)`` with ``S = Q K^T``, the norm per (sample, head) map.
+
+    Inputs ``q, k, v`` (B, H, T, hd) and ``mask`` (H, T, T), all of one dtype. The same values
+    and gradients as autograd gives for the plain expression, with fewer passes over the
+    (B, H, T, T) maps: the output is divided instead of the map (the norm is one number per
+    map), and the norm's gradient is one ``addcmul_`` where autograd spends three passes.
+    With ``A = S * M``, ``n = ||A|| + eps`` and ``O = A V / n``, for an output gradient ``G``:
+    ``dA = (G / n) V^T - A * sum(G * O) / (n ||A||)``, ``dV = A^T G / n``,
+    ``dS = dA * M``, ``dM = sum over the batch of dA * S``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        s = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        a = s * mask
+        r = torch.linalg.vector_norm(a, dim=(-2, -1), keepdim=True).to(a.dtype)  # (B, H, 1, 1)
+        n = r + NORM_EPS
+        out = (a @ v).div_(n)  # (B, H, T, hd)
+        ctx.save_for_backward(q, k, v, mask, s, a, r, n, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask, s, a, r, n, out = ctx.saved_tensors
+        g = grad / n
+        beta = (grad * out).sum(dim=(-2, -1), keepdim=True) / (n * r.clamp_min(NORM_EPS))  # (B, H, 1, 1)
+        grad_a = (g @ v.transpose(-2, -1)).addcmul_(a, beta, value=-1.0)  # (B, H, T, T)
+        grad_v = a.transpose(-2, -1) @ g
+        grad_s = grad_a * mask
+        grad_mask = grad_a.mul_(s).sum(dim=0)  # (H, T, T); grad_a is spent
+        return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, grad_mask
+
+
+class LearnedMaskAttention(Attention):
+    """timm ``Attention`` with IBiT's learned multiplicative mask (LMSA; module docstring).
+
+    Built as timm builds any attention layer, it has no mask until :meth:`configure` gives
+    it the patch grid (the model does this after construction).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.normalize = "frobenius"
+        self.num_prefix = 0
+        self.fit: MaskFit | None = None
+        self.register_parameter("mask_a", None)  # (H, rank, N) after configure()
+        self.register_parameter("mask_b", None)
+        self.register_buffer("roll", torch.zeros(0, 0, dtype=torch.long), persistent=False)  # (N, N)
+
+    def configure(self, grid: tuple[int, int], num_prefix: int, rank: int = 9, kernel: str = "radial",
+                  normalize: str = "frobenius", fit_steps: int = 10_000, fit_lr: float = 0.1) -> None:
+        """Create the mask for an ``H x W`` patch grid after ``num_prefix`` class/register tokens."""
+        self.normalize = _choice("normalize", normalize, NORMALIZATIONS)
+        _choice("mask_kernel", kernel, KERNELS)
+        if rank < 1 or fit_steps < 0 or fit_lr <= 0:
+            raise ValueError(f"mask_rank ({rank}) must be >= 1, mask_fit_steps ({fit_steps}) >= 0 "
+                             f"and mask_fit_lr ({fit_lr}) > 0")
+        self.num_prefix = num_prefix
+        self.fit = MaskFit(tuple(int(s) for s in grid), int(rank), kernel, int(fit_steps), float(fit_lr))
+        n = self.fit.grid[0] * self.fit.grid[1]
+        like = self.qkv.weight
+        self.mask_a = nn.Parameter(torch.empty(self.num_heads, rank, n, device=like.device, dtype=like.dtype))
+        self.mask_b = nn.Parameter(torch.empty(self.num_heads, rank, n, device=like.device, dtype=like.dtype))
+        self.roll = roll_index(n).to(like.device)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Every head starts from the cached fit; nothing to do before configure() or on ``meta``."""
+        if self.mask_a is None or self.mask_a.is_meta:
+            return
+        self.roll.copy_(roll_index(self.roll.shape[0]))  # after meta -> to_empty() it holds garbage
+        a, b = initial_factors(self.fit)
+        self.mask_a.copy_(a.expand_as(self.mask_a))
+        self.mask_b.copy_(b.expand_as(self.mask_b))
+
+    def init_weights(self) -> None:
+        """timm's ViT init calls this hook on every module that has one."""
+        self.reset_parameters()
+
+    def full_mask(self) -> torch.Tensor:
+        """The mask over all tokens, (H, T, T), T = prefix tokens + N: differentiable."""
+        low = self.mask_a.transpose(-2, -1) @ self.mask_b  # (H, N, N), rows relative to the query
+        mask = low.gather(-1, self.roll.expand_as(low))  # (H, N, N): mask[p, k] = low[p, (k - p) mod N]
+        if self.num_prefix:
+            p = self.num_prefix
+            mask = F.pad(mask, (p, 0, p, 0), value=1.0)  # prefix rows and columns are 1
+        return mask
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
+        if self.mask_a is None:
+            raise RuntimeError("LearnedMaskAttention has no mask yet: call configure(grid, num_prefix) first")
+        if T != self.roll.shape[0] + self.num_prefix:
+            raise ValueError(f"LMSA's mask is for {self.num_prefix} prefix + {self.roll.shape[0]} patch tokens, "
+                             f"got {T} tokens: the image size (and token count) is fixed when the model is built")
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # One copy here, rather than one inside each of the six matmuls (forward and backward)
+        # that would otherwise flatten a strided (B, H) batch.
+        q, k, v = qkv.contiguous().unbind(0)  # (B, H, T, hd)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise NotImplementedError("LMSA applies its own learned mask; attn_mask / is_causal are not supported")
+        B, T, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self._qkv(x)
+        mask = (self.full_mask() * self.scale).to(q.dtype)  # (H, T, T); the 1/sqrt(d) folded in
+        if self.normalize == "frobenius" and not (self.training and self.attn_drop.p > 0):
+            out = FrobeniusAttention.apply(q, k, v, mask)
+        elif self.normalize == "frobenius":
+            attn = (q @ k.transpose(-2, -1)) * mask  # (B, H, T, T)
+            norm = torch.linalg.vector_norm(attn, dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+            out = (self.attn_drop(attn) @ v) / (norm + NORM_EPS)  # dropout scales entries: linear, commutes
+        else:
+            out = self.attn_drop(((q @ k.transpose(-2, -1)) * mask).softmax(dim=-1)) @ v
+        x = out.transpose(1, 2).reshape(B, T, self.attn_dim)  # (B, H, T, hd) -> (B, T, C)
+        x = self.norm(x)
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+    @torch.no_grad()
+    def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """Every head's normalised attention map (B, H, T, T), as the forward pass applies it to V."""
+        q, k, _ = self._qkv(x)
+        attn = (q @ k.transpose(-2, -1)) * (self.full_mask() * self.scale)
+        if self.normalize == "softmax":
+            return attn.softmax(dim=-1)
+        return attn / (torch.linalg.vector_norm(attn, dim=(-2, -1), keepdim=True) + NORM_EPS)
+
+
+class IBiTBlock(Block):
+    """timm's pre-norm ``Block``, or the authors' residual around the normalised input.
+
+    ``residual='reference'``: ``y = attn(LN1(x)) + LN1(x)``; ``out = MLP(LN2(y)) + LN2(y)``.
+    ``mlp_drop_path=False`` keeps stochastic depth off the feed-forward branch (Sec. 4.1).
+    """
+
+    def __init__(self, *args, residual: str = "prenorm", mlp_drop_path: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.residual = _choice("residual", residual, RESIDUALS)
+        if not mlp_drop_path:
+            self.drop_path2 = nn.Identity()
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if self.residual == "prenorm":
+            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        x = self.norm1(x)
+        x = x + self.drop_path1(self.ls1(self.attn(x, attn_mask=attn_mask, is_causal=is_causal)))
+        x = self.norm2(x)
+        return x + self.drop_path2(self.ls2(self.mlp(x)))
+
+
+# ---------------------------------------------------------------------------------------
+# Model
+
+
+def sincos_1d(length: int, dim: int) -> torch.Tensor:
+    """The authors' fixed encoding, (1, length, dim): token t gets ``[sin(t f), cos(t f)]``."""
+    if dim % 2:
+        raise ValueError(f"pos_embed 'sincos' needs an even embed_dim, got {dim}")
+    pos = torch.arange(length, dtype=torch.float64, device="cpu")[:, None]
+    freq = torch.exp(-torch.linspace(0.0, math.ceil(math.log(length)), dim // 2, dtype=torch.float64, device="cpu"))
+    return torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=-1).float()[None]
+
+
+class IBiT(VisionTransformer):
+    """A timm ``VisionTransformer`` whose every attention is LMSA (see the module docstring).
+
+    Args (besides ``VisionTransformer``'s):
+        mask_rank: rank of the mask factors (the paper's "mask fidelity").
+        mask_kernel: ``radial`` (the code's ``exp(-d/2)``) or ``gaussian`` (``exp(-d^2/2)``).
+        normalize: ``frobenius`` (the code; no softmax) or ``softmax``.
+        mask_fit_steps, mask_fit_lr: Algorithm 1's Adam steps and learning rate.
+        residual: ``prenorm`` (timm's block) or ``reference`` (the authors' residual).
+        mlp_drop_path: stochastic depth on the feed-forward branch too (paper: off).
+        pos_embed: ``learn`` (DeiT's), ``sincos`` (the authors' fixed 1-D encoding) or ``none``.
+    """
+
+    def __init__(self, mask_rank: int = 9, mask_kernel: str = "radial", normalize: str = "frobenius",
+                 mask_fit_steps: int = 10_000, mask_fit_lr: float = 0.1, residual: str = "prenorm",
+                 mlp_drop_path: bool = False, pos_embed: str = "learn", **kwargs):
+        _choice("residual", residual, RESIDUALS)
+        _choice("pos_embed", pos_embed, POS_EMBEDS)
+        if kwargs.get("dynamic_img_size") or kwargs.get("patch_drop_rate"):
+            raise ValueError("IBiT's mask is built for one patch grid: dynamic_img_size and patch_drop_rate "
+                             "are not supported")
+        self.pos_embed_kind = pos_embed  # read by init_weights(), which the parent calls
+        super().__init__(attn_layer=LearnedMaskAttention,
+                         block_fn=partial(IBiTBlock, residual=residual, mlp_drop_path=mlp_drop_path),
+                         pos_embed="learn" if pos_embed == "sincos" else pos_embed, **kwargs)
+        if pos_embed == "sincos":  # a fixed buffer in the learned table's place
+            like = self.pos_embed
+            del self.pos_embed
+            self.register_buffer("pos_embed", torch.empty_like(like), persistent=False)
+            self._fill_sincos()
+        grid = tuple(self.patch_embed.grid_size)
+        for block in self.blocks:
+            block.attn.configure(grid, self.num_prefix_tokens, rank=mask_rank, kernel=mask_kernel,
+                                 normalize=normalize, fit_steps=mask_fit_steps, fit_lr=mask_fit_lr)
+        self.mask_options = dict(mask_rank=mask_rank, mask_kernel=mask_kernel, normalize=normalize,
+                                 mask_fit_steps=mask_fit_steps, mask_fit_lr=mask_fit_lr, residual=residual,
+                                 mlp_drop_path=mlp_drop_path, pos_embed=pos_embed)
+
+    def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
+        super().init_weights(mode, needs_reset)  # LMSA masks refill through their init_weights hook
+        if getattr(self, "pos_embed_kind", "learn") == "sincos" and isinstance(self.pos_embed, torch.Tensor):
+            self._fill_sincos()
+
+    @torch.no_grad()
+    def _fill_sincos(self) -> None:
+        if not self.pos_embed.is_meta:
+            self.pos_embed.copy_(sincos_1d(self.pos_embed.shape[1], self.pos_embed.shape[2]))
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> IBiT:
+    if pretrained:
+        raise ValueError(f"{variant}: no pretrained weights exist for IBiT; use pretrained=False")
+    return build_model_with_cfg(IBiT, variant, pretrained=False, **kwargs)
+
+
+# No released weights: the config carries input size, classes and DeiT's normalisation.
+default_cfgs = generate_default_cfgs({"ibit_tiny_patch16_224": _cfg(url="")})
+
+
+@register_model
+def ibit_tiny_patch16_224(pretrained=False, **kwargs) -> IBiT:
+    """IBiT-Tiny (Table 1: DeiT-Tiny's shape, 12 layers, 3 heads, 192-d; rank-9 masks; 5.84M)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, mask_rank=9)
+    return _create("ibit_tiny_patch16_224", pretrained, **dict(args, **kwargs))
