@@ -49,3 +49,6 @@ def test_nest_tiny_cifar_is_the_nest_papers_model():
     assert model.num_blocks == [64, 16, 4, 1] and model.block_size == 4 and model.seq_length == 16
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2) == 6.60
     _trains(model)
+    registered = timm.create_model("nest_tiny_cifar")  # the same model by name, as params.yaml uses it
+    assert registered.num_blocks == model.num_blocks and registered.num_classes == 10
+    assert sum(p.numel() for p in registered.parameters()) == sum(p.numel() for p in model.parameters())

@@ -1,8 +1,10 @@
 """The timm baselines the three papers compare against, and how to build them at 32 x 32.
 
-Nothing here subclasses or registers a model: a baseline is a timm name plus keyword
-arguments, ``timm.create_model(name, **CIFAR_32[name], num_classes=...)`` (or
-:func:`create_at_32`, which lets the caller's keywords win).
+Nothing here subclasses a model: a baseline is a timm name plus keyword arguments,
+``timm.create_model(name, **CIFAR_32[name], num_classes=...)`` (or :func:`create_at_32`,
+which lets the caller's keywords win). One thin entrypoint is registered,
+``nest_tiny_cifar``: the NesT paper's CIFAR NesT-T, which timm's ``nest_tiny`` cannot
+become by keyword (its widths and level count are fixed in the entrypoint).
 
 =========================  ==============================================================
 timm name                  compared against in
@@ -24,6 +26,10 @@ from __future__ import annotations
 
 import timm
 import torch.nn as nn
+from timm.models import register_model
+from timm.models._builder import build_model_with_cfg
+from timm.models._registry import generate_default_cfgs
+from timm.models.nest import Nest, checkpoint_filter_fn
 
 BASELINES = ("deit_tiny_patch16_224", "deit_small_patch16_224", "cait_xxs24_224", "convit_tiny", "nest_tiny")
 
@@ -59,3 +65,18 @@ def create_at_32(name: str, **kwargs) -> nn.Module:
     if name not in CIFAR_32:
         raise ValueError(f"{name!r} has no 32 x 32 setting; known baselines: {', '.join(CIFAR_32)}")
     return timm.create_model(name, **{**CIFAR_32[name], **kwargs})
+
+
+default_cfgs = generate_default_cfgs({"nest_tiny_cifar": dict(
+    url="", num_classes=10, input_size=(3, 32, 32), pool_size=None, crop_pct=1.0, interpolation="bicubic",
+    fixed_input_size=True, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
+    first_conv="patch_embed.proj", classifier="head")})
+
+
+@register_model
+def nest_tiny_cifar(pretrained=False, **kwargs) -> Nest:
+    """NesT-T in the NesT paper's CIFAR setting (``NEST_TINY_CIFAR``; 6.60M with 10 classes)."""
+    if pretrained:
+        raise ValueError("nest_tiny_cifar: no pretrained weights; use pretrained=False")
+    return build_model_with_cfg(Nest, "nest_tiny_cifar", pretrained=False, pretrained_filter_fn=checkpoint_filter_fn,
+                                **{**NEST_TINY_CIFAR, **kwargs})
