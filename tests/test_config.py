@@ -48,8 +48,8 @@ def test_out_of_range(raw_tiny):
 
 
 def test_enum_lists_allowed_values(raw_tiny):
-    raw_tiny["data"]["source"] = "imagenet"
-    assert "data.source: 'imagenet' is not allowed; allowed values: 'digits', 'cifar10', 'cifar100'" in _error(raw_tiny)
+    raw_tiny["data"]["source"] = "mnist"
+    assert "data.source: 'mnist' is not allowed; allowed values: 'digits', 'cifar10', 'cifar100', 'imagenet'" in _error(raw_tiny)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "with space", ".hidden", ""])

@@ -84,7 +84,7 @@ def test_missing_or_corrupt_manifest_names_the_file(tmp_path):
 
 
 def test_unknown_source_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed values: digits, cifar10, cifar100"):
+    with pytest.raises(ValueError, match="allowed values: digits, cifar10, cifar100, imagenet"):
         get_source("mnist")
 
 
@@ -135,3 +135,50 @@ def test_missing_or_corrupt_cifar_says_which_file_and_what_to_do(tmp_path):
     (folder / "data_batch_3").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match=r"data_batch_3 is not a readable CIFAR batch.*data\.download: true"):
         get_source("cifar10", root=tmp_path).load(32)
+
+
+def _fake_imagefolder(root, classes=("n01", "n02", "n03"), per_class=(4, 2)):
+    """ImageNet's ImageFolder layout in miniature: real JPEG/PNG files of different shapes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in zip(("train", "val"), per_class):
+        for c, name in enumerate(classes):
+            folder = root / "imagenet" / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, size=(12 + 4 * i, 20, 3), dtype=np.uint8)  # landscape and portrait
+                Image.fromarray(pixels).save(folder / f"{name}_{i}.{'JPEG' if i % 2 else 'png'}")
+    (root / "imagenet" / "train" / classes[0] / "notes.txt").write_text("not an image")  # ignored
+
+
+def test_imagenet_folder_layout_val_is_the_test_split(tmp_path, monkeypatch):
+    from locvit.data import sources
+
+    _fake_imagefolder(tmp_path)
+    source = sources.get_source("imagenet", root=tmp_path)
+    with pytest.raises(ValueError, match="has 3 class folders, ImageNet-1k has 1000"):
+        source.load(8)
+    source.num_classes = 3  # the same code path with a 3-class ImageNet
+    source.load(8)
+    assert source.class_names == ("n01", "n02", "n03") and source.labels.tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [0, 0, 1, 1, 2, 2]
+    assert source.fixed_test.tolist() == list(range(12, 18))
+    assert all(source.image(i).shape == (8, 8, 3) for i in range(18))
+    monkeypatch.setitem(sources.SOURCES, "imagenet", lambda root, download: source)
+    data = {"source": "imagenet", "root": str(tmp_path), "download": False, "image_size": 8, "val_fraction": 0.25,
+            "test_fraction": 0.2, "split_seed": 0, "write_mode": "raw", "jpeg_quality": 90, "train_fraction": 1.0}
+    manifest = prepare(data, {s: tmp_path / f"{s}.beton" for s in ("train", "val", "test")}, tmp_path / "m.json")
+    assert [manifest["splits"][s]["size"] for s in ("train", "val", "test")] == [9, 3, 6]
+
+
+def test_missing_or_unreadable_imagenet_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"imagenet/train is missing\. ImageNet is not downloaded for you"):
+        get_source("imagenet", root=tmp_path).load(8)
+    _fake_imagefolder(tmp_path)
+    source = get_source("imagenet", root=tmp_path)
+    source.num_classes = 3
+    source.load(8)
+    bad = tmp_path / "imagenet" / "train" / "n02" / "n02_0.png"
+    bad.write_bytes(b"truncated")
+    with pytest.raises(ValueError, match=r"n02_0\.png is not a readable image"):
+        source.image(4)

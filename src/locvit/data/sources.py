@@ -165,10 +165,85 @@ class CifarSource(DatasetSource):
         return np.arange(self._num_train, len(self._labels))
 
 
+class ImageNetSource(DatasetSource):
+    """ImageNet-1k in the usual ImageFolder layout: ``<root>/imagenet/{train,val}/<wnid>/*.JPEG``.
+
+    Nothing is downloaded (ImageNet needs a licence): put (or link) the folder there. The
+    1000 class folders, sorted by name, are the labels; ``val`` is the test split and the
+    validation split is drawn from ``train``. Images are read lazily with PIL: the
+    shorter side resized (bilinear, antialiased) to ``image_size``, then the centre square.
+    """
+
+    EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
+
+    def __init__(self, root: str | Path = "data", download: bool = False):
+        super().__init__("imagenet", 1000, ())
+        self.folder = Path(root) / "imagenet"
+        self.download = download
+        self._files: list[Path] = []
+        self._labels: np.ndarray | None = None
+        self._num_train = 0
+        self._size = 0
+
+    def _scan(self, split: str, classes: list[str] | None) -> tuple[list[str], list[Path], list[int]]:
+        top = self.folder / split
+        if not top.is_dir():
+            raise FileNotFoundError(f"imagenet: {top} is missing. ImageNet is not downloaded for you: place the "
+                                    f"ImageFolder layout (train/ and val/, one sub-folder per class) in {self.folder}"
+                                    f" (or set data.root to the folder that holds imagenet/)")
+        found = sorted(d.name for d in top.iterdir() if d.is_dir())
+        if classes is None and len(found) != self.num_classes:
+            raise ValueError(f"imagenet: {top} has {len(found)} class folders, ImageNet-1k has {self.num_classes}")
+        if classes is not None and found != classes:
+            raise ValueError(f"imagenet: the class folders of {top} differ from those of train/")
+        files, labels = [], []
+        for label, name in enumerate(found):
+            images = sorted(f for f in (top / name).iterdir() if f.suffix.lower() in self.EXTENSIONS)
+            files.extend(images)
+            labels.extend([label] * len(images))
+        return found, files, labels
+
+    def load(self, image_size: int) -> None:
+        classes, train_files, train_labels = self._scan("train", None)
+        _, val_files, val_labels = self._scan("val", classes)
+        self.class_names = tuple(classes)
+        self._files = train_files + val_files
+        self._labels = np.asarray(train_labels + val_labels, dtype=np.int64)
+        self._num_train = len(train_files)
+        self._size = image_size
+
+    @property
+    def labels(self) -> np.ndarray:
+        assert self._labels is not None, "call load() first"
+        return self._labels
+
+    def image(self, index: int) -> np.ndarray:
+        from PIL import Image
+
+        path = self._files[index]
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB")
+                w, h = img.size
+                scale = self._size / min(w, h)
+                img = img.resize((max(self._size, round(w * scale)), max(self._size, round(h * scale))),
+                                 Image.BILINEAR, reducing_gap=None)
+                left, top = (img.size[0] - self._size) // 2, (img.size[1] - self._size) // 2
+                return np.asarray(img.crop((left, top, left + self._size, top + self._size)), dtype=np.uint8)
+        except OSError as err:
+            raise ValueError(f"imagenet: {path} is not a readable image ({err}); replace or remove it") from err
+
+    @property
+    def fixed_test(self) -> np.ndarray:
+        assert self._labels is not None, "call load() first"
+        return np.arange(self._num_train, len(self._labels))
+
+
 SOURCES: dict[str, Callable[..., DatasetSource]] = {
     "digits": lambda root="data", download=False: DigitsSource(),
     "cifar10": lambda root="data", download=False: CifarSource("cifar10", root, download),
     "cifar100": lambda root="data", download=False: CifarSource("cifar100", root, download),
+    "imagenet": lambda root="data", download=False: ImageNetSource(root, download),
 }
 
 
