@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-import timm
 import torch
-import torch.nn.functional as F
 
 import locvit.models  # noqa: F401
-from common import alternate, median, write_result
+from common import step_ratios, write_result
 
 CASES = {
     "multiply_sch1": dict(masked_heads="sch1", mask_type="hard", mask_mode="multiply"),
@@ -25,54 +23,15 @@ CASES = {
 }
 
 
-def step_fn(model: torch.nn.Module, batch: int, size: int, device: torch.device):
-    x = torch.randn(batch, 3, size, size, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # Two sizes: the demo's (65 tokens) and DeiT-Tiny's at 224 (197 tokens).
-    shapes = {
-        "demo_32px_p4_48d_4L": dict(img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=3),
-        "deit_tiny_224_6L": dict(img_size=224, patch_size=16, embed_dim=192, depth=6, num_heads=3),
-    }
-    results = {}
-    for shape_name, shape in shapes.items():
-        batch = args.batch if shape["img_size"] <= 32 else max(8, args.batch // 4)
-        torch.manual_seed(0)
-        fns = {"unmasked": step_fn(timm.create_model("vit_tiny_patch16_224", num_classes=10, **shape).to(device),
-                                   batch, shape["img_size"], device)}
-        # The same twin with timm's eager attention: what the masked heads' own path costs.
-        eager = timm.create_model("vit_tiny_patch16_224", num_classes=10, **shape).to(device)
-        for block in eager.blocks:
-            block.attn.fused_attn = False
-        fns["unmasked_eager"] = step_fn(eager, batch, shape["img_size"], device)
-        for case, opts in CASES.items():
-            model = timm.create_model("mait_tiny_patch16_224", num_classes=10, **shape, **opts).to(device)
-            fns[case] = step_fn(model, batch, shape["img_size"], device)
-        times = alternate(fns, args.repeats)
-        base = median(times["unmasked"])
-        results[shape_name] = {
-            "batch": batch, "shape": shape, "unmasked_step_s": base,
-            "ratios": {case: median(times[case]) / base for case in CASES},
-            "ratios_vs_eager_twin": {case: median(times[case]) / median(times["unmasked_eager"]) for case in CASES},
-        }
-        print(shape_name, "vs fused twin", {k: round(v, 3) for k, v in results[shape_name]["ratios"].items()})
-        print(shape_name, "vs eager twin", {k: round(v, 3) for k, v in results[shape_name]["ratios_vs_eager_twin"].items()})
+    # The unmasked twin: timm's ViT of the same size (what MaiT is with no masked head).
+    cases = {case: ("mait_tiny_patch16_224", opts) for case, opts in CASES.items()}
+    results = step_ratios("vit_tiny_patch16_224", cases, args.repeats, args.batch, device)
     path = write_result("mait_step", {"device": str(device), "repeats": args.repeats, "results": results})
     print(f"wrote {path}")
 

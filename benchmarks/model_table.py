@@ -1,8 +1,10 @@
 """Params and GMACs of every locvit entrypoint (and the baselines) at its default size.
 
 Prints the Markdown table quoted in the README. GMACs = FLOPs / 2 as counted by
-``torch.utils.flop_counter`` for one 224x224 image (matmuls, attention included), with
-timm's fused attention off so the attention matmuls are counted.
+``torch.utils.flop_counter`` for one image at the entrypoint's default input size
+(224x224, or 32x32 for the CIFAR models): matmuls and convolutions, attention matmuls
+included (timm's fused attention is switched off so they are visible to the counter);
+element-wise work (softmax, norms, LSA's per-token attention over its T variants) is not.
 """
 
 from __future__ import annotations
@@ -25,20 +27,35 @@ PAPER = {  # name -> (paper model, params and "GFLOPs" (= GMACs) in the paper's 
     "mait_small_d24_patch16_224": ("MaiT-S*, 24 layers, Sch.2", "43.3M", "9.1"),
     "mait_cait_xxs24_224": ("Masked CaiT-XXS24, Sch.1", "12M", "2.5"),
     "mait_cait_s24_224": ("Masked CaiT-S24, Sch.1", "46.9M", "9.4"),
+    # LSA: Table 3 (CIFAR, 32x32, no FLOPs given) and Table 4 (ImageNet).
+    "lsa_tiny_cifar": ("LSA Our-T, CIFAR (T=18)", "10.2M", "-"),
+    "lsa_small_cifar": ("LSA Our-S, CIFAR (T=18)", "36.2M", "-"),
+    "lsa_base_cifar": ("LSA Our-B, CIFAR (T=18)", "115.8M", "-"),
+    "lsa_tiny_224": ("LSA Our-T, ImageNet (T=10)", "9.9M", "3.1"),
+    "lsa_small_224": ("LSA Our-S, ImageNet (T=10)", "22.0M", "7.6"),
+    # IBiT: Table 1 gives "6M" and no FLOPs.
+    "ibit_tiny_patch16_224": ("IBiT-Ti, rank-9 learned masks", "6M", "-"),
+    # Baselines the papers compare to (timm; nest_tiny_cifar registered by locvit).
+    "convit_tiny": ("ConViT-Ti (baseline, timm)", "6M (IBiT Table 1)", "-"),
+    "cait_xxs24_224": ("CaiT-XXS24 (baseline, timm)", "12M", "2.5"),
+    "nest_tiny": ("NesT-T, ImageNet (baseline, timm)", "17.0M", "5.8"),
+    "nest_tiny_cifar": ("NesT-T, CIFAR (NesT paper's setting)", "6.2M", "-"),
 }
 
 
 def main() -> None:
     # The counter does not see inside CPU fused attention kernels: count the eager path.
     set_fused_attn(False)
-    print("| entrypoint | paper model (default setting) | params | paper params | GMACs | paper GFLOPs |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| entrypoint | paper model (default setting) | input | params | paper params | GMACs | paper GFLOPs |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name, (paper, paper_params, paper_gmacs) in PAPER.items():
         model = timm.create_model(name).eval()
+        size = model.pretrained_cfg["input_size"][-1]
         params = sum(p.numel() for p in model.parameters())
         with FlopCounterMode(display=False) as counter:  # (with autograd on: the counter hooks need it)
-            model(torch.randn(1, 3, 224, 224))
-        print(f"| `{name}` | {paper} | {params / 1e6:.2f}M | {paper_params} | {counter.get_total_flops() / 2e9:.2f} | {paper_gmacs} |")
+            model(torch.randn(1, 3, size, size))
+        print(f"| `{name}` | {paper} | {size} | {params / 1e6:.2f}M | {paper_params} | "
+              f"{counter.get_total_flops() / 2e9:.2f} | {paper_gmacs} |")
 
 
 if __name__ == "__main__":
