@@ -133,3 +133,17 @@ def test_mixup_and_cutmix_are_a_recipe_setting(prepared, tiny_params):
     assert plain.shape == cut.shape
     changed = (plain != cut).any(dim=1)  # (B, H, W): pixels pasted from the flipped batch
     assert 0 < changed.float().mean() < 1  # CutMix pastes boxes: some pixels change, not all
+
+
+def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
+    """FFCV's random translation draws from numpy's seeded generator when not compiled."""
+    def one_epoch():
+        seed_everything(0)
+        model = build_model(run_config(tiny_params, "deit_b", 0))
+        loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0, translate=2, jit=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
+        return stats["train_loss"], torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    (loss_a, params_a), (loss_b, params_b) = one_epoch(), one_epoch()
+    assert loss_a == loss_b and torch.equal(params_a, params_b)

@@ -50,14 +50,22 @@ def write_beton(path: str | Path, source, indices: Sequence[int], image_size: in
 
 def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.device,
                 num_workers: int = 1, seed: int = 0, translate: int = 0, hflip: bool = False,
-                distributed: bool = False, drop_last: bool | None = None):
+                distributed: bool = False, drop_last: bool | None = None, jit: bool = True):
     """An FFCV ``Loader`` yielding ``(images uint8 (B, 3, H, W), labels int64 (B,))``.
 
     Training: random order (seeded), optional random translation and flip.
     Evaluation: sequential order, no augmentation, every sample exactly once.
+
+    ``jit``: FFCV compiles its pipeline with numba on the first batch (about 10 s on a
+    2-core CPU, in every process); worth it for large datasets, not for small ones,
+    where the plain-Python pipeline is as fast per epoch. Without it FFCV's random
+    augmentations draw from numpy's global generator, which the run's seed sets (numba
+    keeps its own, unseeded one), so runs repeat exactly. The switch is process-wide
+    (FFCV's ``Compiler``): every loader of a process should use the same value.
     """
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
+    from ffcv.pipeline.compiler import Compiler
     from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
 
     path = Path(path)
@@ -70,6 +78,7 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
         image_pipe.append(RandomTranslate(padding=translate, fill=(0, 0, 0)))
     image_pipe += [ToTensor(), ToDevice(device, non_blocking=True), ToTorchImage()]
     label_pipe = [IntDecoder(), ToTensor(), Squeeze(), ToDevice(device, non_blocking=True)]
+    Compiler.set_enabled(jit)  # read when the pipeline is compiled, at the first batch
     return Loader(
         str(path),
         batch_size=batch_size,

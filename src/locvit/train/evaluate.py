@@ -32,7 +32,8 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         cfg = state["config"]
         device = resolve_device(cfg["train"]["device"])
         if loader is None:
-            loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"])
+            loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"],
+                                 jit=cfg["train"].get("loader_jit", True))
             if threads and device.type == "cpu":
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
         model = build_from_checkpoint(state).to(device)

@@ -88,8 +88,10 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     n_params = sum(p.numel() for p in model.parameters())
     mean, std = normalisation(model)
     train_loader = make_loader(train_path, recipe["batch_size"], True, device, recipe["num_workers"],
-                               seed=cfg["seed"], translate=recipe["translate"], hflip=recipe["hflip"])
-    val_loader = make_loader(val_path, recipe["eval_batch_size"], False, device, recipe["num_workers"])
+                               seed=cfg["seed"], translate=recipe["translate"], hflip=recipe["hflip"],
+                               jit=recipe["loader_jit"])
+    val_loader = make_loader(val_path, recipe["eval_batch_size"], False, device, recipe["num_workers"],
+                             jit=recipe["loader_jit"])
     if threads and device.type == "cpu":
         torch.set_num_threads(threads)  # after the loaders: FFCV's Loader resets torch's thread count
     steps_per_epoch = len(train_loader)
