@@ -41,7 +41,23 @@ class DatasetSource:
         return None
 
 
-class DigitsSource(DatasetSource):
+class InMemorySource(DatasetSource):
+    """A source whose ``load`` puts every image in memory: ``_images`` (N, S, S, 3), ``_labels`` (N,)."""
+
+    _images: np.ndarray | None = None
+    _labels: np.ndarray | None = None
+
+    @property
+    def labels(self) -> np.ndarray:
+        assert self._labels is not None, "call load() first"
+        return self._labels
+
+    def image(self, index: int) -> np.ndarray:
+        assert self._images is not None, "call load() first"
+        return self._images[index]
+
+
+class DigitsSource(InMemorySource):
     """scikit-learn's bundled handwritten digits: 1,797 8x8 grey images, 10 classes.
 
     Shipped inside scikit-learn (no download). Pixel values 0..16 are scaled to
@@ -51,8 +67,6 @@ class DigitsSource(DatasetSource):
 
     def __init__(self):
         super().__init__("digits", 10, tuple(str(i) for i in range(10)))
-        self._images: np.ndarray | None = None
-        self._labels: np.ndarray | None = None
 
     def load(self, image_size: int) -> None:
         import torch
@@ -65,15 +79,6 @@ class DigitsSource(DatasetSource):
         big = big.round().clamp(0, 255).to(torch.uint8).repeat(1, 3, 1, 1)  # (N, 3, S, S)
         self._images = np.ascontiguousarray(big.permute(0, 2, 3, 1).numpy())  # (N, S, S, 3)
         self._labels = bunch.target.astype(np.int64)
-
-    @property
-    def labels(self) -> np.ndarray:
-        assert self._labels is not None, "call load() first"
-        return self._labels
-
-    def image(self, index: int) -> np.ndarray:
-        assert self._images is not None, "call load() first"
-        return self._images[index]
 
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -88,7 +93,7 @@ def _resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
 
 
-class CifarSource(DatasetSource):
+class CifarSource(InMemorySource):
     """CIFAR-10 / CIFAR-100 (32x32 RGB; 50,000 train + 10,000 official test images).
 
     Read from the python-pickle release under ``<root>/cifar-10-batches-py`` or
@@ -109,8 +114,6 @@ class CifarSource(DatasetSource):
         self.release = self.RELEASES[name]
         super().__init__(name, 10 if name == "cifar10" else 100, ())
         self.root, self.download = Path(root), download
-        self._images: np.ndarray | None = None
-        self._labels: np.ndarray | None = None
         self._num_train = 0
 
     @property
@@ -149,15 +152,6 @@ class CifarSource(DatasetSource):
         bad = self._labels[(self._labels < 0) | (self._labels >= self.num_classes)]
         if bad.size:
             raise ValueError(f"{self.name}: labels outside 0..{self.num_classes - 1} in {self.folder}")
-
-    @property
-    def labels(self) -> np.ndarray:
-        assert self._labels is not None, "call load() first"
-        return self._labels
-
-    def image(self, index: int) -> np.ndarray:
-        assert self._images is not None, "call load() first"
-        return self._images[index]
 
     @property
     def fixed_test(self) -> np.ndarray:

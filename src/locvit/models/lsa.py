@@ -143,7 +143,25 @@ class ShiftEmbed(nn.Module):
         return x.transpose(2, 3) + self.pos_embed  # (B, T, N, D)
 
 
-class LocalShiftAttention(nn.Module):
+class _QueryKeyValue(nn.Module):
+    """The projections both LSA attentions share: a query per head, keys/values per head or
+    one pair shared by all heads (``kv_shared``), and the output projection."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
+                 proj_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kv_heads = 1 if kv_shared else num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+
+class LocalShiftAttention(_QueryKeyValue):
     """Attention of each unshifted patch over its own T variants (Eqs. 1-4).
 
     ``q = x U_q`` from the unshifted tokens (B, N, D); ``[k, v] = z U_kv`` from all
@@ -153,18 +171,9 @@ class LocalShiftAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.kv_heads = 1 if kv_shared else num_heads
+        super().__init__(dim, num_heads, qkv_bias, kv_shared, proj_drop)
         self.scale = self.head_dim ** -0.5
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def _logits(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, n, _ = z.shape
@@ -186,23 +195,14 @@ class LocalShiftAttention(nn.Module):
         return self.proj_drop(self.proj(out))
 
 
-class LSAAttention(nn.Module):
+class LSAAttention(_QueryKeyValue):
     """Global multi-head self-attention; keys/values per head or one pair shared by all heads."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.kv_heads = 1 if kv_shared else num_heads
+        super().__init__(dim, num_heads, qkv_bias, kv_shared, proj_drop)
         self.fused_attn = use_fused_attn()
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
         self.attn_drop = attn_drop
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
