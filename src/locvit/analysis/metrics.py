@@ -1,0 +1,103 @@
+"""Numbers and images from attention maps: locality, cross-layer similarity, rollout.
+
+* :func:`attention_locality_score`: MaiT's ALS (Eq. 3), the attention mass each patch
+  row puts inside its spatial neighbourhood (the mask of :func:`neighbourhood_mask`,
+  MaiT's own builder).
+* :func:`cross_layer_similarity`: MaiT App. A.3 (DeepViT's metric), the cosine similarity
+  of a head's attention rows in two layers, averaged over tokens.
+* :func:`attention_rollout`: Abnar & Zuidema (2020), as the IBiT paper's Fig. 5 uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from locvit.analysis.attention import ROW_STOCHASTIC, AttentionMap
+from locvit.models.mait import neighbourhood_mask
+
+_FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
+HEAD_FUSIONS = tuple(_FUSE)
+
+__all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "neighbourhood_mask"]
+
+
+def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
+    """MaiT's attention locality score (Eq. 3): (..., T, T) maps -> (...) scores.
+
+    For each patch row n, ``ALS_n = sum_i (M * A)[n, i]``, the weight inside the row's
+    neighbourhood ``M`` (bool (T, T), e.g. :func:`neighbourhood_mask`); the score is the
+    mean over the N patch rows, the ``num_prefix`` class/distillation rows excluded. Leading
+    dims (batch, layer, head) are kept. Meant for row-stochastic maps: a uniform map
+    scores (neighbours) / T, one attending only inside the neighbourhood scores 1.
+    """
+    if mask.shape != attn.shape[-2:]:
+        raise ValueError(f"mask {tuple(mask.shape)} does not match the maps' last two dims {tuple(attn.shape[-2:])}")
+    inside = (attn * mask.to(attn.device, attn.dtype)).sum(dim=-1)  # (..., T): mass inside each row's neighbourhood
+    return inside[..., num_prefix:].mean(dim=-1)
+
+
+def cross_layer_similarity(attn: torch.Tensor) -> torch.Tensor:
+    """MaiT App. A.3 (DeepViT's metric): (..., L, H, Tq, Tk) maps -> (H, L, L) similarities.
+
+    ``S[h, i, j]`` is the cosine similarity of the rows ``A^i[h, t, :]`` and ``A^j[h, t, :]``,
+    averaged over the Tq query tokens t. Leading dims (e.g. a batch) are averaged after the
+    similarity is taken per map, so pass per-image maps ``(B, L, H, T, T)`` rather than
+    their batch mean. An all-zero row has similarity 0 with every row.
+    """
+    if attn.dim() < 4:
+        raise ValueError(f"cross_layer_similarity needs maps (..., L, H, Tq, Tk), got shape {tuple(attn.shape)}")
+    rows = F.normalize(attn.float(), dim=-1)  # unit rows
+    sim = torch.einsum("...ihqk,...jhqk->...hij", rows, rows) / attn.shape[-2]  # (..., H, L, L)
+    return sim.reshape(-1, *sim.shape[-3:]).mean(dim=0)
+
+
+def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> torch.Tensor:
+    """One layer's rollout factor (B, T, T) over all ``prefix + N`` tokens: 0.5 A + 0.5 I.
+
+    Tokens the layer does not update (CaiT's patches in class attention) or does not see
+    (a class token that joins later: CaiT, ConViT) keep an identity row.
+    """
+    a = record.probs if record.kind in ROW_STOCHASTIC else record.probs.abs()  # (B, H, Tq, Tk)
+    a = _FUSE[head_fusion](a, dim=1)  # (B, Tq, Tk)
+    a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    b, tq, _ = a.shape
+    t = prefix + record.grid[0] * record.grid[1]
+    lo = prefix - record.num_prefix  # the layer's tokens are the last T - lo; its queries the first tq of those
+    full = torch.eye(t).repeat(b, 1, 1)  # (B, T, T)
+    full[:, lo:lo + tq] = 0.0
+    full[:, lo:lo + tq, lo:] = a
+    return 0.5 * full + 0.5 * torch.eye(t)
+
+
+def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020; IBiT Fig. 5): records -> (B, gh, gw) in [0, 1].
+
+    Per layer: fuse the heads (``mean``, ``max`` or ``min``), renormalise the rows, add the
+    residual as ``0.5 A + 0.5 I``; multiply the layers in forward order (``R = A_L ... A_1``)
+    and read the class token's row (token 0) over the patches, scaled to max 1 (an all-zero
+    row stays zero). The prefix-token count comes from the records. Maps that are not
+    row-stochastic (``frobenius``: IBiT's signed, Frobenius-normalised maps; ``talking``:
+    CaiT's post-softmax head mix) enter as ``|A|`` with its rows renormalised.
+
+    Raises ``ValueError`` for models without a class token (LSA, NesT) or whose layers see
+    different grids: rollout follows the class token over one patch grid.
+    """
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion: {head_fusion!r}; allowed values: {', '.join(HEAD_FUSIONS)}")
+    if not maps:
+        raise ValueError("attention_rollout: no attention maps given")
+    prefix = max(m.num_prefix for m in maps)
+    grids = {m.grid for m in maps}
+    if prefix == 0 or len(grids) != 1 or any(m.kind in ("shift", "block") for m in maps):
+        raise ValueError(f"attention_rollout follows a class token over one patch grid; these maps have "
+                         f"{prefix} prefix tokens, grids {sorted(grids)} and kinds {sorted({m.kind for m in maps})}")
+    rollout = None
+    for record in maps:
+        step = _layer_transition(record, prefix, head_fusion)  # (B, T, T)
+        rollout = step if rollout is None else step @ rollout
+    cls = rollout[:, 0, prefix:]  # (B, N): the class token's share of each patch
+    cls = cls / cls.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(cls.dtype).tiny)
+    return cls.reshape(-1, *grids.pop())

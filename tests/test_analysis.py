@@ -1,0 +1,301 @@
+"""Analysis: attention maps of every family (exact, and harmless to the model), MaiT's ALS
+(Eq. 3) and cross-layer similarity (App. A.3), attention rollout, learned masks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+
+import locvit.models  # noqa: F401
+from locvit.analysis import (ROW_STOCHASTIC, AttentionMap, attention_locality_score, attention_rollout,
+                             collect_attention, cross_layer_similarity, learned_masks, neighbourhood_mask,
+                             soft_mask_alphas)
+
+VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=5)  # 4 x 4 grid
+CAIT = dict(VIT, depth_token_only=1)
+# name -> (timm name, keyword arguments, kinds in forward order)
+FAMILIES = {
+    "deit": ("deit_tiny_patch16_224", VIT, ["softmax"] * 2),
+    "mait_hard": ("mait_tiny_patch16_224", dict(VIT, masked_heads=[1, [0, 2]], mask_type="hard"), ["softmax"] * 2),
+    "mait_restrict": ("mait_tiny_patch16_224", dict(VIT, masked_heads="sch1", mask_type="hard",
+                                                    mask_mode="restrict"), ["softmax"] * 2),
+    "mait_soft": ("mait_tiny_patch16_224", dict(VIT, masked_heads=[1, 2], mask_type="soft", alpha_init=0.3),
+                  ["softmax"] * 2),
+    "mait_cait": ("mait_cait_xxs24_224", CAIT, ["talking", "talking", "class"]),
+    "lsa": ("lsa_tiny_cifar", dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1),
+                                   num_heads=3, num_classes=5, shifts="axes9"), ["shift", "softmax", "softmax"]),
+    "ibit": ("ibit_tiny_patch16_224", dict(VIT, mask_fit_steps=2000), ["frobenius"] * 2),
+    "convit": ("convit_tiny", dict(img_size=32, patch_size=8, embed_dim=8, num_heads=4, depth=3, local_up_to_layer=2,
+                                   num_classes=5), ["gpsa", "gpsa", "softmax"]),
+    "cait": ("cait_xxs24_224", CAIT, ["talking", "talking", "class"]),
+    "nest": ("nest_tiny_cifar", dict(img_size=16, num_levels=3, embed_dims=(24,) * 3, num_heads=(3,) * 3,
+                                     depths=(1,) * 3, num_classes=5), ["block"] * 3),
+}
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path_factory, monkeypatch):
+    """IBiT's mask fits go to a temporary cache, never ~/.cache."""
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "locvit-cache"))
+
+
+def _build(family: str) -> nn.Module:
+    """A small model whose linear weights give O(1) logits, unlike timm's 0.02 init (where
+    logits are ~0 and a multiplicative mask, or its absence, changes almost nothing)."""
+    name, kwargs, _ = FAMILIES[family]
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs)
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=m.in_features ** -0.5)
+    return model
+
+
+def _images(family: str, batch: int = 2) -> torch.Tensor:
+    size = FAMILIES[family][1]["img_size"]
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_collect_attention_reads_every_layer_and_leaves_the_model_alone(family):
+    model = _build(family).train()  # collect_attention switches to eval, then back
+    images = _images(family)
+    fused = {n: m.fused_attn for n, m in model.named_modules() if hasattr(m, "fused_attn")}
+    logits, maps = collect_attention(model, images)
+
+    assert model.training and all(m.training for m in model.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert fused == {n: m.fused_attn for n, m in model.named_modules() if hasattr(m, "fused_attn")}
+    with torch.no_grad():
+        assert torch.equal(logits, model.eval()(images))
+
+    assert [m.kind for m in maps] == FAMILIES[family][2]
+    assert [m.layer for m in maps] == list(range(len(maps)))
+    heads = 4 if family == "convit" else 3
+    for record in maps:
+        assert "attn" in record.name.split(".")[-1] and model.get_submodule(record.name) is not None
+        assert record.probs.dtype == torch.float32 and record.probs.device.type == "cpu"
+        n, t = record.grid[0] * record.grid[1], record.num_prefix + record.grid[0] * record.grid[1]
+        if record.kind == "class":
+            assert record.probs.shape == (2, heads, 1, t) and record.num_prefix == 1
+        elif record.kind == "shift":
+            assert record.probs.shape == (2, heads, n, 9) and record.grid == (4, 4) and record.num_prefix == 0
+        elif record.kind == "block":  # 16 x 16 pixels in 4 x 4 blocks: 16, 4, 1 blocks per level
+            assert record.grid == (4, 4) and record.probs.shape[1:] == (heads, 16, 16)
+            assert record.probs.shape[0] == 2 * 4 ** (2 - record.layer)
+        else:
+            assert record.probs.shape == (2, heads, t, t)
+        if record.kind in ROW_STOCHASTIC:
+            torch.testing.assert_close(record.probs.sum(-1), torch.ones(record.probs.shape[:-1]))
+    # The first layer's prefix: ViT's class token; none yet in ConViT's GPSA and CaiT's self-attention.
+    first_prefix = 1 if family in ("deit", "mait_hard", "mait_restrict", "mait_soft", "ibit") else 0
+    assert maps[0].num_prefix == first_prefix
+
+
+def _value(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's values (B, H or 1, T, hd), read from its own projections."""
+    if hasattr(attn, "qkv"):  # timm Attention, MaiT, IBiT, MHSA, (masked) talking heads
+        return attn.qkv(x).unflatten(-1, (3, attn.num_heads, -1))[:, :, 2].transpose(1, 2)
+    if hasattr(attn, "kv"):  # LSA's global attention (keys/values maybe shared by the heads)
+        return attn.kv(x).unflatten(-1, (2, attn.kv_heads, -1))[:, :, 1].transpose(1, 2)
+    return attn.v(x).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)  # GPSA, CaiT's class attention
+
+
+@pytest.mark.parametrize("family", ["deit", "mait_hard", "mait_restrict", "mait_soft", "mait_cait", "ibit",
+                                    "convit", "cait", "lsa"])
+def test_maps_are_the_weights_each_layer_applies(family):
+    """proj(map @ V) gives every layer's output: the maps are the ones the model uses."""
+    model = _build(family).eval()
+    seen = {}
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.__setitem__(mod, (args[0], out)))
+             for m in model.modules() if m.__class__.__name__.endswith(("Attention", "Attn", "GPSA", "MHSA"))]
+    _, maps = collect_attention(model, _images(family))
+    with torch.no_grad():
+        model(_images(family))
+        for h in hooks:
+            h.remove()
+        for record in maps:
+            if record.kind == "shift":
+                continue  # LSA's local block: its own weights() method, covered by tests/test_lsa.py
+            attn = model.get_submodule(record.name)
+            x, out = seen[attn]
+            b, tq = x.shape[0], record.probs.shape[-2]
+            mixed = (record.probs @ _value(attn, x)).transpose(1, 2).reshape(b, tq, -1)
+            torch.testing.assert_close(attn.proj(mixed), out, atol=1e-5, rtol=1e-4)
+
+
+def test_a_mait_hard_head_is_softmax_of_mask_times_logits():
+    model = _build("mait_hard").eval()  # layer 1 masks heads 0 and 2 (multiply mode)
+    images = _images("mait_hard")
+    _, maps = collect_attention(model, images)
+    with torch.no_grad():
+        x = model.norm_pre(model._pos_embed(model.patch_embed(images)))
+        x = model.blocks[0](x)
+        attn = model.blocks[1].attn
+        q, k, _ = attn.qkv(model.blocks[1].norm1(x)).reshape(2, 17, 3, 3, 8).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(8)  # (B, H, 17, 17)
+    mask = neighbourhood_mask((4, 4), (3, 3), num_prefix=1).float()
+    expected = torch.stack([(logits[:, 0] * mask).softmax(-1), logits[:, 1].softmax(-1),
+                            (logits[:, 2] * mask).softmax(-1)], dim=1)
+    torch.testing.assert_close(maps[1].probs, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_unknown_models_and_layers_are_named():
+    with pytest.raises(ValueError, match="Sequential has no attention layer"):
+        collect_attention(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2)), torch.randn(1, 3, 32, 32))
+    model = timm.create_model("vit_tiny_patch16_224", **VIT)
+    model.blocks[0].attn = nn.MultiheadAttention(24, 3)
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn is a MultiheadAttention"):
+        collect_attention(model, torch.randn(1, 3, 32, 32))
+
+
+# --- MaiT's attention locality score (Eq. 3) ----------------------------------------------
+
+
+def test_als_of_a_uniform_map_is_the_mean_neighbourhood_over_t():
+    mask = neighbourhood_mask((3, 3), (3, 3), num_prefix=1)  # T = 10
+    uniform = torch.full((10, 10), 0.1)
+    # 3 x 3 grid: 4 corners keep 4 patches, 4 edges keep 6, the centre keeps 9 -> 49 / 9 per row.
+    expected = (4 * 4 + 4 * 6 + 9) / 9 / 10
+    assert attention_locality_score(uniform, mask).item() == pytest.approx(expected)
+
+
+def test_als_is_one_on_the_patch_itself_and_ignores_the_class_row():
+    mask = neighbourhood_mask((4, 4), (3, 3), num_prefix=1)
+    own = torch.eye(17)
+    assert attention_locality_score(own, mask).item() == pytest.approx(1.0)
+    noisy = own.clone()
+    noisy[0] = torch.softmax(torch.randn(17), -1)  # the class row is not scored
+    assert attention_locality_score(noisy, mask).item() == pytest.approx(1.0)
+    half = 0.5 * own + 0.5 * torch.nn.functional.one_hot(torch.zeros(17, dtype=torch.long), 17)  # half to CLS
+    assert attention_locality_score(half, mask).item() == pytest.approx(0.5)  # CLS is outside a patch's mask
+
+
+def test_als_keeps_layer_and_head_dims():
+    mask = neighbourhood_mask((3, 3), (3, 3), num_prefix=1)
+    maps = torch.softmax(torch.randn(4, 2, 3, 10, 10), dim=-1)  # (L, B, H, T, T)
+    als = attention_locality_score(maps, mask)
+    assert als.shape == (4, 2, 3)
+    assert torch.allclose(als[1, 0, 2], attention_locality_score(maps[1, 0, 2], mask))
+    with pytest.raises(ValueError, match="does not match"):
+        attention_locality_score(maps, neighbourhood_mask((4, 4)))
+
+
+# --- cross-layer similarity (MaiT App. A.3) -----------------------------------------------
+
+
+def test_cross_layer_similarity_of_identical_and_orthogonal_layers():
+    a = torch.softmax(torch.randn(2, 5, 5), dim=-1)  # (H, T, T)
+    same = cross_layer_similarity(torch.stack([a, a, a]))  # (L=3, H, T, T)
+    assert same.shape == (2, 3, 3)
+    torch.testing.assert_close(same, torch.ones(2, 3, 3))
+    first = torch.zeros(2, 5, 5)
+    first[..., 0] = 1.0
+    second = torch.zeros(2, 5, 5)
+    second[..., 1] = 1.0
+    sim = cross_layer_similarity(torch.stack([first, second]))
+    torch.testing.assert_close(sim, torch.eye(2).expand(2, 2, 2))  # orthogonal rows: 0 off the diagonal
+
+
+def test_cross_layer_similarity_is_symmetric_with_unit_diagonal_and_averages_a_batch():
+    maps = torch.softmax(torch.randn(3, 4, 2, 6, 6), dim=-1)  # (B, L, H, T, T)
+    sim = cross_layer_similarity(maps)
+    assert sim.shape == (2, 4, 4)
+    torch.testing.assert_close(sim, sim.transpose(1, 2))
+    torch.testing.assert_close(torch.diagonal(sim, dim1=1, dim2=2), torch.ones(2, 4))
+    torch.testing.assert_close(sim, torch.stack([cross_layer_similarity(m) for m in maps]).mean(0))
+    assert 0.0 < sim.min() and sim.max() <= 1.0 + 1e-6
+
+
+# --- attention rollout ----------------------------------------------------------------------
+
+
+def _record(probs: torch.Tensor, layer: int, kind: str = "softmax", num_prefix: int = 1) -> AttentionMap:
+    return AttentionMap(f"blocks.{layer}.attn", layer, probs, (2, 2), num_prefix, kind)
+
+
+def _moves(t: int, moves: dict[int, int]) -> torch.Tensor:
+    """(1, 1, t, t): identity rows except ``row -> column`` one-hot moves."""
+    a = torch.eye(t)
+    for row, col in moves.items():
+        a[row] = torch.nn.functional.one_hot(torch.tensor(col), t).float()
+    return a[None, None]
+
+
+def test_rollout_multiplies_the_layers_in_forward_order():
+    # Tokens: 0 = CLS, 1..4 = patches. Layer 0: patch 1 looks at patch 4; layer 1: CLS looks at patch 1.
+    # CLS = 0.5 CLS + 0.5 (patch 1 after layer 0 = 0.5 p1 + 0.5 p4): equal shares of p1 and p4.
+    early, late = _record(_moves(5, {1: 4}), 0), _record(_moves(5, {0: 1}), 1)
+    torch.testing.assert_close(attention_rollout([early, late]), torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]))
+    # The other order: CLS reads patch 1 before patch 1 moves, so only p1 counts.
+    swapped = [_record(_moves(5, {0: 1}), 0), _record(_moves(5, {1: 4}), 1)]
+    torch.testing.assert_close(attention_rollout(swapped), torch.tensor([[[1.0, 0.0], [0.0, 0.0]]]))
+
+
+def test_rollout_of_identity_and_uniform_attention():
+    identity = [_record(torch.eye(5).expand(2, 3, 5, 5), i) for i in range(3)]
+    assert torch.equal(attention_rollout(identity), torch.zeros(2, 2, 2))  # CLS never reads a patch
+    uniform = [_record(torch.full((2, 3, 5, 5), 0.2), i) for i in range(3)]
+    torch.testing.assert_close(attention_rollout(uniform), torch.ones(2, 2, 2))  # every patch alike
+
+
+def test_rollout_of_signed_maps_uses_their_magnitude():
+    probs = _moves(5, {0: 2})
+    signed = [_record(-probs, 0, kind="frobenius")]
+    assert torch.equal(attention_rollout(signed), attention_rollout([_record(probs, 0)]))
+
+
+def test_rollout_embeds_class_attention_and_patch_only_layers():
+    # CaiT: a self-attention layer over the 4 patches (no CLS), then class attention (Tq = 1).
+    patch_only = _record(_moves(4, {0: 3}), 0, num_prefix=0)  # patch 1 (index 0) looks at patch 4
+    cls_row = torch.nn.functional.one_hot(torch.tensor(1), 5).float()[None, None, None]  # CLS reads patch 1
+    torch.testing.assert_close(attention_rollout([patch_only, _record(cls_row, 1, kind="class")]),
+                               torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]))
+
+
+@pytest.mark.parametrize("family", ["deit", "mait_soft", "mait_cait", "ibit", "convit"])
+def test_rollout_of_real_models(family):
+    model = _build(family)
+    _, maps = collect_attention(model, _images(family))
+    for fusion in ("mean", "max", "min"):
+        roll = attention_rollout(maps, head_fusion=fusion)
+        assert roll.shape == (2, 4, 4) and roll.min() >= 0
+        torch.testing.assert_close(roll.flatten(1).amax(-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("family", ["lsa", "nest"])
+def test_rollout_needs_a_class_token(family):
+    model = _build(family)
+    _, maps = collect_attention(model, _images(family))
+    with pytest.raises(ValueError, match="class token"):
+        attention_rollout(maps)
+    with pytest.raises(ValueError, match="head_fusion"):
+        attention_rollout(maps, head_fusion="sum")
+
+
+# --- learned masks ------------------------------------------------------------------------
+
+
+def test_ibit_learned_masks_start_as_a_kernel_around_the_centre_patch():
+    model = _build("ibit")
+    masks = learned_masks(model)
+    assert masks.shape == (2, 3, 4, 4)
+    centre = 2 * 4 + 2
+    assert (masks.flatten(2).argmax(-1) == centre).all()
+    assert (masks[..., 2, 2] - 1.0).abs().max() < 0.05  # exp(-0.5 d): 1 on the patch,
+    assert (masks[..., 2, 3] - math.exp(-0.5)).abs().max() < 0.05  # exp(-0.5) one patch away
+    with pytest.raises(ValueError, match="VisionTransformer has no IBiT"):
+        learned_masks(_build("deit"))
+
+
+def test_soft_mask_alphas_are_nan_where_no_soft_mask():
+    alphas = soft_mask_alphas(_build("mait_soft"))  # layer 0: head 0 soft; layer 1: heads 0, 1
+    nan = float("nan")
+    torch.testing.assert_close(alphas, torch.tensor([[0.3, nan, nan], [0.3, 0.3, nan]]), equal_nan=True)
+    for family in ("mait_hard", "deit"):
+        with pytest.raises(ValueError, match="no MaiT soft mask"):
+            soft_mask_alphas(_build(family))
