@@ -18,6 +18,27 @@ import torch
 from locvit.io import atomic_path
 
 
+def _cache_numba_typed_dict() -> None:
+    """Let numba cache its typed-Dict functions on disk before ``import ffcv`` needs them.
+
+    Importing FFCV fills a numba typed ``Dict`` (``ffcv.fields.rgb_image``), which
+    JIT-compiles numba's dict functions in every process: 5-7 s on 2 cores, the
+    largest part of a short job's start-up. With caching on (numba's public
+    ``Dispatcher.enable_caching``; the cache lives in numba's ``__pycache__`` or
+    ``NUMBA_CACHE_DIR``) the first process compiles and later ones load in about 1 s.
+    """
+    from numba.core.registry import CPUDispatcher
+    from numba.typed import typeddict
+
+    for name in dir(typeddict):
+        fn = getattr(typeddict, name)
+        if isinstance(fn, CPUDispatcher):
+            fn.enable_caching()
+
+
+_cache_numba_typed_dict()
+
+
 class _Subset:
     """The indexed dataset FFCV's writer wants: ``ds[i] -> (image, label)``."""
 
@@ -92,14 +113,18 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     )
 
 
-def read_all(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Every image and label of an FFCV file in order (for tests and analyses)."""
-    loader = make_loader(path, batch_size=256, train=False, device=torch.device("cpu"))
-    images, labels = [], []
+def read_all(path: str | Path, limit: int | None = None, jit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The images (B, H, W, 3) uint8 and labels of an FFCV file in order: all, or the first ``limit``."""
+    batch = min(256, limit) if limit else 256
+    loader = make_loader(path, batch_size=batch, train=False, device=torch.device("cpu"), jit=jit)
+    images, labels, seen = [], [], 0
     for x, y in loader:
         images.append(x.permute(0, 2, 3, 1).contiguous().numpy())
         labels.append(y.numpy())
-    return np.concatenate(images), np.concatenate(labels)
+        seen += len(y)
+        if limit and seen >= limit:
+            break
+    return np.concatenate(images)[:limit], np.concatenate(labels)[:limit]
 
 
 def to_model_input(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

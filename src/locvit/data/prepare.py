@@ -12,7 +12,6 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from locvit.data.ffcv_io import write_beton
 from locvit.data.sources import get_source
@@ -30,6 +29,8 @@ def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float,
     and val is ``val_fraction`` of the rest. ``train_fraction`` < 1 then keeps a
     stratified subset of the training split (the data-fraction studies).
     """
+    from sklearn.model_selection import train_test_split  # 4 s to import: only the prepare step needs it
+
     idx = np.arange(len(labels))
     if fixed_test is None:
         rest, test = train_test_split(idx, test_size=test_fraction, stratify=labels, random_state=seed)
