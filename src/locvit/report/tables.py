@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from locvit.io import read_json, write_json, write_text
+from locvit.report.render import tex_escape
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -92,7 +93,7 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def _tex(text: str) -> str:
-    return text.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+    return tex_escape(text)
 
 
 def to_latex(rows: list[dict], study: str) -> str:

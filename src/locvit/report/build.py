@@ -1,0 +1,187 @@
+"""The report step: every table and figure of one study, and their MLflow artifacts.
+
+:func:`build_report` writes, under ``out_dir``::
+
+    results.md/.csv/.tex, summary.json      one row per variant (summary.json feeds `dvc metrics show`)
+    tables/<name>.md/.csv/.tex              the paper-shaped tables the study can fill (papers.PAPER_TABLES)
+    figures/<name>.png, pdf/<name>.pdf      the figures (plots.py; PDF for the paper-style ones)
+    index.md                                all tables and figures on one page
+    report.json                             what was written (paths relative to out_dir), captions, what
+                                            was skipped and why, and what reached MLflow
+
+A table or figure the study cannot fill is not written; report.json says why. Files of
+an earlier report that this one does not write again are removed, so no stale table
+survives a change of the study. MLflow is touched only with ``log_to_mlflow``: then the
+tables link every run to the tracking UI, and each per-variant figure is logged as an
+artifact (folder ``report/``) of that variant's runs. A failure to reach MLflow is a
+warning; the files on disk are written regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from locvit.io import write_json, write_text
+from locvit.report import plots
+from locvit.report.papers import PAPER_TABLES
+from locvit.report.render import RunLink, to_csv, to_latex, to_markdown
+from locvit.report.study import Study, load_study
+from locvit.report.tables import write_tables
+
+DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default address
+
+
+def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_to_mlflow: bool = True,
+                 extra_studies: Sequence[tuple[dict, str | Path]] = (), tracking_db: str | Path | None = None,
+                 ui_base: str = DEFAULT_UI) -> dict:
+    """Write the study's report; return what report.json records.
+
+    Args:
+        params: the validated params of the study (config.load_params).
+        study_dir: ``results/<study>/`` holding eval/, runs/ and analysis/.
+        out_dir: where the report goes (``results/<study>/report/``).
+        log_to_mlflow: link runs in the tables and log per-variant figures to their runs.
+        extra_studies: (params, study_dir) of other studies for the accuracy-against-training-
+            fraction figure (data.train_fraction is a study-level key, so one study has
+            one fraction); without them that figure is skipped and report.json says so.
+        tracking_db: the SQLite backend (default ``study_dir/mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
+        ui_base: the MLflow UI address the links point to.
+    """
+    study_dir, out_dir = Path(study_dir), Path(out_dir)
+    study = load_study(params, study_dir)
+    client = _tracking_client(study, Path(tracking_db or study_dir / "mlflow.db")) if log_to_mlflow else None
+    link = _run_links(client, study, ui_base) if client else None
+    previous = _previous_files(out_dir)
+    for sub in ("tables", "figures", "pdf"):  # declared outputs of the step, so present even when empty
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    report = {"study": study.name, "tables": {}, "figures": {}, "skipped": {}, "mlflow": {}}
+
+    eval_files = [study_dir / "eval" / v / f"seed{s}.json" for v in params["variants"] for s in params["seeds"]]
+    names = {ext: out_dir / f"results.{ext}" for ext in ("md", "csv", "tex")}
+    write_tables(params, [f for f in eval_files if f.is_file()], names["md"], names["csv"], names["tex"],
+                 out_dir / "summary.json")
+    report["tables"]["results"] = {ext: f"results.{ext}" for ext in ("md", "csv", "tex")}
+
+    index = [f"# Report: {study.name}", "", (out_dir / "results.md").read_text().replace("# Results", "## Results", 1)]
+    for name, builder in PAPER_TABLES.items():
+        table = builder(study)
+        if isinstance(table, str):
+            report["skipped"][name] = table
+            continue
+        md = to_markdown(table, link)
+        for ext, text in (("md", md), ("csv", to_csv(table)), ("tex", to_latex(table))):
+            write_text(out_dir / "tables" / f"{name}.{ext}", text)
+        report["tables"][name] = {"title": table.title, **{ext: f"tables/{name}.{ext}" for ext in ("md", "csv", "tex")}}
+        index.append(md)
+
+    figures = _figures(study, extra_studies, out_dir / "figures", report["skipped"])
+    index.append("## Figures\n")
+    for fig in figures:
+        report["figures"][fig.name] = {
+            "png": _rel(fig.png, out_dir), "pdf": _rel(fig.pdf, out_dir) if fig.pdf else None,
+            "caption": fig.caption, "variant": fig.variant}
+        index += [f"![{fig.name}]({_rel(fig.png, out_dir)})", "", fig.caption, ""]
+    if client:
+        report["mlflow"] = _log_figures(client, study, figures)
+
+    write_text(out_dir / "index.md", "\n".join(index) + "\n")
+    _remove_stale(out_dir, previous, report)
+    write_json(out_dir / "report.json", report)
+    return report
+
+
+def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[plots.FigureFile]:
+    figures = []
+    studies = [study] + [load_study(p, d) for p, d in extra_studies]
+    for name, draw, why in (
+            ("curves", lambda: plots.curves(study, out_dir), "no training history (runs/*/metrics.json)"),
+            ("accuracy_vs_depth", lambda: plots.accuracy_vs_depth(study, out_dir),
+             "needs one family at two or more depths (with profiles and evaluations)"),
+            ("accuracy_vs_fraction", lambda: plots.accuracy_vs_fraction(studies, out_dir),
+             "needs results at two or more data.train_fraction values: pass the other studies as extra_studies")):
+        fig = draw()
+        if fig:
+            figures.append(fig)
+        else:
+            skipped[name] = why
+    for v in study.variants.values():
+        figures += [fig for draw in plots.VARIANT_FIGURES if (fig := draw(v, out_dir))]
+    return figures
+
+
+def _rel(path: Path, root: Path) -> str:
+    return str(path.relative_to(root))
+
+
+def _previous_files(out_dir: Path) -> set[str]:
+    """Files the last report wrote under tables/ and figures/ (from its report.json)."""
+    try:
+        old = json.loads((out_dir / "report.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    files = {p for t in old.get("tables", {}).values() for k, p in t.items() if k in ("md", "csv", "tex")}
+    files |= {p for f in old.get("figures", {}).values() for k in ("png", "pdf") if (p := f.get(k))}
+    return {p for p in files if p.startswith(("tables/", "figures/"))}
+
+
+def _remove_stale(out_dir: Path, previous: set[str], report: dict) -> None:
+    now = {p for t in report["tables"].values() for k, p in t.items() if k in ("md", "csv", "tex")}
+    now |= {p for f in report["figures"].values() for k in ("png", "pdf") if (p := f.get(k))}
+    for rel in sorted(previous - now):
+        (out_dir / rel).unlink(missing_ok=True)
+
+
+def _tracking_client(study: Study, db: Path):
+    """An MlflowClient on the study's backend, or None (with a warning) when it cannot be reached."""
+    try:
+        import mlflow
+
+        from locvit import tracking
+
+        tracking.setup(study.name, db)
+        return mlflow.MlflowClient()
+    except Exception as err:  # any backend problem: the report is still written
+        warnings.warn(f"MLflow backend not reachable ({err}); tables without run links, figures not logged",
+                      stacklevel=3)
+        return None
+
+
+def _run_links(client, study: Study, ui_base: str) -> RunLink:
+    """Run id -> ``<ui>/#/experiments/<experiment id>/runs/<run id>``, the experiment read from the run."""
+    from locvit import tracking
+
+    urls, unknown = {}, []
+    for v in study.variants.values():
+        for run_id in v.run_ids().values():
+            try:
+                exp = tracking.retry(client.get_run, run_id).info.experiment_id
+                urls[run_id] = f"{ui_base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+            except Exception:
+                unknown.append(run_id)
+    if unknown:
+        warnings.warn(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
+                      "their tables show the run id without a link", stacklevel=3)
+    return urls.get
+
+
+def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:
+    from locvit import tracking
+
+    logged, failed = 0, []
+    for fig in figures:
+        if fig.variant is None:
+            continue
+        for seed, run_id in sorted(study.variants[fig.variant].run_ids().items()):
+            for path in filter(None, (fig.png, fig.pdf)):
+                try:
+                    tracking.retry(client.log_artifact, run_id, str(path), "report")
+                    logged += 1
+                except Exception as err:
+                    failed.append(f"{fig.name} -> {fig.variant} seed {seed} ({run_id}): {str(err).splitlines()[0]}")
+    if failed:
+        warnings.warn(f"{len(failed)} figure(s) not logged to MLflow (kept on disk): " + "; ".join(failed[:3]),
+                      stacklevel=3)
+    return {"artifacts_logged": logged, "failed": failed}

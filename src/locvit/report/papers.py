@@ -1,0 +1,267 @@
+"""Tables shaped like the three papers', built from whatever variants the study ran.
+
+Each builder returns a :class:`~locvit.report.render.Table`, or a string saying why the
+study cannot fill it (too few of the variants the table compares); ``PAPER_TABLES``
+lists them in report order. Variants are placed by the ``arch`` of their profile
+(``analysis/<variant>/profile.json``); where a table needs the arch and the profile is
+missing, the variant is named in the table's notes instead of being placed. Tables that
+need only the family (IBiT's) fall back to the model name.
+
+- MaiT Table 2: top-1 by mask shape (one hard head per layer, kh x kw) and MaiT+ (soft).
+- MaiT Table 3: top-1 by masking scheme (Sch.1/2/3, mixed, custom, soft), per size.
+- MaiT Table 4: layers, params, GMACs, top-1 of every variant.
+- LSA Table 3: params, inference throughput, accuracy on the study's dataset.
+- LSA Table 5: the ablation: shifts, shift mode, positional embedding, local block.
+- IBiT Table 3: IBiT vs DeiT vs ConViT; IBiT Table 4: learned masks x CutMix.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+from locvit.report.render import Missing, Table
+from locvit.report.study import FAMILY_NAMES, Acc, Study, Variant, missing_text
+
+ACC_NOTE = "Test top-1 (%): mean ± sample std over seeds (n = seeds found)"
+SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
+SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
+
+
+def _size_key(arch: dict) -> tuple:
+    return arch["embed_dim"], arch["depth"], arch["num_heads"], arch.get("patch_size")
+
+
+def _size_labels(keys) -> dict[tuple, str]:
+    """``192-d, 12 layers, 3 heads``; the patch size is named only where rows differ in it."""
+    show_patch = len({k[3] for k in keys}) > 1
+    return {k: f"{k[0]}-d, {k[1]} layers, {k[2]} heads" + (f", patch {k[3]}" if show_patch else "") for k in keys}
+
+
+def _placed(study: Study, families: tuple[str, ...]) -> tuple[list[Variant], list[str]]:
+    """Variants of ``families`` with a profile, and a note for each one without."""
+    found, notes = [], []
+    for v in study.variants.values():
+        if v.family in families:
+            if v.arch:
+                found.append(v)
+            else:
+                notes.append(f"not placed: {v.name} ({missing_text(v.name, [], 'profile')}, so its architecture "
+                              "is unknown)")
+    return found, notes
+
+
+def _why(reason: str, notes: list[str]) -> str:
+    """Why a table is not written, naming the variants that missing profiles kept out."""
+    return reason + "".join(f"; {n}" for n in notes)
+
+
+def _mask(v: Variant) -> dict | None:
+    mask = v.arch.get("mask")
+    return mask if mask and sum(mask["heads_per_layer"]) > 0 else None
+
+
+def _kernel(mask: dict) -> str:
+    return "x".join(map(str, mask["kernel"]))
+
+
+def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple], notes: list[str]) -> Table:
+    """Rows = model sizes, columns = DeiT then MaiT kinds; each cell an Acc with Δ vs DeiT.
+
+    ``entries``: (size key, column label, column sort key, variant). Two variants that land
+    in one cell get a column each, labelled with their names.
+    """
+    cells: dict[tuple, list[Variant]] = defaultdict(list)
+    sort_of = {}
+    for key, label, order, v in entries:
+        cells[(key, label)].append(v)
+        sort_of[label] = order
+    columns: dict[str, tuple] = {}
+    placed: dict[tuple, Variant] = {}
+    for (key, label), vs in cells.items():
+        for v in vs:
+            col = label if len(vs) == 1 else f"{label} · {v.name}"
+            columns[col] = (sort_of[label], col)
+            placed[(key, col)] = v
+    cols = sorted(columns, key=lambda c: columns[c])
+    keys = sorted({k for k, _ in placed})
+    labels = _size_labels(keys)
+    rows, sources = [], []
+    for key in keys:
+        base_col = next((c for c in cols if c.startswith("DeiT") and (key, c) in placed), None)
+        base = placed[(key, base_col)].acc() if base_col else None
+        row = [labels[key]]
+        for col in cols:
+            v = placed.get((key, col))
+            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().with_delta(base))
+            if v is not None:
+                sources.append(f"{labels[key]} / {col}: {v.name}")
+        rows.append(row)
+    notes = [f"{ACC_NOTE}; (±x) = difference to DeiT of the same size.", "Cells: " + "; ".join(sources)] + notes
+    return Table(name, title, caption, ["Model size"] + cols, rows, notes)
+
+
+def _mait_rows(study: Study, keep: Callable[[dict], tuple | None]) -> tuple[list[tuple], list[str], int]:
+    """Entries of MaiT variants that ``keep`` labels (mask -> (label, sort)), plus DeiT of their sizes."""
+    mait, notes = _placed(study, ("mait",))
+    deit, deit_notes = _placed(study, ("deit",))
+    entries = []
+    for v in mait:
+        mask = _mask(v)
+        kind = keep(mask) if mask else None
+        if kind:
+            entries.append((_size_key(v.arch), kind[0], (1, kind[1]), v))
+    sizes = {e[0] for e in entries}
+    entries += [(_size_key(v.arch), "DeiT", (0, ()), v) for v in deit if _size_key(v.arch) in sizes]
+    return entries, notes + deit_notes, sum(1 for e in entries if e[1] != "DeiT")
+
+
+def mait_table2(study: Study) -> Table | str:
+    def kind(mask: dict):
+        mode = ", restrict" if mask.get("mode") == "restrict" else ""
+        if mask["type"] == "hard" and all(h == 1 for h in mask["heads_per_layer"]):
+            return f"MaiT({_kernel(mask)}{mode})", (0, mask["kernel"], mode)
+        if mask["type"] == "soft":
+            return f"MaiT+({_kernel(mask)})", (1, mask["kernel"], mode)
+        return None
+
+    entries, notes, n_mait = _mait_rows(study, kind)
+    if not n_mait or len(entries) < 2:
+        return _why("needs a MaiT variant with one hard-masked head per layer or a soft (MaiT+) variant, and a "
+                    f"second variant to compare (DeiT of the same size or another MaiT); found {len(entries)}", notes)
+    caption = ("Top-1 by attention-mask shape: DeiT, MaiT with one hard-masked head in every layer (kh x kw "
+               "neighbourhood), and MaiT+ with soft masks (learned alpha), per model size.")
+    return _grid(study, "mait_table2", "MaiT Table 2: top-1 by mask shape", caption, entries, notes)
+
+
+def scheme_label(mask: dict) -> tuple[str, tuple]:
+    """``MaiT(Sch.2)``, ``MaiT(all heads, soft)``, ``MaiT(heads/layer 3-1-0)`` and its sort key."""
+    spec = mask.get("masked_heads")
+    if isinstance(spec, str) and spec in SCHEME_NAMES:
+        name, order = SCHEME_NAMES[spec], SCHEME_ORDER.index(spec)
+    else:
+        name, order = "heads/layer " + "-".join(map(str, mask["heads_per_layer"])), len(SCHEME_ORDER)
+    soft_default = spec == "sch3"
+    extras = [] if (mask["type"] == "soft") == soft_default and mask["type"] != "random" else [mask["type"]]
+    if tuple(mask["kernel"]) != (3, 3):
+        extras.append(_kernel(mask))
+    if mask.get("mode") == "restrict":
+        extras.append("restrict")
+    type_order = {"hard": 0, "random": 1, "soft": 2}[mask["type"]]
+    return f"MaiT({', '.join([name] + extras)})", (type_order == 2 and not soft_default, order, type_order, extras)
+
+
+def mait_table3(study: Study) -> Table | str:
+    entries, notes, n_mait = _mait_rows(study, scheme_label)
+    if not n_mait or len(entries) < 2:
+        return _why("needs a masked MaiT variant and a second variant to compare (DeiT or another scheme); "
+                    f"found {len(entries)}", notes)
+    caption = ("Top-1 by masking scheme per model size: Sch.1 one hard head in every layer, Sch.2 H-1 heads in the "
+               "first third and one in the middle, Sch.3 soft masks in the first 7/8 of the layers, mixed every head "
+               "in the first third and one after, custom per-layer lists (e.g. from the ALS search), soft masks last.")
+    return _grid(study, "mait_table3", "MaiT Table 3: top-1 by masking scheme", caption, entries, notes)
+
+
+def _params_m(v: Variant):
+    n = v.n_params()
+    return n / 1e6 if n is not None else Missing(f"{v.name} eval and profile")
+
+
+def mait_table4(study: Study) -> Table | str:
+    variants = list(study.variants.values())
+    if not any(v.family in ("mait", "mait_cait") for v in variants) or len(variants) < 2:
+        return "needs a MaiT (or masked CaiT) variant and a second variant"
+    rows, notes = [], [f"{ACC_NOTE}."]
+    for v in sorted(variants, key=lambda v: (v.n_params() is None, v.n_params() or 0)):
+        star = "*" if v.arch and v.family.startswith("mait") and v.arch.get("layer_scale") else ""
+        profile = v.profile
+        rows.append([v.name + star, FAMILY_NAMES.get(v.family, v.family),
+                     v.arch["depth"] if v.arch else Missing(f"{v.name} profile"), _params_m(v),
+                     profile["gmacs"] if profile else Missing(f"{v.name} profile"), v.acc()])
+    if any(row[0].endswith("*") for row in rows):
+        notes.append("* = MaiT with LayerScale (MaiT* in the paper).")
+    sizes = sorted({tuple(v.profile["input_size"]) for v in variants if v.profile})
+    shape = ", ".join("x".join(map(str, s)) for s in sizes) or "the input size (no profile found)"
+    notes.append(f"GMACs: multiply-accumulates for one image of {shape}, attention matmuls included (the MaiT "
+                 "paper's 'GFLOPs' are these MACs, as timm counts them).")
+    caption = "Layers (attention blocks), parameters, compute and top-1 of every variant of the study, by size."
+    return Table("mait_table4", "MaiT Table 4: layers, params, GMACs, top-1", caption,
+                 ["Model", "Family", "Layers", "Params (M)", "GMACs", "Top-1 (%)"], rows, notes,
+                 {3: ".3f", 4: ".3f"})
+
+
+def lsa_table3(study: Study) -> Table | str:
+    variants = list(study.variants.values())
+    if not any(v.family == "lsa" for v in variants) or len(variants) < 2:
+        return "needs an LSA variant and a baseline"
+    devices = sorted({(v.profile["device"], v.profile["batch_size"]) for v in variants if v.profile})
+    one = len(devices) == 1
+    rows = []
+    for v in sorted(variants, key=lambda v: v.family == "lsa"):  # baselines first, as the paper lists them
+        p = v.profile
+        through = (Missing(f"{v.name} profile") if not p else p["infer_images_per_s"] if one
+                   else f"{p['infer_images_per_s']:.1f} ({p['device']}, batch {p['batch_size']})")
+        rows.append([v.name, FAMILY_NAMES.get(v.family, v.family), _params_m(v), through, v.acc()])
+    head = (f"Throughput (img/s, {devices[0][0]}, batch {devices[0][1]})" if one else "Throughput (img/s)")
+    caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
+               "baselines of the study.")
+    return Table("lsa_table3", f"LSA Table 3: accuracy on {study.dataset}", caption,
+                 ["Method", "Family", "#Params (M)", head, f"{study.dataset} (%)"], rows,
+                 [f"{ACC_NOTE}.", "Throughput: inference, one device, measured by the analyse step."],
+                 {2: ".3f", 3: ".1f"})
+
+
+def lsa_table5(study: Study) -> Table | str:
+    lsa, notes = _placed(study, ("lsa",))
+    if len(lsa) < 2:
+        return _why(f"needs at least two LSA variants with profiles to compare; found {len(lsa)}", notes)
+    rows = []
+    for v in study.variants.values():  # the nested baseline row first, as in the paper
+        if v.family == "nest":
+            rows.append([f"baseline {v.name}", 0, None, None, False, _params_m(v), v.acc()])
+    for v in sorted(lsa, key=lambda v: v.arch["lsa"]["num_shifts"]):
+        cfg = v.arch["lsa"]
+        shifted = cfg["num_shifts"] > 1  # "none" keeps only the unshifted image: no local block
+        rows.append([v.name, cfg["num_shifts"] if shifted else 0, cfg["shift_mode"] if shifted else None,
+                     cfg["pos_embed"] if shifted else None, shifted, _params_m(v), v.acc()])
+    caption = ("The LSA ablation: number of shifted variants, how they are made (conv = a conv per variant, "
+               "translate = pre-shifted images and one conv), positional embedding per variant or shared, and "
+               "whether the local block attends over the variants.")
+    return Table("lsa_table5", "LSA Table 5: ablation", caption,
+                 ["Variant", "#Shifting", "Shift mode", "Pos. embed.", "Local block", "#Params (M)",
+                  f"{study.dataset} (%)"], rows, [f"{ACC_NOTE}."] + notes, {5: ".3f"})
+
+
+def ibit_table3(study: Study) -> Table | str:
+    order = {"ibit": 0, "deit": 1, "convit": 2}
+    chosen = sorted((v for v in study.variants.values() if v.family in order), key=lambda v: order[v.family])
+    if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
+        return "needs an IBiT variant and a DeiT or ConViT variant"
+    rows = [[FAMILY_NAMES[v.family], v.name, v.acc(), _params_m(v)] for v in chosen]
+    caption = "IBiT against DeiT and ConViT: test top-1 and parameters."
+    return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption,
+                 ["Model type", "Variant", "Top-1 (%)", "#Params (M)"], rows, [f"{ACC_NOTE}."], {3: ".3f"})
+
+
+def ibit_table4(study: Study) -> Table | str:
+    chosen = [v for v in study.variants.values() if v.family in ("ibit", "deit")]
+    if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
+        return "needs an IBiT variant and a second IBiT or DeiT variant"
+    chosen.sort(key=lambda v: (v.family != "ibit", v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0))
+    rows = [[f"{chr(ord('A') + i)} ({FAMILY_NAMES[v.family]})", v.name, v.family == "ibit",
+             v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, v.acc()] for i, v in enumerate(chosen)]
+    caption = ("The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
+               "CutMix (and MixUp), from each variant's resolved recipe.")
+    return Table("ibit_table4", "IBiT Table 4: learned masks and CutMix", caption,
+                 ["Configuration", "Variant", "Learnable masks", "CutMix", "MixUp", "Top-1 (%)"], rows,
+                 [f"{ACC_NOTE}."])
+
+
+PAPER_TABLES: dict[str, Callable[[Study], "Table | str"]] = {
+    "mait_table2": mait_table2, "mait_table3": mait_table3, "mait_table4": mait_table4,
+    "lsa_table3": lsa_table3, "lsa_table5": lsa_table5, "ibit_table3": ibit_table3, "ibit_table4": ibit_table4,
+}
+
+
+def all_accs(table: Table) -> list[Acc]:
+    return [c for row in table.rows for c in row if isinstance(c, Acc)]

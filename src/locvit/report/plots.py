@@ -1,0 +1,312 @@
+"""The report's figures: PNG always, PDF too for the paper-style ones, each with a caption.
+
+Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplot, no
+global state, no display) and saved atomically. Per study: training curves, accuracy
+against depth (MaiT Fig. 4) and against the training-set fraction (IBiT Fig. 4, over
+several studies). Per variant: ALS layer x head (MaiT Fig. 3), cross-layer similarity
+per head (MaiT Figs. 7-9), rollout maps (IBiT Fig. 5), learned masks (IBiT Fig. 6) and
+soft-mask alphas. Every builder returns a :class:`FigureFile`, or None when the study
+has nothing to draw; captions name the seeds that were missing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from locvit.io import atomic_path
+from locvit.report.papers import scheme_label
+from locvit.report.study import FAMILY_NAMES, Study, Variant, missing_text
+
+
+@dataclass
+class FigureFile:
+    name: str
+    caption: str
+    png: Path
+    pdf: Path | None = None
+    variant: str | None = None   # set for per-variant figures (logged to that variant's MLflow runs)
+
+
+def save(fig: Figure, out_dir: Path, name: str, caption: str, pdf: bool, variant: str | None = None) -> FigureFile:
+    """Write ``<name>.png`` (and ``../pdf/<name>.pdf``) atomically: a temporary file, then a rename.
+
+    The PNGs have ``out_dir`` to themselves: it is what ``dvc plots show`` and the
+    Snakemake HTML report read, and both take every file in it for a figure.
+    """
+    paths = {}
+    for fmt in ("png", "pdf") if pdf else ("png",):
+        paths[fmt] = (out_dir if fmt == "png" else out_dir.parent / "pdf") / f"{name}.{fmt}"
+        with atomic_path(paths[fmt]) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
+    return FigureFile(name, caption, paths["png"], paths.get("pdf"), variant)
+
+
+def _seeds_note(v: Variant, found: list[int]) -> str:
+    missing = [s for s in v.seeds if s not in found]
+    return f" ({missing_text(v.name, missing)})" if missing else ""
+
+
+def _heatmap(fig: Figure, ax, data: np.ndarray, xlabels, ylabels, vmin=0.0, vmax=1.0, annotate=None):
+    cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
+    image = ax.imshow(np.ma.masked_invalid(data), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto",
+                      interpolation="nearest")
+    step = max(1, len(ylabels) // 12)
+    ax.set_yticks(range(0, len(ylabels), step), [ylabels[i] for i in range(0, len(ylabels), step)])
+    xstep = max(1, len(xlabels) // 12)
+    ax.set_xticks(range(0, len(xlabels), xstep), [xlabels[i] for i in range(0, len(xlabels), xstep)])
+    if annotate if annotate is not None else data.size <= 64:
+        for (i, j), value in np.ndenumerate(data):
+            if np.isfinite(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if value < (vmin + vmax) / 2 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """Mean over seeds, NaN-aware; None when seeds disagree in shape (a changed model)."""
+    if not arrays or len({a.shape for a in arrays}) != 1:
+        return None
+    stacked = np.stack(arrays)
+    if not np.isfinite(stacked).any():
+        return None
+    with warnings.catch_warnings():  # an entry absent in every seed stays NaN (drawn grey)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(stacked, axis=0)
+
+
+def _ragged(rows: list) -> np.ndarray:
+    """[[float|None per head] or None per layer] -> (L, max heads) with NaN for absent entries."""
+    width = max((len(r) for r in rows if r), default=0)
+    out = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        for j, value in enumerate(r or []):
+            out[i, j] = np.nan if value is None else value
+    return out
+
+
+def curves(study: Study, out_dir: Path) -> FigureFile | None:
+    """Train loss and val top-1 per epoch: seeds as thin lines, their mean thick."""
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
+    palette = colormaps["tab10" if len(study.variants) <= 10 else "tab20"]
+    missing, drawn = [], False
+    for i, v in enumerate(study.variants.values()):
+        color = palette(i % palette.N)
+        missing += [missing_text(v.name, v.missing(v.metrics))] if v.missing(v.metrics) else []
+        histories = [v.metrics[s]["history"] for s in sorted(v.metrics)]
+        for ax, key, scale in ((axes[0], "train_loss", 1.0), (axes[1], "val_top1", 100.0)):
+            runs = [([h["epoch"] for h in hist], [scale * h[key] for h in hist]) for hist in histories if hist]
+            for x, y in runs:
+                ax.plot(x, y, color=color, lw=0.7, alpha=0.5)
+            if runs:
+                n = min(len(x) for x, _ in runs)  # mean over the epochs every seed reached
+                ax.plot(runs[0][0][:n], np.mean([y[:n] for _, y in runs], axis=0), color=color, lw=2,
+                        label=f"{v.name} (n={len(runs)})" if key == "train_loss" else None)
+                drawn = True
+    if not drawn:
+        return None
+    axes[0].set(xlabel="epoch", ylabel="train loss", title="Training loss")
+    axes[1].set(xlabel="epoch", ylabel="val top-1 (%)", title="Validation top-1")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.legend(loc="center left", bbox_to_anchor=(0.9, 0.5), fontsize=8)
+    caption = (f"Training curves of study {study.name}: training loss and validation top-1 per epoch for every "
+               "variant; thin lines are single seeds, thick lines their mean.")
+    if missing:
+        caption += " Not drawn: " + "; ".join(missing) + "."
+    return save(fig, out_dir, "curves", caption, pdf=False)
+
+
+def als(v: Variant, out_dir: Path) -> FigureFile | None:
+    """ALS per layer x head, mean over seeds (MaiT Fig. 3); grey = head absent, layers without a grid skipped."""
+    found, arrays, labels = [], [], None
+    for seed in sorted(v.analyses):
+        a = v.analyses[seed]
+        keep = [i for i, row in enumerate(a["als"]) if row is not None]
+        if not keep:
+            continue
+        arrays.append(_ragged([a["als"][i] for i in keep]))
+        labels = [str(a["layers"][i].get("layer", i)) if i < len(a["layers"]) else str(i) for i in keep]
+        found.append(seed)
+    data = _stack(arrays)
+    if data is None:
+        return None
+    fig = Figure(figsize=(1.2 + 0.7 * data.shape[1], 1.0 + 0.35 * data.shape[0]))
+    ax = fig.subplots()
+    _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], labels)
+    ax.set(xlabel="head", ylabel="layer", title=f"ALS: {v.name}")
+    caption = (f"Attention Locality Score of {v.name} per layer and head (MaiT Eq. 3, Fig. 3): the share of each "
+               f"patch's attention inside its {'x'.join(map(str, v.analyses[found[0]]['als_kernel']))} "
+               f"neighbourhood, mean over seeds {', '.join(map(str, found))}{_seeds_note(v, found)}. Layers "
+               "without a patch grid (class attention, shift blocks) are left out.")
+    return save(fig, out_dir, f"als_{v.name}", caption, pdf=True, variant=v.name)
+
+
+def similarity(v: Variant, out_dir: Path) -> FigureFile | None:
+    """Cross-layer attention similarity, one L' x L' map per head, mean over seeds (MaiT Figs. 7-9)."""
+    found, arrays, layers = [], [], None
+    for seed in sorted(v.analyses):
+        a = v.analyses[seed]
+        if a.get("cross_layer_similarity") is not None:
+            arrays.append(np.asarray(a["cross_layer_similarity"], dtype=float))
+            layers = [str(i) for i in a["als_layers"]]
+            found.append(seed)
+    data = _stack(arrays)
+    if data is None:
+        return None
+    heads, n = data.shape[0], data.shape[1]
+    labels = layers if len(layers) == n else [str(i) for i in range(n)]
+    fig = Figure(figsize=(4.2 * heads, 3.6))
+    for h, ax in enumerate(np.atleast_1d(fig.subplots(1, heads, gridspec_kw={"wspace": 0.35}))):
+        _heatmap(fig, ax, data[h], labels, labels, annotate=False)
+        ax.set(xlabel="layer", ylabel="layer" if h == 0 else None, title=f"head {h}")
+    fig.suptitle(f"Cross-layer attention similarity: {v.name}", y=1.03)
+    caption = (f"Cross-layer similarity of {v.name} per head (MaiT Eq. 5, Figs. 7-9): cosine similarity of the "
+               "attention rows of two layers, averaged over tokens and images; mean over seeds "
+               f"{', '.join(map(str, found))}{_seeds_note(v, found)}.")
+    return save(fig, out_dir, f"similarity_{v.name}", caption, pdf=True, variant=v.name)
+
+
+def _first_npz_with(v: Variant, key: str) -> tuple[int, dict] | None:
+    for seed in sorted(v.npz):
+        with np.load(v.npz[seed], allow_pickle=False) as data:
+            if key in data.files:
+                return seed, {k: data[k] for k in data.files}
+    return None
+
+
+def rollout(v: Variant, out_dir: Path, max_images: int = 8) -> FigureFile | None:
+    """Attention rollout over the evaluation images (IBiT Fig. 5): images above, overlays below."""
+    hit = _first_npz_with(v, "rollout")
+    if hit is None:
+        return None
+    seed, data = hit
+    images, maps = data["images"][:max_images], data["rollout"][:max_images]
+    fig = Figure(figsize=(1.6 * len(images), 3.4))
+    axes = np.asarray(fig.subplots(2, len(images), squeeze=False))
+    for i, (img, m) in enumerate(zip(images, maps)):
+        h, w = img.shape[:2]
+        axes[0, i].imshow(img)
+        axes[1, i].imshow(img)
+        axes[1, i].imshow(m / max(float(m.max()), 1e-12), cmap="jet", alpha=0.5, vmin=0, vmax=1,
+                          extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="bilinear")
+        for ax in axes[:, i]:
+            ax.set_axis_off()
+    fig.suptitle(f"Attention rollout: {v.name}, seed {seed}")
+    caption = (f"Attention rollout of {v.name} (seed {seed}) on {len(images)} evaluation images (IBiT Fig. 5): "
+               "the class token's attention propagated through the layers, upsampled to the image and scaled to "
+               "its maximum per image.")
+    return save(fig, out_dir, f"rollout_{v.name}", caption, pdf=True, variant=v.name)
+
+
+def learned_masks(v: Variant, out_dir: Path) -> FigureFile | None:
+    """Each head's learned mask around the centre patch, layer x head (IBiT Fig. 6)."""
+    hit = _first_npz_with(v, "learned_masks")
+    if hit is None:
+        return None
+    seed, data = hit
+    masks = data["learned_masks"]  # (L, H, gh, gw)
+    layers, heads = masks.shape[:2]
+    fig = Figure(figsize=(1.5 * heads + 0.5, 1.4 * layers + 0.5))
+    axes = np.asarray(fig.subplots(layers, heads, squeeze=False))
+    for (i, j), ax in np.ndenumerate(axes):
+        ax.imshow(masks[i, j], cmap="viridis", interpolation="nearest")
+        ax.set_xticks([]), ax.set_yticks([])
+        if i == 0:
+            ax.set_title(f"head {j}", fontsize=8)
+        if j == 0:
+            ax.set_ylabel(f"layer {i}", fontsize=8)
+    fig.suptitle(f"Learned masks: {v.name}, seed {seed}")
+    caption = (f"Learned attention masks of {v.name} (seed {seed}) around the centre patch, per layer and head "
+               "(IBiT Fig. 6); each map has its own colour scale.")
+    return save(fig, out_dir, f"masks_{v.name}", caption, pdf=True, variant=v.name)
+
+
+def alphas(v: Variant, out_dir: Path) -> FigureFile | None:
+    """Soft-mask alpha per layer x head, mean over seeds; grey = head without a soft mask."""
+    found = [s for s in sorted(v.analyses) if v.analyses[s].get("alphas") is not None]
+    data = _stack([_ragged(v.analyses[s]["alphas"]) for s in found])
+    if data is None:
+        return None
+    fig = Figure(figsize=(1.2 + 0.7 * data.shape[1], 1.0 + 0.35 * data.shape[0]))
+    ax = fig.subplots()
+    _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], [str(i) for i in range(data.shape[0])])
+    ax.set(xlabel="head", ylabel="layer", title=f"Soft-mask alpha: {v.name}")
+    caption = (f"Learned soft-mask alpha of {v.name} per layer and head (the weight MaiT+ keeps for attention "
+               f"outside the neighbourhood; 1 = no locality), mean over seeds {', '.join(map(str, found))}"
+               f"{_seeds_note(v, found)}; grey = head without a soft mask.")
+    return save(fig, out_dir, f"alphas_{v.name}", caption, pdf=False, variant=v.name)
+
+
+def _series(v: Variant) -> str:
+    label = FAMILY_NAMES.get(v.family, v.family)
+    mask = v.arch.get("mask")
+    if v.family in ("mait", "mait_cait") and mask:
+        label = scheme_label(mask)[0].replace("MaiT", label, 1)
+    return f"{label}, {v.arch['embed_dim']}-d"
+
+
+def accuracy_vs_depth(study: Study, out_dir: Path) -> FigureFile | None:
+    """Top-1 against depth (MaiT Fig. 4) of the families the study ran at two or more depths."""
+    points = [(v, v.acc()) for v in study.variants.values() if v.arch and v.acc().n]
+    depths = defaultdict(set)
+    for v, _ in points:
+        depths[v.family].add(v.arch["depth"])
+    families = {f for f, d in depths.items() if len(d) > 1}
+    if not families:
+        return None
+    series = defaultdict(list)
+    for v, acc in points:
+        if v.family in families:
+            series[_series(v)].append((v.arch["depth"], acc))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for label, pts in sorted(series.items()):
+        pts.sort(key=lambda p: p[0])
+        ax.errorbar([d for d, _ in pts], [a.mean for _, a in pts], yerr=[a.std or 0.0 for _, a in pts],
+                    marker="o", capsize=3, label=label)
+    ax.set(xlabel="depth (attention blocks)", ylabel="test top-1 (%)", title=f"Top-1 against depth: {study.name}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8)
+    caption = (f"Test top-1 against depth in study {study.name} (MaiT Fig. 4): mean ± std over seeds, one line "
+               "per family, masking scheme and width, for the families run at several depths ("
+               + ", ".join(FAMILY_NAMES.get(f, f) for f in sorted(families)) + "). Variants without a profile or "
+               "an evaluation are left out.")
+    return save(fig, out_dir, "accuracy_vs_depth", caption, pdf=True)
+
+
+def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | None:
+    """Top-1 against the training-set fraction (IBiT Fig. 4), one line per variant name across studies."""
+    if len({s.train_fraction for s in studies}) < 2:
+        return None
+    series = defaultdict(list)
+    for s in studies:
+        for v in s.variants.values():
+            if (acc := v.acc()).n:
+                series[v.name].append((100 * s.train_fraction, acc))
+    series = {k: sorted(p, key=lambda p: p[0]) for k, p in series.items() if len({x for x, _ in p}) > 1}
+    if not series:
+        return None
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for name, pts in sorted(series.items()):
+        ax.errorbar([x for x, _ in pts], [a.mean for _, a in pts], yerr=[a.std or 0.0 for _, a in pts],
+                    marker="o", capsize=3, label=name)
+    ax.set(xlabel="training images (% of the training split)", ylabel="test top-1 (%)",
+           title="Top-1 against training-set fraction")
+    ax.legend(fontsize=8)
+    caption = ("Test top-1 against the fraction of training images kept (data.train_fraction; IBiT Fig. 4), one "
+               "line per variant name found in several studies (" + ", ".join(s.name for s in studies) + "); "
+               "mean ± std over seeds.")
+    return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)
+
+
+VARIANT_FIGURES = (als, similarity, rollout, learned_masks, alphas)

@@ -1,0 +1,183 @@
+"""What the report reads from one finished study, keyed by the params' variants and seeds.
+
+Layout (the producers' contract, relative to ``results/<study>/``)::
+
+    eval/<variant>/seed<s>.json            test top-1 of one run (evaluate)
+    runs/<variant>/seed<s>/metrics.json    per-epoch history (train)
+    analysis/<variant>/profile.json        params, GMACs, throughput, arch (analyse, one per variant)
+    analysis/<variant>/seed<s>.json        ALS, cross-layer similarity, alphas (analyse, per seed)
+    maps/<variant>/seed<s>.npz             images, rollout, learned masks (analyse, per seed)
+
+Only the variants and seeds of the params are read. A file the study defines but that
+is absent is recorded as missing (it is never replaced by a number); a file that exists
+but is not valid JSON, or that names another run, is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from locvit.config import run_config
+from locvit.io import read_json
+
+FAMILY_NAMES = {"mait": "MaiT", "mait_cait": "Masked CaiT", "lsa": "LSA", "ibit": "IBiT", "deit": "DeiT",
+                "cait": "CaiT", "convit": "ConViT", "nest": "NesT", "other": "other"}
+DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
+
+
+def guess_family(model: str) -> str:
+    """The family of a timm model name, for a variant whose profile (and so its arch) is missing."""
+    m = model.lower()
+    if m.startswith("mait"):
+        return "mait_cait" if "cait" in m else "mait"
+    for prefix in ("lsa", "ibit", "convit", "cait", "nest"):
+        if m.startswith(prefix):
+            return prefix
+    return "deit" if m.startswith(("deit", "vit_")) else "other"
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value: one seed has no spread)."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None)
+
+
+def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
+    """``missing: mait_soft seed 1`` / ``missing: lsa profile`` (what names a non-seed file)."""
+    if what:
+        return f"missing: {variant} {what}"
+    return f"missing: {variant} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+@dataclass
+class Acc:
+    """Test top-1 (%) of one variant over its seeds; ``delta`` is set by tables that compare."""
+
+    variant: str
+    values: dict[int, float]   # seed -> test top-1 in %
+    run_ids: dict[int, str]    # seed -> MLflow run id (of the runs found)
+    missing: list[int]         # seeds the study defines whose evaluation file is absent
+    delta: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return mean_std(list(self.values.values()))[0] if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return mean_std(list(self.values.values()))[1] if self.values else None
+
+    def with_delta(self, base: Acc | None) -> Acc:
+        delta = self.mean - base.mean if base is not None and base.n and self.n else None
+        return Acc(self.variant, self.values, self.run_ids, self.missing, delta)
+
+
+@dataclass
+class Variant:
+    """The files of one variant, by seed; ``None`` / absent keys where a file is missing."""
+
+    name: str
+    model: str
+    description: str
+    recipe: dict                 # the resolved training recipe (config.run_config's "train")
+    seeds: list[int]
+    evals: dict[int, dict] = field(default_factory=dict)
+    metrics: dict[int, dict] = field(default_factory=dict)
+    analyses: dict[int, dict] = field(default_factory=dict)
+    npz: dict[int, Path] = field(default_factory=dict)
+    profile: dict | None = None
+
+    @property
+    def arch(self) -> dict | None:
+        return self.profile["arch"] if self.profile else None
+
+    @property
+    def family(self) -> str:
+        return self.arch["family"] if self.arch else guess_family(self.model)
+
+    def acc(self) -> Acc:
+        return Acc(self.name, {s: 100.0 * e["test_top1"] for s, e in self.evals.items()},
+                   {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
+                   [s for s in self.seeds if s not in self.evals])
+
+    def run_ids(self) -> dict[int, str]:
+        """Seed -> MLflow run id, from whichever of the run's files is present."""
+        ids = {}
+        for seed in self.seeds:
+            for source in (self.evals, self.metrics, self.analyses):
+                if source.get(seed, {}).get("mlflow_run_id"):
+                    ids[seed] = source[seed]["mlflow_run_id"]
+                    break
+        return ids
+
+    def n_params(self) -> int | None:
+        if self.profile:
+            return self.profile["params"]
+        return next((e["n_params"] for e in self.evals.values()), None)
+
+    def missing(self, files: dict) -> list[int]:
+        return [s for s in self.seeds if s not in files]
+
+
+@dataclass
+class Study:
+    params: dict
+    dir: Path
+    variants: dict[str, Variant]
+
+    @property
+    def name(self) -> str:
+        return self.params["study"]
+
+    @property
+    def train_fraction(self) -> float:
+        return float(self.params["data"].get("train_fraction", 1.0))
+
+    @property
+    def dataset(self) -> str:
+        """The dataset as a table column names it, e.g. ``CIFAR10`` or ``ImageNet (25% train)``."""
+        source = self.params["data"]["source"]
+        name = DATASET_NAMES.get(source, source)
+        return name if self.train_fraction >= 1 else f"{name} ({100 * self.train_fraction:g}% train)"
+
+
+def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dict | None:
+    if not path.is_file():
+        return None
+    data = read_json(path, what, "Re-run the step that writes it.")
+    if data.get("variant", variant) != variant or (seed is not None and int(data.get("seed", seed)) != seed):
+        raise ValueError(f"{what} {path} belongs to variant {data.get('variant')!r} seed {data.get('seed')!r}, "
+                         f"not {variant!r} seed {seed!r}; it was copied to the wrong place")
+    return data
+
+
+def load_study(params: dict, study_dir: str | Path) -> Study:
+    """Read every result file of the study's variants and seeds that exists."""
+    study_dir = Path(study_dir)
+    variants = {}
+    for name, spec in params["variants"].items():
+        seeds = list(params["seeds"])
+        v = Variant(name, spec["model"], spec.get("description", ""),
+                    run_config(params, name, seeds[0])["train"], seeds)
+        for seed in seeds:
+            if (e := _read_run_file(study_dir / "eval" / name / f"seed{seed}.json", "evaluation file", name, seed)):
+                v.evals[seed] = e
+            metrics = study_dir / "runs" / name / f"seed{seed}" / "metrics.json"
+            if (m := _read_run_file(metrics, "training metrics", name, seed)):
+                v.metrics[seed] = m
+            analysis = study_dir / "analysis" / name / f"seed{seed}.json"
+            if (a := _read_run_file(analysis, "analysis file", name, seed)):
+                v.analyses[seed] = a
+            npz = study_dir / "maps" / name / f"seed{seed}.npz"
+            if npz.is_file():
+                v.npz[seed] = npz
+        v.profile = _read_run_file(study_dir / "analysis" / name / "profile.json", "profile", name, None)
+        variants[name] = v
+    return Study(params, study_dir, variants)

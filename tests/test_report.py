@@ -1,0 +1,312 @@
+"""The report: paper-shaped tables, figures and MLflow artifacts from a synthetic finished study.
+
+The study is written file by file as the producers' contract describes (eval/, runs/,
+analysis/), with numbers chosen here, so every expected cell is computed from them.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import re
+import shutil
+import statistics
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from locvit.config import validate_params
+from locvit.report.build import build_report
+
+SEEDS = [0, 1]
+VIT = {"patch_size": 4, "embed_dim": 48, "depth": 4, "num_heads": 3}
+LSA = {"kernel_size": 4, "stride": 4, "padding": 0, "embed_dims": 48, "depths": [2, 1, 1], "num_heads": 3}
+VARIANTS = {
+    "deit": {"model": "deit_tiny_patch16_224", "kwargs": VIT},
+    "deit_d8": {"model": "deit_tiny_patch16_224", "kwargs": {**VIT, "depth": 8}},
+    "mait_3x3": {"model": "mait_tiny_patch16_224", "kwargs": {**VIT, "masked_heads": "sch1", "mask_type": "hard"}},
+    "mait_5x5": {"model": "mait_tiny_patch16_224",
+                 "kwargs": {**VIT, "masked_heads": "sch1", "mask_type": "hard", "mask_kernel": [5, 5]}},
+    "mait_soft": {"model": "mait_tiny_patch16_224", "kwargs": {**VIT, "masked_heads": "all", "mask_type": "soft"}},
+    "lsa": {"model": "lsa_tiny_cifar", "kwargs": {**LSA, "shifts": "axes9"}},
+    "lsa_noshift": {"model": "lsa_tiny_cifar", "kwargs": {**LSA, "shifts": "none"}},
+    "ibit": {"model": "ibit_tiny_patch16_224", "kwargs": VIT, "train": {"cutmix": 0.0, "mixup": 0.0}},
+    "ibit_cutmix": {"model": "ibit_tiny_patch16_224", "kwargs": VIT, "train": {"cutmix": 1.0, "mixup": 0.8}},
+    "convit": {"model": "convit_tiny", "kwargs": {"embed_dim": 16, "depth": 4, "num_heads": 3}},
+}
+# Test top-1 (0-1) per variant and seed; None = the run's evaluation file is missing.
+TOP1 = {"deit": [0.70, 0.72], "deit_d8": [0.73, 0.75], "mait_3x3": [0.74, 0.73], "mait_5x5": [0.71, 0.735],
+        "mait_soft": [0.78, None], "lsa": [0.80, 0.82], "lsa_noshift": [0.76, 0.77], "ibit": [0.79, 0.81],
+        "ibit_cutmix": [0.75, 0.74], "convit": [0.72, 0.71]}
+NO_PROFILE = {"convit"}                      # its analyse step did not run
+ANALYSED = {"deit": SEEDS, "mait_3x3": [0], "mait_soft": SEEDS, "ibit": SEEDS, "lsa": SEEDS}
+MASK = {"masked_heads": "sch1", "heads_per_layer": [1, 1, 1, 1], "kernel": [3, 3], "mode": "multiply",
+        "type": "hard", "alpha_init": 0.5}
+ARCH = {  # variant -> (family, depth, mask, lsa)
+    "deit": ("deit", 4, None, None), "deit_d8": ("deit", 8, None, None),
+    "mait_3x3": ("mait", 4, MASK, None), "mait_5x5": ("mait", 4, {**MASK, "kernel": [5, 5]}, None),
+    "mait_soft": ("mait", 4, {**MASK, "masked_heads": "all", "heads_per_layer": [3] * 4, "type": "soft"}, None),
+    "lsa": ("lsa", 4, None, {"num_shifts": 9, "shifts": "axes9", "shift_mode": "conv", "pos_embed": "per_variant"}),
+    "lsa_noshift": ("lsa", 4, None, {"num_shifts": 1, "shifts": "none", "shift_mode": "conv",
+                                     "pos_embed": "per_variant"}),
+    "ibit": ("ibit", 4, None, None), "ibit_cutmix": ("ibit", 4, None, None),
+}
+
+
+def make_params(variants=VARIANTS, study="synth", **data) -> dict:
+    raw = {"study": study, "data": {"source": "digits", "image_size": 32, **data},
+           "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "variants": copy.deepcopy(variants)}
+    return validate_params(raw, check_models=False)
+
+
+def write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None, analysed=ANALYSED) -> dict:
+    """Write the contract's files for every variant and seed; return the MLflow run ids used.
+
+    ``analysed``: variant -> seeds with attention analyses (figures are what takes time here).
+    """
+    rng = np.random.default_rng(0)
+    run_ids = run_ids or {(v, s): uuid.uuid4().hex for v in params["variants"] for s in SEEDS}
+    for v, spec in params["variants"].items():
+        n_params = 100_000 + 1_000 * len(v)
+        for s in SEEDS:
+            rid = run_ids[(v, s)]
+            if top1[v][s] is not None:
+                write(root / "eval" / v / f"seed{s}.json", {
+                    "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
+                    "test_top1": top1[v][s], "test_loss": 1.0, "n": 360, "n_params": n_params,
+                    "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16})
+            history = [{"epoch": e, "train_loss": 2.0 - 0.4 * e + 0.05 * s, "train_top1": 0.3 + 0.1 * e,
+                        "train_images_per_s": 500.0, "val_loss": 1.5 - 0.2 * e, "val_top1": 0.4 + 0.1 * e}
+                       for e in range(3)]
+            write(root / "runs" / v / f"seed{s}" / "metrics.json", {
+                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "n_params": n_params,
+                "best_val_top1": 0.6, "best_epoch": 2, "final_val_top1": 0.6, "train_time_s": 10.0,
+                "mlflow_run_id": rid, "history": history})
+        if v in NO_PROFILE or v not in ARCH:
+            continue
+        family, depth, mask, lsa = ARCH[v]
+        arch = {"family": family, "embed_dim": 48, "depth": depth, "num_heads": 3, "img_size": 32,
+                "patch_size": None if lsa else 4, "layer_scale": False, "mask": mask, "lsa": lsa,
+                "ibit": {"rank": 9, "normalize": "frobenius", "mask_kernel": "radial"} if family == "ibit" else None}
+        write(root / "analysis" / v / "profile.json", {
+            "variant": v, "model": spec["model"], "params": n_params, "gmacs": 0.01 * depth, "input_size": [3, 32, 32],
+            "device": "cpu (Test CPU)", "batch_size": 64, "infer_images_per_s": 1000.0 + len(v),
+            "train_images_per_s": 300.0, "arch": arch})
+        for s in analysed.get(v, []):
+            layers = [{"name": f"blocks.{i}.attn", "layer": i, "kind": "shift" if lsa and i == 0 else "softmax",
+                       "heads": 3, "tokens": 65, "grid": None if lsa and i == 0 else [8, 8], "num_prefix": 1}
+                      for i in range(depth)]
+            als = rng.uniform(size=(depth, 3)).tolist()
+            if lsa:
+                als[0] = None
+            write(root / "analysis" / v / f"seed{s}.json", {
+                "variant": v, "seed": s, "model": spec["model"], "mlflow_run_id": run_ids[(v, s)], "images": 4,
+                "als_kernel": [3, 3], "layers": layers, "als": als,
+                "als_layers": [i for i, a in enumerate(als) if a is not None],
+                "cross_layer_similarity": None if lsa else rng.uniform(size=(3, depth, depth)).tolist(),
+                "alphas": rng.uniform(size=(depth, 3)).tolist() if mask and mask["type"] == "soft" else None})
+            arrays = {"images": rng.integers(0, 255, size=(4, 32, 32, 3), dtype=np.uint8)}
+            if not lsa:
+                arrays["rollout"] = rng.uniform(size=(4, 8, 8)).astype(np.float32)
+            if family == "ibit":
+                arrays["learned_masks"] = rng.uniform(size=(depth, 3, 8, 8)).astype(np.float32)
+            (root / "maps" / v).mkdir(parents=True, exist_ok=True)
+            np.savez(root / "maps" / v / f"seed{s}.npz", **arrays)
+    return run_ids
+
+
+def expected(variant: str) -> tuple[float, float | None, int]:
+    values = [100 * t for t in TOP1[variant] if t is not None]
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None, len(values)
+
+
+def read_csv(path: Path) -> list[dict]:
+    return list(csv.DictReader(path.open()))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    params = make_params()
+    run_ids = make_study(root, params)
+    report = build_report(params, root, root / "report", log_to_mlflow=False)
+    return root, root / "report", report, run_ids
+
+
+def test_mait_table2_cells_are_mean_std_and_delta_vs_deit(built):
+    root, out, report, run_ids = built
+    rows = read_csv(out / "tables" / "mait_table2.csv")
+    assert [r["Model size"] for r in rows] == ["48-d, 4 layers, 3 heads"]  # deit_d8 has no MaiT of its size
+    row = rows[0]
+    base = expected("deit")[0]
+    for column, variant in (("DeiT", "deit"), ("MaiT(3x3)", "mait_3x3"), ("MaiT(5x5)", "mait_5x5"),
+                            ("MaiT+(3x3)", "mait_soft")):
+        mean, std, n = expected(variant)
+        assert float(row[column]) == pytest.approx(mean)
+        assert int(row[f"{column} n"]) == n
+        assert (float(row[f"{column} std"]) == pytest.approx(std)) if std is not None else row[f"{column} std"] == ""
+        if variant != "deit":
+            assert float(row[f"{column} delta"]) == pytest.approx(mean - base)
+        present = [s for s in SEEDS if TOP1[variant][s] is not None]
+        assert row[f"{column} mlflow_run_ids"].split() == [run_ids[(variant, s)] for s in present]
+    md = (out / "tables" / "mait_table2.md").read_text()
+    mean, std, _ = expected("mait_3x3")
+    assert f"{mean:.2f} ± {std:.2f} (n=2) ({mean - base:+.2f})" in md
+    # The missing run is named, never filled: mait_soft's cell has one seed and says which is absent.
+    assert row["MaiT+(3x3) missing"] == "missing: mait_soft seed 1"
+    assert f"{100 * TOP1['mait_soft'][0]:.2f} (n=1) ({100 * TOP1['mait_soft'][0] - base:+.2f}); " \
+           "missing: mait_soft seed 1" in md
+    assert f"`{run_ids[('mait_3x3', 0)][:8]}`" in md  # no tracking: run ids shown, no links
+
+
+def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
+    _, out, _, _ = built
+    header = next(csv.reader((out / "tables" / "mait_table3.csv").open()))
+    cols = [h for h in header if not h.endswith((" std", " n", " delta", " mlflow_run_ids", " missing"))]
+    assert cols == ["Model size", "DeiT", "MaiT(Sch.1)", "MaiT(Sch.1, 5x5)", "MaiT(all heads, soft)"]
+    row = read_csv(out / "tables" / "mait_table3.csv")[0]
+    assert float(row["MaiT(Sch.1, 5x5) delta"]) == pytest.approx(expected("mait_5x5")[0] - expected("deit")[0])
+    rows = {r["Model"]: r for r in read_csv(out / "tables" / "mait_table4.csv")}
+    assert set(rows) == set(VARIANTS)
+    assert rows["deit_d8"]["Layers"] == "8" and float(rows["deit_d8"]["GMACs"]) == pytest.approx(0.08)
+    assert float(rows["lsa"]["Top-1 (%)"]) == pytest.approx(expected("lsa")[0])
+    # convit has no profile: the cells that need it say so; its params come from the eval file.
+    for cell in ("Layers", "GMACs"):
+        assert rows["convit"][cell] == "missing: convit profile"
+    assert float(rows["convit"]["Params (M)"]) == pytest.approx((100_000 + 6_000) / 1e6)
+
+
+def test_lsa_tables(built):
+    _, out, _, _ = built
+    rows = {r["Method"]: r for r in read_csv(out / "tables" / "lsa_table3.csv")}
+    assert "Throughput (img/s, cpu (Test CPU), batch 64)" in rows["lsa"]
+    assert float(rows["lsa"]["Digits (%)"]) == pytest.approx(expected("lsa")[0])
+    assert float(rows["lsa"]["Throughput (img/s, cpu (Test CPU), batch 64)"]) == pytest.approx(1003.0)
+    assert rows["convit"]["Throughput (img/s, cpu (Test CPU), batch 64)"] == "missing: convit profile"
+    t5 = read_csv(out / "tables" / "lsa_table5.csv")
+    assert [(r["Variant"], r["#Shifting"], r["Shift mode"], r["Local block"]) for r in t5] == [
+        ("lsa_noshift", "0", "", "no"), ("lsa", "9", "conv", "yes")]
+    assert float(t5[1]["Digits (%)"]) == pytest.approx(expected("lsa")[0])
+
+
+def test_ibit_tables(built):
+    _, out, _, _ = built
+    t3 = read_csv(out / "tables" / "ibit_table3.csv")
+    assert [(r["Model type"], r["Variant"]) for r in t3] == [
+        ("IBiT", "ibit"), ("IBiT", "ibit_cutmix"), ("DeiT", "deit"), ("DeiT", "deit_d8"), ("ConViT", "convit")]
+    t4 = read_csv(out / "tables" / "ibit_table4.csv")
+    got = [(r["Variant"], r["Learnable masks"], r["CutMix"]) for r in t4]
+    assert got[:3] == [("ibit", "yes", "no"), ("ibit_cutmix", "yes", "yes"), ("deit", "no", "no")]
+    mean, std, _ = expected("ibit_cutmix")
+    assert float(t4[1]["Top-1 (%)"]) == pytest.approx(mean) and float(t4[1]["Top-1 (%) std"]) == pytest.approx(std)
+    assert "✓" in (out / "tables" / "ibit_table4.md").read_text()
+
+
+def test_latex_escapes_underscores(built):
+    _, out, report, _ = built
+    for name, files in report["tables"].items():
+        tex = (out / files["tex"]).read_text()
+        assert not re.search(r"(?<!\\)_", tex), name
+        assert r"\toprule" in tex
+    assert r"mait\_3x3" in (out / "tables" / "mait_table4.tex").read_text()
+    assert r"$\pm$" in (out / "tables" / "mait_table2.tex").read_text()
+
+
+def test_results_table_and_summary_are_kept(built):
+    _, out, _, _ = built
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == set(VARIANTS)
+    assert summary["deit"]["test_top1_mean"] == pytest.approx(expected("deit")[0]) and summary["deit"]["seeds"] == 2
+    assert summary["mait_soft"]["seeds"] == 1
+    assert "| mait_soft |" in (out / "results.md").read_text()
+
+
+def test_figures_are_valid_files_with_captions(built):
+    _, out, report, _ = built
+    figs = report["figures"]
+    want = {"curves", "accuracy_vs_depth", "als_deit", "als_mait_3x3", "als_mait_soft", "als_ibit", "als_lsa",
+            "similarity_deit", "rollout_deit", "rollout_ibit", "masks_ibit", "alphas_mait_soft"}
+    assert want <= set(figs)
+    # No figure where the study has nothing to draw: no rollout without a class token, no masks outside IBiT.
+    assert not {"rollout_lsa", "similarity_lsa", "masks_deit", "alphas_deit", "als_convit"} & set(figs)
+    for name, fig in figs.items():
+        assert (out / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        if fig["pdf"]:
+            assert (out / fig["pdf"]).read_bytes()[:4] == b"%PDF", name
+        assert fig["caption"] and fig["caption"] in (out / "index.md").read_text()
+    assert figs["als_deit"]["pdf"] and figs["als_deit"]["variant"] == "deit"
+    assert "missing: mait_3x3 seed 1" in figs["als_mait_3x3"]["caption"]
+    assert "accuracy_vs_fraction" in report["skipped"]  # one study has one train_fraction
+    assert json.loads((out / "report.json").read_text()) == report
+    assert "![als_deit](figures/als_deit.png)" in (out / "index.md").read_text()
+
+
+def test_absent_families_are_not_written_and_stale_tables_go(built, tmp_path):
+    _, full_report, _, _ = built
+    out = tmp_path / "report"
+    shutil.copytree(full_report, out)  # the report of the whole study, then the study loses variants
+    assert (out / "tables" / "lsa_table3.md").is_file() and (out / "figures" / "als_lsa.png").is_file()
+    only_mait = make_params({v: VARIANTS[v] for v in ("deit", "mait_3x3", "mait_soft")})
+    make_study(tmp_path, only_mait, analysed={})
+    report = build_report(only_mait, tmp_path, out, log_to_mlflow=False)
+    assert set(report["tables"]) == {"results", "mait_table2", "mait_table3", "mait_table4"}
+    assert {"lsa_table3", "lsa_table5", "ibit_table3", "ibit_table4", "accuracy_vs_depth"} <= set(report["skipped"])
+    assert not (out / "tables" / "lsa_table3.md").exists() and not (out / "figures" / "als_lsa.png").exists()
+    assert sorted(p.name for p in (out / "tables").iterdir()) == sorted(
+        f"{t}.{e}" for t in ("mait_table2", "mait_table3", "mait_table4") for e in ("md", "csv", "tex"))
+
+
+def test_fraction_figure_from_several_studies(built, tmp_path):
+    root, _, _, _ = built
+    variants = {v: VARIANTS[v] for v in ("deit", "ibit")}
+    studies = []
+    for frac in (0.25, 0.5):
+        params = make_params(variants, study=f"frac{int(100 * frac)}", train_fraction=frac)
+        make_study(tmp_path / params["study"], params, analysed={})
+        studies.append((params, tmp_path / params["study"]))
+    report = build_report(*studies[0], tmp_path / "report", log_to_mlflow=False, extra_studies=studies[1:])
+    fig = report["figures"]["accuracy_vs_fraction"]
+    assert (tmp_path / "report" / fig["pdf"]).read_bytes()[:4] == b"%PDF" and "frac25, frac50" in fig["caption"]
+
+
+def test_mlflow_links_and_artifacts(tmp_path, monkeypatch):
+    import mlflow
+
+    from locvit import tracking
+
+    # setup() sets MLFLOW_TRACKING_URI; recording a value first makes monkeypatch remove it afterwards.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    variants = {v: VARIANTS[v] for v in ("deit", "mait_3x3")}
+    params = make_params(variants)
+    exp = tracking.setup(params["study"], tmp_path / "mlflow.db")
+    client = mlflow.MlflowClient()
+    run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
+    run_ids[("mait_3x3", 1)] = uuid.uuid4().hex  # a run the backend does not know (e.g. after dvc pull)
+    make_study(tmp_path, params, run_ids=run_ids, analysed={"deit": [0], "mait_3x3": [0]})
+    with pytest.warns(UserWarning, match="not"):
+        report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+    md = (tmp_path / "report" / "tables" / "mait_table2.md").read_text()
+    assert f"[s0](http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]})" in md
+    assert f"`{run_ids[('mait_3x3', 1)][:8]}`" in md  # unknown run: id without a link
+    logged = {a.path for a in client.list_artifacts(run_ids[("deit", 1)], "report")}
+    assert {"report/als_deit.png", "report/als_deit.pdf", "report/rollout_deit.png"} <= logged
+    assert report["mlflow"]["failed"] and all("mait_3x3 seed 1" in f for f in report["mlflow"]["failed"])
+    assert (tmp_path / "report" / "figures" / "als_mait_3x3.png").is_file()  # kept on disk regardless
+
+
+def test_no_mlflow_needed_without_logging(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    params = make_params({v: VARIANTS[v] for v in ("deit", "mait_3x3")})
+    make_study(tmp_path, params, analysed={})
+    report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    assert report["mlflow"] == {} and not (tmp_path / "mlflow.db").exists()
+    assert "mait_table2" in report["tables"]
