@@ -1,4 +1,5 @@
-"""locvit: the study pipeline, prepare -> train (variant x seed) -> evaluate -> report.
+"""locvit: the study pipeline, prepare -> train (variant x seed) -> evaluate -> analyse -> report,
+plus MaiT's mask search when the study has a mask_search section.
 
 The study config is params.yaml (another file: --config params=path/to/study.yaml).
 It is validated against workflow/schemas/params.schema.yaml before any job runs.
@@ -11,13 +12,19 @@ PARAMS_FILE = config.get("params", "params.yaml")
 P = load_params(PARAMS_FILE)
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/analyse.smk"
+include: "workflow/rules/search.smk"
 include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
         report_files(),
+        search_files(),
     default_target: True

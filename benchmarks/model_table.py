@@ -1,20 +1,18 @@
 """Params and GMACs of every locvit entrypoint (and the baselines) at its default size.
 
-Prints the Markdown table quoted in the README. GMACs = FLOPs / 2 as counted by
-``torch.utils.flop_counter`` for one image at the entrypoint's default input size
-(224x224, or 32x32 for the CIFAR models): matmuls and convolutions, attention matmuls
-included (timm's fused attention is switched off so they are visible to the counter);
-element-wise work (softmax, norms, LSA's per-token attention over its T variants) is not.
+Prints the Markdown table quoted in the README. GMACs as the analyse step counts them
+(:func:`locvit.analysis.profile.gmacs`) for one image at the entrypoint's default input
+size (224x224, or 32x32 for the CIFAR models): matmuls and convolutions, attention
+matmuls included; element-wise work (softmax, norms, LSA's per-token attention over its
+T variants) is not.
 """
 
 from __future__ import annotations
 
 import timm
-import torch
-from timm.layers import set_fused_attn
-from torch.utils.flop_counter import FlopCounterMode
 
 import locvit.models  # noqa: F401
+from locvit.analysis.profile import gmacs
 
 PAPER = {  # name -> (paper model, params and "GFLOPs" (= GMACs) in the paper's Table 4)
     "deit_tiny_patch16_224": ("DeiT-T (baseline, timm)", "5.7M", "1.3"),
@@ -44,18 +42,14 @@ PAPER = {  # name -> (paper model, params and "GFLOPs" (= GMACs) in the paper's 
 
 
 def main() -> None:
-    # The counter does not see inside CPU fused attention kernels: count the eager path.
-    set_fused_attn(False)
     print("| entrypoint | paper model (default setting) | input | params | paper params | GMACs | paper GFLOPs |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, (paper, paper_params, paper_gmacs) in PAPER.items():
         model = timm.create_model(name).eval()
         size = model.pretrained_cfg["input_size"][-1]
         params = sum(p.numel() for p in model.parameters())
-        with FlopCounterMode(display=False) as counter:  # (with autograd on: the counter hooks need it)
-            model(torch.randn(1, 3, size, size))
         print(f"| `{name}` | {paper} | {size} | {params / 1e6:.2f}M | {paper_params} | "
-              f"{counter.get_total_flops() / 2e9:.2f} | {paper_gmacs} |")
+              f"{gmacs(model, size):.2f} | {paper_gmacs} |")
 
 
 if __name__ == "__main__":

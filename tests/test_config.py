@@ -109,9 +109,9 @@ def test_not_a_mapping_and_bad_yaml(tmp_path):
 
 
 def test_run_config_merges_variant_overrides(raw_tiny):
-    raw_tiny["variants"]["deit_b"]["train"] = {"lr": 0.01}
+    raw_tiny["variants"]["mait_b"]["train"] = {"lr": 0.01}
     params = validate_params(raw_tiny)
-    cfg = run_config(params, "deit_b", 1)
+    cfg = run_config(params, "mait_b", 1)
     assert cfg["train"]["lr"] == 0.01 and cfg["train"]["epochs"] == 2 and cfg["seed"] == 1
     assert cfg["model_kwargs"]["img_size"] == 16 and cfg["model_kwargs"]["num_classes"] == 10
     with pytest.raises(ConfigError, match="no such variant"):

@@ -1,7 +1,8 @@
 """End to end: the whole Snakemake DAG on the tiny preset, read back as a user would.
 
-One real Snakemake run (prepare -> train x 4 -> evaluate -> report) in a temporary
-copy of the workflow; the MLflow runs are read back with the MLflow client.
+One real Snakemake run (prepare -> train x 4 -> evaluate -> analyse -> report, and a
+two-round MaiT mask search) in a temporary copy of the workflow; the MLflow runs are
+read back with the MLflow client.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def test_every_output_is_there(study, params):
             metrics = json.loads((run / "metrics.json").read_text())
             assert len(metrics["history"]) == params["train"]["epochs"]
             assert (root / "eval" / variant / f"seed{seed}.json").is_file()
+            assert (root / "analysis" / variant / f"seed{seed}.json").is_file()
+            assert (root / "maps" / variant / f"seed{seed}.npz").is_file()
+        profile = json.loads((root / "analysis" / variant / "profile.json").read_text())
+        assert profile["params"] > 0 and profile["gmacs"] > 0 and profile["train_images_per_s"] > 0
+        assert profile["device"].startswith("cpu")
+    report = json.loads((root / "report" / "report.json").read_text())
+    assert {"mait_table2", "mait_table3", "mait_table4"} <= set(report["tables"])
+    for name in ("curves", "als_deit_a", "als_mait_b", "similarity_mait_b", "rollout_mait_b"):
+        assert (root / "report" / report["figures"][name]["png"]).read_bytes()[:4] == b"\x89PNG"
     assert not list(root.rglob("*.tmp"))  # no temporary file left behind
 
 
@@ -63,14 +73,15 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study / 'results' / 'tiny' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
     assert exp is not None
-    runs = client.search_runs([exp.experiment_id])
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
     assert len(runs) == len(params["variants"]) * len(params["seeds"])
     seen = set()
     for run in runs:
         tags, data = run.data.tags, run.data
         seen.add((tags["variant"], int(tags["seed"])))
         assert run.info.status == "FINISHED"
-        assert tags["study"] == "tiny" and tags["dataset"] == "digits" and tags["model"] == "deit_tiny_patch16_224"
+        assert tags["study"] == "tiny" and tags["dataset"] == "digits"
+        assert tags["model"] == params["variants"][tags["variant"]]["model"]
         assert len(tags["data_hash"]) == 16 and tags["git_commit"]
         assert data.params["train.epochs"] == "2" and data.params["model_kwargs.img_size"] == "16"
         assert data.params["variant"] == tags["variant"]
@@ -78,8 +89,10 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params):
         assert [m.step for m in history] == [0, 1]  # one value per epoch, step = epoch
         assert "test_top1" in data.metrics
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert {"metrics.json", "checkpoints"} <= artifacts
+        assert {"metrics.json", "checkpoints", "report"} <= artifacts
         assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
+        figures = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+        assert f"report/als_{tags['variant']}.png" in figures  # the report logs each variant's plots
     assert seen == {(v, s) for v in params["variants"] for s in params["seeds"]}
 
 
@@ -114,12 +127,14 @@ def _planned(dry_run_output: str, rule: str) -> list[str]:
 
 def test_changing_one_variant_retrains_only_that_variant(study):
     changed = yaml.safe_load((study / TINY).read_text())
-    changed["variants"]["deit_b"]["train"] = {"lr": 0.001}
+    changed["variants"]["mait_b"]["train"] = {"lr": 0.001}
     (study / "changed.yaml").write_text(yaml.safe_dump(changed))
     out = snakemake(study, "-n", "all", "--config", "params=changed.yaml")
-    assert sorted(_planned(out.stdout, "train")) == ["wildcards: variant=deit_b, seed=0",
-                                                     "wildcards: variant=deit_b, seed=1"]
-    assert _planned(out.stdout, "evaluate") == ["wildcards: variant=deit_b"]
+    assert sorted(_planned(out.stdout, "train")) == ["wildcards: variant=mait_b, seed=0",
+                                                     "wildcards: variant=mait_b, seed=1"]
+    # (search_* jobs reuse these rules; the search re-runs too: mait_b is its base variant)
+    assert [w for w in _planned(out.stdout, "evaluate") if "variant=" in w] == ["wildcards: variant=mait_b"]
+    assert [w for w in _planned(out.stdout, "analyse") if "variant=" in w] == ["wildcards: variant=mait_b"]
     assert "rule prepare:" not in out.stdout
 
 
@@ -147,3 +162,45 @@ def test_cluster_profile_dry_run(repo, tmp_path):
     text = out.stdout + out.stderr
     assert "Using profiles cluster" in text
     assert "slurm_partition=gpu" in text and "gpu=1" in text  # training jobs ask for a GPU
+
+
+def test_mask_search_follows_the_previous_rounds_als(study, params):
+    from locvit.analysis.search import next_spec
+
+    search = study / "results" / "tiny" / "search"
+    spec0 = json.loads((search / "round0" / "spec.json").read_text())
+    als0 = json.loads((search / "round0" / "analysis.json").read_text())["als"]
+    spec1 = json.loads((search / "round1" / "spec.json").read_text())
+    expected = next_spec(1, spec0, als0, params["mask_search"]["all_above"], params["mask_search"]["remove_below"])
+    assert spec1["masked_heads"] == expected["masked_heads"]
+    # Round 1 trained with exactly those masks (its checkpoint's config), and the table reports both rounds.
+    import torch
+
+    state = torch.load(search / "round1" / "best.pt", weights_only=True)
+    assert state["config"]["model_kwargs"]["masked_heads"] == spec1["masked_heads"]
+    table = json.loads((study / "results" / "tiny" / "report" / "mask_search.json").read_text())
+    assert [r["round"] for r in table["rounds"]] == [0, 1]
+    assert table["searched_masked_heads"] == spec1["masked_heads"]
+
+
+def test_html_report_has_every_figure_with_its_caption(study):
+    snakemake(study, "--report", "report.html", "--config", f"params={TINY}")
+    html = (study / "report.html").read_text()
+    assert "Attention Locality Score (MaiT Eq. 3, Fig. 3) of variant" in html
+    for name in ("als_mait_b.png", "similarity_mait_b.png", "rollout_deit_a.png", "curves.png", "mait_table2.csv"):
+        assert name in html
+
+
+def test_report_names_a_missing_run(study, params, tmp_path):
+    """Re-run the report on a copy of the study with one evaluation removed."""
+    import shutil
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(study / "results" / "tiny", copy, ignore=shutil.ignore_patterns("data", "mlartifacts"))
+    (copy / "eval" / "mait_b" / "seed1.json").unlink()
+    out = subprocess.run([str(BIN / "locvit"), "report", "--params", str(study / TINY), "--study-dir", str(copy),
+                          "--out-dir", str(copy / "report"), "--tracking-db", str(copy / "mlflow.db"),
+                          "--no-mlflow"], capture_output=True, text=True, env=env_with_venv())
+    assert out.returncode == 0, out.stderr
+    assert "missing: mait_b seed 1" in (copy / "report" / "tables" / "mait_table2.md").read_text()
+    assert "missing seed(s) 1" in (copy / "report" / "results.md").read_text()

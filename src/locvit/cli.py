@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from locvit.config import ConfigError, load_params, run_config, validate_data, validate_run_config
+from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section
 
 
 def cmd_validate(args) -> None:
@@ -30,7 +30,7 @@ def cmd_validate(args) -> None:
 def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
-    data = validate_data(json.loads(args.data_config)) if args.data_config else \
+    data = validate_section("data", json.loads(args.data_config), "--data-config") if args.data_config else \
         load_params(args.params, check_models=False)["data"]
     manifest = prepare(data, {"train": args.train, "val": args.val, "test": args.test}, args.manifest)
     sizes = {s: manifest["splits"][s]["size"] for s in manifest["splits"]}
@@ -41,7 +41,13 @@ def cmd_train(args) -> None:
     from locvit.train.loop import train_run
 
     if args.run_config:
-        jobs = [(validate_run_config(json.loads(args.run_config)), args.out_dir)]
+        cfg = validate_run_config(json.loads(args.run_config))
+        if args.search_spec:
+            from locvit.analysis.search import search_run_config
+            from locvit.io import read_json
+
+            cfg = search_run_config(cfg, read_json(args.search_spec, "search spec", "Re-run the mask search."))
+        jobs = [(cfg, args.out_dir)]
     else:
         params = load_params(args.params)
         jobs = [(run_config(params, args.variant, s), args.runs_dir / f"seed{s}") for s in params["seeds"]]
@@ -65,15 +71,67 @@ def cmd_evaluate(args) -> None:
               f"on {result['n']} images")
 
 
-def cmd_report(args) -> None:
-    from locvit.report.tables import write_tables
+def cmd_analyse(args) -> None:
+    from locvit.analysis.analyse import analyse_checkpoints
+
+    if args.all_seeds:
+        params = load_params(args.params, check_models=False)
+        seeds, cfg = params["seeds"], params["analysis"]
+        checkpoints = [args.runs_dir / f"seed{s}" / "best.pt" for s in seeds]
+        out_json = [args.out_dir / f"seed{s}.json" for s in seeds]
+        out_npz = [args.maps_dir / f"seed{s}.npz" for s in seeds]
+        profile_out = args.out_dir / "profile.json"
+    else:
+        cfg = validate_section("analysis", json.loads(args.analysis_config), "--analysis-config")
+        checkpoints, out_json, out_npz, profile_out = args.checkpoint, args.json, args.npz, args.profile
+    for record in analyse_checkpoints(checkpoints, out_json, out_npz, args.data, args.manifest, cfg["images"],
+                                      tuple(cfg["als_kernel"]), profile_out, cfg["profile_batch"],
+                                      cfg["profile_repeats"], threads=args.threads):
+        print(f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
+              f"ALS on {len(record['als_layers'])}")
+
+
+def cmd_search_spec(args) -> None:
+    from locvit.analysis.search import next_spec
+    from locvit.io import read_json, write_json
+
+    search = validate_section("mask_search", json.loads(args.search_config), "--search-config")
+    previous = read_json(args.previous_spec, "search spec", "Re-run the previous round.") if args.previous_spec else None
+    als = read_json(args.previous_analysis, "analysis file", "Re-run the previous round's analyse step.")["als"] \
+        if args.previous_analysis else None
+    spec = next_spec(args.round, previous, als, search["all_above"], search["remove_below"])
+    write_json(args.out, spec)
+    print(f"round {args.round}: masked_heads {spec['masked_heads']}")
+    for line in spec["rule"]:
+        print(f"  {line}")
+
+
+def cmd_search_table(args) -> None:
+    from locvit.analysis.search import search_table, table_markdown
+    from locvit.io import read_json, write_json, write_text
 
     params = load_params(args.params, check_models=False)
-    files: list[Path] = []
-    for item in args.eval:
-        files.extend(sorted(item.rglob("*.json")) if item.is_dir() else [item])
-    write_tables(params, files, args.md, args.csv, args.tex, args.summary)
-    print(f"results table: {args.md} (also {args.csv}, {args.tex})")
+    fix = "Re-run the mask search (snakemake --cores all search)."
+    rows = search_table([read_json(f, "search spec", fix) for f in args.specs],
+                        [read_json(f, "analysis file", fix) for f in args.analyses],
+                        [read_json(f, "evaluation file", fix) for f in args.evals])
+    write_text(args.md, table_markdown(rows, params))
+    write_json(args.json, {"rounds": rows, "searched_masked_heads": read_json(args.specs[-1], "search spec", fix)
+                           ["masked_heads"]})
+    print(f"mask search table: {args.md}")
+
+
+def cmd_report(args) -> None:
+    from locvit.report.build import build_report
+
+    params = load_params(args.params, check_models=False)
+    extra = [(load_params(p, check_models=False), d) for p, d in zip(args.extra_params, args.extra_study_dir)]
+    report = build_report(params, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
+                          tracking_db=args.tracking_db)
+    print(f"results table: {args.out_dir / 'results.md'}; {len(report['tables']) - 1} paper table(s), "
+          f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / 'index.md'}")
+    for name, why in report["skipped"].items():
+        print(f"  not written: {name}: {why}")
 
 
 def cmd_results(args) -> None:
@@ -114,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-data", type=Path, required=True)
     p.add_argument("--val-data", type=Path, required=True)
     p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--search-spec", type=Path,
+                   help="with --run-config: a mask-search round's spec.json; trains the run with its masks")
     p.add_argument("--out-dir", type=Path, help="with --run-config: where last.pt, best.pt and metrics.json go")
     p.add_argument("--runs-dir", type=Path, help="with --variant: parent of the seed<k> folders")
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
@@ -133,12 +193,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
-    p = add("report", cmd_report, "write the results table (Markdown, CSV, LaTeX)")
-    p.add_argument("--eval", type=Path, nargs="+", required=True, help="evaluation JSON files or folders of them")
+    p = add("analyse", cmd_analyse, "attention analyses (ALS, similarity, rollout, masks) and a profile of checkpoints")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--checkpoint", type=Path, nargs="+", help="checkpoints to analyse")
+    g.add_argument("--all-seeds", action="store_true",
+                   help="analyse --runs-dir/seed<k>/best.pt into --out-dir (JSON) and --maps-dir (npz)")
+    p.add_argument("--analysis-config", help="with --checkpoint: the analysis section as JSON")
+    p.add_argument("--json", type=Path, nargs="+", help="one output JSON per --checkpoint")
+    p.add_argument("--npz", type=Path, nargs="+", help="one output .npz per --checkpoint")
+    p.add_argument("--profile", type=Path, help="output JSON of the model's profile (from the first checkpoint)")
+    p.add_argument("--runs-dir", type=Path)
+    p.add_argument("--out-dir", type=Path)
+    p.add_argument("--maps-dir", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="the test split (its first images are analysed)")
+    p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+
+    p = add("search-spec", cmd_search_spec, "derive a MaiT mask-search round's masks from the previous round")
+    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--search-config", required=True, help="the mask_search section as JSON")
+    p.add_argument("--previous-spec", type=Path, help="the previous round's spec.json (rounds >= 1)")
+    p.add_argument("--previous-analysis", type=Path, help="the previous round's analysis JSON (its ALS)")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("search-table", cmd_search_table, "the mask search's table: each round's masks, ALS and accuracy")
+    p.add_argument("--specs", type=Path, nargs="+", required=True)
+    p.add_argument("--analyses", type=Path, nargs="+", required=True)
+    p.add_argument("--evals", type=Path, nargs="+", required=True)
     p.add_argument("--md", type=Path, required=True)
-    p.add_argument("--csv", type=Path, required=True)
-    p.add_argument("--tex", type=Path, required=True)
-    p.add_argument("--summary", type=Path, required=True, help="JSON of test top-1 per variant (DVC metrics)")
+    p.add_argument("--json", type=Path, required=True)
+
+    p = add("report", cmd_report, "write the results table, the papers' tables and the figures of a study")
+    p.add_argument("--study-dir", type=Path, required=True, help="results/<study>: its eval/, runs/, analysis/, maps/")
+    p.add_argument("--out-dir", type=Path, required=True, help="where the report goes (results/<study>/report)")
+    p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
+    p.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=True,
+                   help="log each variant's figures to its MLflow runs and link the runs in the tables")
+    p.add_argument("--extra-params", type=Path, nargs="*", default=[],
+                   help="params of other studies (e.g. other data.train_fraction) for the accuracy-vs-fraction figure")
+    p.add_argument("--extra-study-dir", type=Path, nargs="*", default=[], help="their results/<study> folders, in order")
 
     add("results", cmd_results, "print the study's results table and where it is")
     return parser
@@ -150,6 +243,8 @@ NEEDED = {
     ("train", "variant"): ["runs_dir"],
     ("evaluate", "checkpoint"): ["out"],
     ("evaluate", "all_seeds"): ["runs_dir", "eval_dir"],
+    ("analyse", "checkpoint"): ["analysis_config", "json", "npz"],
+    ("analyse", "all_seeds"): ["runs_dir", "out_dir", "maps_dir"],
 }
 
 

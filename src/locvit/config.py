@@ -76,7 +76,9 @@ def _schema_errors(params: Any, schema: dict) -> list[str]:
 def _fill_defaults(params: dict, schema: dict) -> dict:
     """Fill the declared defaults of the top-level sections (not of variant overrides)."""
     out = _fill_defaults_section(params, schema)
-    for section in ("data", "train"):
+    for section in ("data", "train", "analysis", "mask_search"):
+        if section not in out:  # an optional section left out (mask_search)
+            continue
         sub = schema["properties"][section]
         sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
         out[section] = _fill_defaults_section(out[section], sub)
@@ -111,6 +113,10 @@ def _check_semantics(params: dict) -> list[str]:
         if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and recipe["batch_size"] % 2:
             problems.append(f"{where}.batch_size: MixUp/CutMix pair images within a batch, so it must be even "
                             f"(got {recipe['batch_size']}); or set mixup and cutmix to 0")
+    if any(k % 2 == 0 for k in params["analysis"]["als_kernel"]):
+        problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
+                        "(a neighbourhood centred on the patch)")
+    problems.extend(_check_search(params))
     source = get_source(params["data"]["source"])
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
@@ -118,6 +124,23 @@ def _check_semantics(params: dict) -> list[str]:
                         f"(data.image_size / the dataset's classes); remove it from the variant" for key in owned)
         if not owned:
             problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes))
+    return problems
+
+
+def _check_search(params: dict) -> list[str]:
+    search = params.get("mask_search")
+    if search is None:
+        return []
+    problems = []
+    if search["variant"] not in params["variants"]:
+        problems.append(f"mask_search.variant: {search['variant']!r} is not a variant of this study; "
+                        f"defined: {', '.join(params['variants'])}")
+    elif not params["variants"][search["variant"]]["model"].startswith("mait_"):
+        problems.append(f"mask_search.variant: {search['variant']!r} is a "
+                        f"{params['variants'][search['variant']]['model']}; the search needs a MaiT model (mait_*)")
+    if search["remove_below"] > search["all_above"]:
+        problems.append(f"mask_search.remove_below: {search['remove_below']} is larger than all_above "
+                        f"{search['all_above']}")
     return problems
 
 
@@ -168,14 +191,14 @@ def load_params(path: str | os.PathLike = "params.yaml", check_models: bool = Tr
     return validate_params(raw, str(path), check_models=check_models)
 
 
-def validate_data(data: dict) -> dict:
-    """Validate a data section given on its own (as Snakemake hands it to a job)."""
+def validate_section(name: str, section: dict, source: str) -> dict:
+    """Validate one top-level section given on its own (as Snakemake hands it to a job)."""
     schema = load_schema()
-    sub = {**schema, "required": ["data"], "properties": {"data": schema["properties"]["data"]}}
-    problems = _schema_errors({"data": data}, sub)
+    sub = {**schema, "required": [name], "properties": {name: schema["properties"][name]}}
+    problems = _schema_errors({name: section}, sub)
     if problems:
-        raise ConfigError(problems, "--data-config")
-    return _fill_defaults_section(data, schema["properties"]["data"])
+        raise ConfigError(problems, source)
+    return _fill_defaults_section(section, schema["properties"][name])
 
 
 RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")

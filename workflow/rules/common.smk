@@ -1,5 +1,6 @@
 # Target lists, paths and input functions shared by the rules (no logic in rules).
 import json
+import os
 import re
 import shlex
 import sys
@@ -10,12 +11,17 @@ STUDY_DIR = f"{P['results_dir']}/{P['study']}"
 DATA_DIR = f"{STUDY_DIR}/data"
 RUNS_DIR = f"{STUDY_DIR}/runs"
 EVAL_DIR = f"{STUDY_DIR}/eval"
+ANALYSIS_DIR = f"{STUDY_DIR}/analysis"  # JSON: DVC metrics
+MAPS_DIR = f"{STUDY_DIR}/maps"  # arrays (npz) the plots are drawn from
+SEARCH_DIR = f"{STUDY_DIR}/search"
 REPORT_DIR = f"{STUDY_DIR}/report"
 LOG_DIR = f"{STUDY_DIR}/logs"
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = f"{STUDY_DIR}/mlflow.db"
 VARIANTS = list(P["variants"])
 SEEDS = P["seeds"]
+SEARCH = P.get("mask_search")  # None: the study runs no mask search
+SEARCH_ROUNDS = list(range(SEARCH["rounds"])) if SEARCH else []
 # The same interpreter that runs Snakemake runs the jobs (works without an activated venv).
 LOCVIT = f"{shlex.quote(sys.executable)} -m locvit"
 ENV = "../envs/locvit.yaml"
@@ -24,10 +30,36 @@ ENV = "../envs/locvit.yaml"
 wildcard_constraints:
     variant="|".join(re.escape(v) for v in VARIANTS),
     seed=r"\d+",
+    round=r"\d+",
 
 
 def report_files():
-    return [f"{REPORT_DIR}/results.{ext}" for ext in ("md", "csv", "tex")] + [f"{REPORT_DIR}/summary.json"]
+    return [f"{REPORT_DIR}/results.{ext}" for ext in ("md", "csv", "tex")] + [
+        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf")]
+
+
+def search_files():
+    """The mask search's table (when the study has a mask_search section)."""
+    return [f"{REPORT_DIR}/mask_search.md", f"{REPORT_DIR}/mask_search.json"] if SEARCH else []
+
+
+def analysis_files(wildcards):
+    return expand(f"{ANALYSIS_DIR}/{{variant}}/seed{{seed}}.json", variant=VARIANTS, seed=SEEDS) + expand(
+        f"{ANALYSIS_DIR}/{{variant}}/profile.json", variant=VARIANTS)
+
+
+def report_dir(wildcards, output):
+    """The report folder, from the report's own output (results/<study>/report)."""
+    return os.path.dirname(output.md)
+
+
+def study_dir(wildcards, output):
+    """results/<study>, the folder the report reads (eval/, runs/, analysis/, maps/)."""
+    return os.path.dirname(os.path.dirname(output.md))
+
+
+def metrics_files(wildcards):
+    return expand(f"{RUNS_DIR}/{{variant}}/seed{{seed}}/metrics.json", variant=VARIANTS, seed=SEEDS)
 
 
 def eval_files(wildcards):
@@ -42,6 +74,44 @@ def variant_checkpoints(wildcards):
 def data_config(wildcards):
     """The data section: a params trigger, so changing it re-runs prepare and all after it."""
     return json.dumps(P["data"], sort_keys=True)
+
+
+def analysis_config(wildcards):
+    """The analysis section: a params trigger, so changing it re-runs every analyse job."""
+    return json.dumps(P["analysis"], sort_keys=True)
+
+
+def search_config(wildcards):
+    return json.dumps(SEARCH, sort_keys=True)
+
+
+def search_previous(wildcards):
+    """Round r > 0 derives its masks from round r-1's spec and analysis."""
+    r = int(wildcards.round)
+    if r == 0:
+        return {}
+    return {"spec": f"{SEARCH_DIR}/round{r - 1}/spec.json", "analysis": f"{SEARCH_DIR}/round{r - 1}/analysis.json"}
+
+
+def search_previous_args(wildcards, input):
+    """The search-spec options naming the previous round's files (none for round 0)."""
+    if int(wildcards.round) == 0:
+        return ""
+    return f"--previous-spec {shlex.quote(input.spec)} --previous-analysis {shlex.quote(input.analysis)}"
+
+
+def search_base_config(wildcards):
+    """The search's base run config (a params trigger); the round's masks come from its spec file."""
+    return json.dumps(run_config(P, SEARCH["variant"], SEARCH["seed"]), sort_keys=True)
+
+
+def search_spec_file(wildcards):
+    """A round's spec: the output of the search_spec checkpoint (Snakemake re-evaluates after it)."""
+    return checkpoints.search_spec.get(round=wildcards.round).output.spec
+
+
+def search_round_files(name):
+    return [f"{SEARCH_DIR}/round{r}/{name}" for r in SEARCH_ROUNDS]
 
 
 def run_config_json(wildcards):

@@ -1,18 +1,30 @@
 rule report:
     input:
-        eval_files,
+        evals=eval_files,
+        analyses=analysis_files,
+        metrics=metrics_files,
     output:
         md=f"{REPORT_DIR}/results.md",
-        csv=f"{REPORT_DIR}/results.csv",
+        csv=report(f"{REPORT_DIR}/results.csv", caption="../report/results.rst", category="Results"),
         tex=f"{REPORT_DIR}/results.tex",
         summary=f"{REPORT_DIR}/summary.json",
+        index=f"{REPORT_DIR}/index.md",
+        record=f"{REPORT_DIR}/report.json",
+        tables=report(directory(f"{REPORT_DIR}/tables"), patterns=["{name}.csv"], caption="../report/table.rst",
+                      category="Tables"),
+        figures=report(directory(f"{REPORT_DIR}/figures"), patterns=["{name}.png"],
+                       caption="../report/figure.rst", category="Figures"),
+        pdf=directory(f"{REPORT_DIR}/pdf"),
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,
+        study_dir=study_dir,
+        out_dir=report_dir,
+        tracking_db=TRACKING_DB,
     conda:
         ENV
     log:
         f"{LOG_DIR}/report.log",
     shell:
-        "{params.locvit} report --params {params.params_file:q} --eval {input:q} --md {output.md:q} --csv {output.csv:q}"
-        " --tex {output.tex:q} --summary {output.summary:q} > {log:q} 2>&1"
+        "{params.locvit} report --params {params.params_file:q} --study-dir {params.study_dir:q}"
+        " --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} > {log:q} 2>&1"

@@ -1,0 +1,92 @@
+# MaiT's ALS-guided mask search (MaiT Sec. 4.2): each round's masks come from the
+# previous round's ALS, so the spec of a round is a checkpoint; the round's training
+# job takes it as input (through the checkpoint) and trains the base variant with its masks.
+
+
+checkpoint search_spec:
+    input:
+        unpack(search_previous),
+    output:
+        spec=f"{SEARCH_DIR}/round{{round}}/spec.json",
+    params:
+        locvit=LOCVIT,
+        search=search_config,
+        previous=search_previous_args,
+    conda:
+        ENV
+    log:
+        f"{LOG_DIR}/search/round{{round}}_spec.log",
+    shell:
+        "{params.locvit} search-spec --round {wildcards.round} --search-config {params.search:q} {params.previous}"
+        " --out {output.spec:q} > {log:q} 2>&1"
+
+
+rule search_train:
+    input:
+        train=rules.prepare.output.train,
+        val=rules.prepare.output.val,
+        manifest=rules.prepare.output.manifest,
+        spec=search_spec_file,
+    output:
+        best=f"{SEARCH_DIR}/round{{round}}/best.pt",
+        last=f"{SEARCH_DIR}/round{{round}}/last.pt",
+        metrics=f"{SEARCH_DIR}/round{{round}}/metrics.json",
+    params:
+        locvit=LOCVIT,
+        base=search_base_config,
+        out_dir=f"{SEARCH_DIR}/round{{round}}",
+        tracking_db=TRACKING_DB,
+    threads: 1
+    conda:
+        ENV
+    log:
+        f"{LOG_DIR}/search/round{{round}}_train.log",
+    shell:
+        "{params.locvit} train --run-config {params.base:q} --search-spec {input.spec:q} --train-data {input.train:q}"
+        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q}"
+        " --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"
+
+
+use rule analyse as search_analyse with:
+    input:
+        checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
+        test=rules.prepare.output.test,
+        manifest=rules.prepare.output.manifest,
+    output:
+        json=f"{SEARCH_DIR}/round{{round}}/analysis.json",
+        npz=f"{SEARCH_DIR}/round{{round}}/analysis.npz",
+        profile=f"{SEARCH_DIR}/round{{round}}/profile.json",
+    log:
+        f"{LOG_DIR}/search/round{{round}}_analyse.log",
+
+
+use rule evaluate as search_evaluate with:
+    input:
+        checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
+        test=rules.prepare.output.test,
+        manifest=rules.prepare.output.manifest,
+    output:
+        f"{SEARCH_DIR}/round{{round}}/eval.json",
+    log:
+        f"{LOG_DIR}/search/round{{round}}_evaluate.log",
+
+
+rule search:
+    input:
+        specs=search_round_files("spec.json"),
+        analyses=search_round_files("analysis.json"),
+        evals=search_round_files("eval.json"),
+    output:
+        md=f"{REPORT_DIR}/mask_search.md",
+        json=f"{REPORT_DIR}/mask_search.json",
+    params:
+        locvit=LOCVIT,
+        params_file=PARAMS_FILE,
+    conda:
+        ENV
+    log:
+        f"{LOG_DIR}/search/table.log",
+    shell:
+        "{params.locvit} search-table --params {params.params_file:q} --specs {input.specs:q}"
+        " --analyses {input.analyses:q} --evals {input.evals:q} --md {output.md:q} --json {output.json:q}"
+        " > {log:q} 2>&1"
