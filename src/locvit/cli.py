@@ -141,6 +141,7 @@ def cmd_results(args) -> None:
         raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
     print(table.read_text())
     print(f"Results table: {table} (also .csv and .tex beside it)")
+    print(f"Every table and figure: {table.parent / 'index.md'}; one HTML page: snakemake --report report.html")
 
 
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
