@@ -164,6 +164,19 @@ def test_cluster_profile_dry_run(repo, tmp_path):
     assert "slurm_partition=gpu" in text and "gpu=1" in text  # training jobs ask for a GPU
 
 
+@pytest.mark.parametrize("preset", sorted(p.name for p in (Path(__file__).parents[1] / "presets").glob("*.yaml")))
+def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
+    """Each paper study stays valid: its whole DAG plans on the SLURM profile."""
+    from locvit.config import load_params
+
+    params = load_params(repo / "presets" / preset)
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "-n", "--profile", "cluster", "all", "--config", f"params=presets/{preset}")
+    stats = out.stdout.split("Job stats:")[1]
+    train_jobs = next(int(line.split()[1]) for line in stats.splitlines() if line.startswith("train "))
+    assert train_jobs == len(params["variants"]) * len(params["seeds"])
+
+
 def test_mask_search_follows_the_previous_rounds_als(study, params):
     from locvit.analysis.search import next_spec
 
