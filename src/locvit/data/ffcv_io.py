@@ -3,8 +3,11 @@
 FFCV (pinned, source-only, barely maintained upstream) writes each split to one
 ``.beton`` file and reads it back with its JIT-compiled ``Loader``: random order
 for training, sequential order for evaluation, on CPU and on CUDA. Decoding and the
-cheap augmentations (random translation, horizontal flip) run inside the loader;
-float conversion and normalisation happen on the device in :func:`to_model_input`.
+cheap augmentations (random-resized crop of files written whole, random translation,
+horizontal flip, repeated augmentation's order) run inside the loader; float
+conversion and normalisation happen on the device in :func:`to_model_input`, and the
+per-sample augmentations FFCV lacks (RandAugment, random erasing) in
+:mod:`locvit.data.augment`.
 """
 
 from __future__ import annotations
@@ -39,43 +42,162 @@ def _cache_numba_typed_dict() -> None:
 _cache_numba_typed_dict()
 
 
-class _Subset:
-    """The indexed dataset FFCV's writer wants: ``ds[i] -> (image, label)``."""
+_BLANK = np.zeros((1, 1, 3), np.uint8)  # written in place of images once one has failed: the file is discarded
 
-    def __init__(self, source, indices: Sequence[int]):
-        self.source, self.indices = source, np.asarray(indices)
+
+class _Subset:
+    """The indexed dataset FFCV's writer wants: ``ds[i] -> (image, label)``.
+
+    FFCV's writer processes die on an exception and its main process then waits for them
+    forever. So an error (an unreadable image) is caught here: the first one is sent to
+    the main process through ``errors`` and ``failed`` tells every writer process to skip
+    the remaining images; :func:`write_beton` raises it once the writer returns.
+    """
+
+    def __init__(self, source, indices: Sequence[int], crop: bool, failed, errors):
+        self.source, self.indices, self.crop = source, np.asarray(indices), crop
+        self.failed, self.errors = failed, errors
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int):
         j = int(self.indices[i])
-        return self.source.image(j), int(self.source.labels[j])
+        label = int(self.source.labels[j])
+        if self.failed.value:
+            return _BLANK, label
+        try:
+            return self.source.image(j, crop=self.crop), label
+        except Exception as err:  # noqa: BLE001 - reported by write_beton, in the main process
+            with self.failed.get_lock():
+                first, self.failed.value = not self.failed.value, 1
+            if first:  # one message at most: a full pipe would block this process
+                self.errors.put(str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")
+            return _BLANK, label
 
 
-def write_beton(path: str | Path, source, indices: Sequence[int], image_size: int,
-                write_mode: str = "raw", jpeg_quality: int = 90, num_workers: int = 1) -> None:
-    """Write ``source[indices]`` to an FFCV file at ``path`` (atomically)."""
+def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution: int, crop: bool = True,
+                write_mode: str = "raw", jpeg_quality: int = 90, compress_probability: float = 0.5,
+                num_workers: int = 1, chunk_size: int = 100, seed: int = 0) -> None:
+    """Write ``source[indices]`` to an FFCV file at ``path`` (atomically).
+
+    ``crop``: each image's square view (``source.image(i)``), else the whole image
+    (``source.image(i, crop=False)``); FFCV's ``RGBImageField`` caps the longer side at
+    ``max_resolution`` in both cases (downscaling only, OpenCV's INTER_AREA).
+    ``num_workers`` writer processes take ``chunk_size`` images at a time. ``seed`` seeds
+    the draw of the 'proportion' mode (which images are JPEG-compressed): FFCV draws it
+    from numpy's global generator in the writer processes, which inherit this process's
+    state when forked. With one writer process the file is the same every time; with
+    several, which process takes which chunk varies, and so does the draw.
+    """
+    import multiprocessing
+
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
 
     fields = {
-        "image": RGBImageField(write_mode=write_mode, max_resolution=image_size, jpeg_quality=jpeg_quality),
+        "image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                               compress_probability=compress_probability),
         "label": IntField(),
     }
-    with atomic_path(path) as tmp:
-        writer = DatasetWriter(str(tmp), fields, num_workers=num_workers)
-        # FFCV's progress bar goes to stderr; harmless in logs.
-        writer.from_indexed_dataset(_Subset(source, indices), chunksize=64)
+    failed, errors = multiprocessing.Value("b", 0), multiprocessing.SimpleQueue()
+    numpy_state = np.random.get_state()
+    np.random.seed(seed % 2 ** 32)
+    try:
+        with atomic_path(path) as tmp:
+            writer = DatasetWriter(str(tmp), fields, num_workers=num_workers)
+            # FFCV's progress bar goes to stderr; harmless in logs.
+            writer.from_indexed_dataset(_Subset(source, indices, crop, failed, errors), chunksize=chunk_size)
+            if failed.value:
+                raise ValueError(f"{errors.get()} (while writing {Path(path).name}; nothing was written)")
+    finally:
+        np.random.set_state(numpy_state)
+        errors.close()
+
+
+def stored_sizes(path: str | Path) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((min height, max height), (min width, max width)) of the images of an FFCV file (its metadata only)."""
+    from ffcv.reader import Reader
+
+    reader = Reader(str(path))
+    meta = reader.metadata[reader.metadata.dtype.names[reader.field_names.index("image")]]
+    return (int(meta["height"].min()), int(meta["height"].max())), (int(meta["width"].min()), int(meta["width"].max()))
+
+
+def _image_decoder(path: Path, train: bool, image_size: int | None):
+    """FFCV's decoder for the file: as stored when every image is image_size square, else a crop to it.
+
+    Training files written whole (``data.max_resolution``) get DeiT's / FFCV's ImageNet
+    RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3); an evaluation file of varying sizes
+    gets the centre crop of 224/256 of the shorter side (FFCV's ImageNet example).
+    """
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
+
+    (h0, h1), (w0, w1) = stored_sizes(path)
+    if h0 == h1 and w0 == w1 and (image_size is None or h0 == w0 == image_size):
+        return SimpleRGBImageDecoder()
+    if image_size is None:
+        raise ValueError(f"FFCV file {path} holds images of {h0}-{h1} x {w0}-{w1} px (written whole, "
+                         f"data.max_resolution): the loader needs image_size (data.image_size) to crop them")
+    if train:
+        return RandomResizedCropRGBImageDecoder((image_size, image_size), scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+    return CenterCropRGBImageDecoder((image_size, image_size), ratio=224 / 256)
+
+
+def repeated_aug_order(repeats: int):
+    """DeiT's repeated augmentation (its ``RASampler``) as an FFCV traversal order.
+
+    Each epoch: a permutation of the file (seeded by ``seed + epoch``, like FFCV's RANDOM
+    order, so a resumed run sees the same order), every index repeated ``repeats`` times
+    in a row, cut to the usual epoch length: an epoch sees 1/``repeats`` of the images,
+    each ``repeats`` times with independent augmentations. One process: the copies of an
+    image sit next to each other, mostly in one batch. Several (``distributed``): the
+    copies are dealt to consecutive ranks (rank r takes every W-th index from r), each
+    rank taking n // W of them. DeiT also rounds the epoch down to a multiple of 256
+    images; this keeps every image of the cut.
+    """
+    from ffcv.traversal_order.base import TraversalOrder  # imported here: importing ffcv is slow
+
+    class RepeatedAugOrder(TraversalOrder):
+        def __init__(self, repeats: int):  # bound to its loader later, by __call__
+            self.repeats = repeats
+
+        def __call__(self, loader):  # FFCV's Loader calls an order instance with itself
+            TraversalOrder.__init__(self, loader)
+            return self
+
+        def sample_order(self, epoch: int) -> np.ndarray:
+            n = len(self.indices)
+            rng = np.random.default_rng(self.seed + epoch)
+            order = np.repeat(rng.permutation(self.indices), self.repeats)  # (n * repeats,)
+            if not self.distributed:
+                return order[:n]
+            import torch.distributed as dist
+
+            world, rank = dist.get_world_size(), dist.get_rank()
+            total = -(-len(order) // world) * world  # padded (wrapping) so every rank gets equally many
+            return np.resize(order, total)[rank::world][: n // world]
+
+    return RepeatedAugOrder(repeats)
 
 
 def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.device,
                 num_workers: int = 1, seed: int = 0, translate: int = 0, hflip: bool = False,
-                distributed: bool = False, drop_last: bool | None = None, jit: bool = True):
+                distributed: bool = False, drop_last: bool | None = None, jit: bool = True,
+                image_size: int | None = None, repeated_aug: int = 1):
     """An FFCV ``Loader`` yielding ``(images uint8 (B, 3, H, W), labels int64 (B,))``.
 
     Training: random order (seeded), optional random translation and flip.
     Evaluation: sequential order, no augmentation, every sample exactly once.
+
+    ``translate`` is CIFAR's ``RandomCrop(S, padding=translate)`` exactly, not an
+    approximation: FFCV's RandomTranslate zero-pads by ``translate`` and draws both
+    offsets uniformly from 0..2 x translate inclusive, per image, which is torchvision's
+    RandomCrop with constant zero padding; before or after the flip makes no difference
+    (the shift is symmetric). ``image_size``: the side the loader yields, needed for a
+    file written whole (``data.max_resolution``), which it crops (:func:`_image_decoder`);
+    files of image_size squares are read as stored. ``repeated_aug`` > 1: DeiT's repeated
+    augmentation order (:func:`repeated_aug_order`; training only).
 
     ``jit``: FFCV compiles its pipeline with numba on the first batch (about 10 s on a
     2-core CPU, in every process); worth it for large datasets, not for small ones,
@@ -84,7 +206,7 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     keeps its own, unseeded one), so runs repeat exactly. The switch is process-wide
     (FFCV's ``Compiler``): every loader of a process should use the same value.
     """
-    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.fields.decoders import IntDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline.compiler import Compiler
     from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
@@ -92,19 +214,23 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"FFCV file {path} does not exist; run the prepare step (snakemake prepare / dvc repro prepare)")
-    image_pipe = [SimpleRGBImageDecoder()]
+    image_pipe = [_image_decoder(path, train, image_size)]
     if train and hflip:
         image_pipe.append(RandomHorizontalFlip())
     if train and translate > 0:
         image_pipe.append(RandomTranslate(padding=translate, fill=(0, 0, 0)))
     image_pipe += [ToTensor(), ToDevice(device, non_blocking=True), ToTorchImage()]
     label_pipe = [IntDecoder(), ToTensor(), Squeeze(), ToDevice(device, non_blocking=True)]
+    if not train:
+        order = OrderOption.SEQUENTIAL
+    else:
+        order = repeated_aug_order(repeated_aug) if repeated_aug > 1 else OrderOption.RANDOM
     Compiler.set_enabled(jit)  # read when the pipeline is compiled, at the first batch
     return Loader(
         str(path),
         batch_size=batch_size,
         num_workers=num_workers,
-        order=OrderOption.RANDOM if train else OrderOption.SEQUENTIAL,
+        order=order,
         distributed=distributed,
         seed=seed,
         os_cache=True,
@@ -113,10 +239,12 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     )
 
 
-def read_all(path: str | Path, limit: int | None = None, jit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def read_all(path: str | Path, limit: int | None = None, jit: bool = True,
+             image_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The images (B, H, W, 3) uint8 and labels of an FFCV file in order: all, or the first ``limit``."""
     batch = min(256, limit) if limit else 256
-    loader = make_loader(path, batch_size=batch, train=False, device=torch.device("cpu"), jit=jit)
+    loader = make_loader(path, batch_size=batch, train=False, device=torch.device("cpu"), jit=jit,
+                         image_size=image_size)
     images, labels, seen = [], [], 0
     for x, y in loader:
         images.append(x.permute(0, 2, 3, 1).contiguous().numpy())

@@ -4,6 +4,15 @@ Besides the ``.beton`` files it writes a small JSON manifest: the split sizes an
 counts per class, the image size, a content hash of the images and labels of each
 split (deterministic: the same config always gives the same hash), and the size and
 SHA-256 of each written file, so a later step can detect a truncated or corrupted file.
+The content hash covers the pixels of in-memory datasets (digits, CIFAR) and, for image
+folders, each file's name and byte size with the preparation sizes: hashing ImageNet's
+pixels would decode every image a second time.
+
+Every split is stored as squares of ``image_size`` (the evaluation view), except the
+training split of an image folder when ``max_resolution`` is set: that one is stored
+whole, longer side capped at ``max_resolution`` (FFCV's ImageNet example: 400-500 px),
+so the training loader can take DeiT's random-resized crops from the whole picture
+instead of from a centre square chosen once at preparation.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float,
     Without ``fixed_test`` the test split is ``test_fraction`` of everything and val is
     ``val_fraction`` of everything. With an official test split, it is the test split
     and val is ``val_fraction`` of the rest. ``train_fraction`` < 1 then keeps a
-    stratified subset of the training split (the data-fraction studies).
+    stratified subset of the training split (:func:`fraction_subset`); val and test do
+    not depend on it.
     """
     from sklearn.model_selection import train_test_split  # 4 s to import: only the prepare step needs it
 
@@ -41,28 +51,57 @@ def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float,
         val_of_rest = val_fraction
     train, val = train_test_split(rest, test_size=val_of_rest, stratify=labels[rest], random_state=seed + 1)
     if train_fraction < 1.0:
-        train, _ = train_test_split(train, train_size=train_fraction, stratify=labels[train], random_state=seed + 2)
+        train = fraction_subset(train, labels, train_fraction, seed + 2)
     return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
+
+
+def fraction_subset(train: np.ndarray, labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """The first ``fraction`` of one seeded, class-interleaved order of ``train``.
+
+    Each class's images are shuffled and the k-th of a class of n gets the key
+    (k + 0.5) / n; sorting by key (random tie-break) interleaves the classes in
+    proportion, so any prefix is stratified: with balanced classes every class keeps
+    within one image of ``fraction`` of its images. The order does not depend on
+    ``fraction``, so smaller fractions are nested in larger ones (5% is a subset of 25%):
+    a data-fraction curve then differs only in how much data is added. The size is
+    ``fraction`` of the split rounded down (as scikit-learn's ``train_size``), at least 1.
+    """
+    rng = np.random.default_rng(seed)
+    y = labels[train]
+    keys = np.empty(len(train))
+    for c in np.unique(y):
+        members = np.flatnonzero(y == c)
+        keys[rng.permutation(members)] = (np.arange(len(members)) + 0.5) / len(members)
+    order = np.lexsort((rng.random(len(train)), keys))  # by key, ties at random
+    keep = max(1, int(np.floor(fraction * len(train) + 1e-9)))  # 1e-9: 0.3 x 10 is 2.99... in floating point
+    return train[order[:keep]]
 
 
 def content_hash(source, indices: np.ndarray) -> str:
     digest = hashlib.sha256()
     for i in indices:
-        digest.update(np.ascontiguousarray(source.image(int(i))).tobytes())
+        digest.update(source.fingerprint(int(i)))
     digest.update(np.ascontiguousarray(source.labels[indices]).tobytes())
     return digest.hexdigest()
 
 
 def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> dict:
     """Prepare the dataset described by ``data_cfg`` (the validated ``data`` section)."""
+    size, max_resolution = data_cfg["image_size"], data_cfg["max_resolution"]
+    if max_resolution is not None and max_resolution < size:
+        raise ValueError(f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
+                         f"crops of {size} px would be cut from smaller pictures. Use at least {size} (FFCV's "
+                         f"ImageNet example stores 400-500 px for 160-224 px training), or null")
     source = get_source(data_cfg["source"], data_cfg["root"], data_cfg["download"])
-    size = data_cfg["image_size"]
-    source.load(size)
+    source.load(size, max_resolution)
+    whole_train = max_resolution is not None and source.variable_size
     splits = split_indices(source.labels, data_cfg["val_fraction"], data_cfg["test_fraction"], data_cfg["split_seed"],
                            source.fixed_test, data_cfg["train_fraction"])
     manifest = {
         "source": source.name,
         "image_size": size,
+        "max_resolution": max_resolution,
+        "train_stored_whole": whole_train,
         "num_classes": source.num_classes,
         "class_names": list(source.class_names),
         "split_seed": data_cfg["split_seed"],
@@ -72,7 +111,11 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     }
     for split in SPLITS:
         indices = splits[split]
-        write_beton(outputs[split], source, indices, size, data_cfg["write_mode"], data_cfg["jpeg_quality"])
+        whole = whole_train and split == "train"
+        write_beton(outputs[split], source, indices, max_resolution if whole else size, crop=not whole,
+                    write_mode=data_cfg["write_mode"], jpeg_quality=data_cfg["jpeg_quality"],
+                    compress_probability=data_cfg["compress_probability"], num_workers=data_cfg["write_workers"],
+                    chunk_size=data_cfg["chunk_size"], seed=data_cfg["split_seed"])
         counts = np.bincount(source.labels[indices], minlength=source.num_classes)
         manifest["splits"][split] = {
             "file": Path(outputs[split]).name,

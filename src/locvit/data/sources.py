@@ -1,39 +1,55 @@
 """Dataset sources behind one small interface.
 
 A source knows its classes and yields ``(image, label)`` pairs as uint8 RGB arrays of
-shape (H, W, 3) at the requested size. The prepare step does the stratified split
-and writes FFCV files; it never needs to know where images come from. A source with an
-official test set (CIFAR) names it in ``fixed_test``; the prepare step then keeps it as
+shape (H, W, 3). The prepare step does the stratified split and writes FFCV files; it
+never needs to know where images come from. A source with an official test set (CIFAR,
+an image folder's ``val/``) names it in ``fixed_test``; the prepare step then keeps it as
 the test split. New sources add a class here and a name to ``SOURCES``.
+
+Image sizes: ``image(i)`` is the evaluation view, a square of ``image_size``. Sources
+whose images come in their own shapes (``variable_size``: the image folders) can also
+give ``image(i, crop=False)``, the whole image with its longer side capped at
+``max_resolution`` (what FFCV's ``RGBImageField(max_resolution=...)`` does too): the
+training split is stored that way when ``data.max_resolution`` is set, so the loader can
+take random-resized crops from the whole picture.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
-from dataclasses import dataclass
+import shutil
+import tarfile
+import tempfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 
-@dataclass
 class DatasetSource:
     """Base interface: ``labels`` for the split, ``image(i)`` for the writer."""
 
-    name: str
-    num_classes: int
-    class_names: tuple[str, ...]
+    variable_size = False  # True: images have their own shapes; image(i, crop=False) is the whole image
 
-    def load(self, image_size: int) -> None:  # pragma: no cover - interface
+    def __init__(self, name: str, num_classes: int | None, class_names: tuple[str, ...] = ()):
+        self.name, self.num_classes, self.class_names = name, num_classes, class_names
+
+    def load(self, image_size: int, max_resolution: int | None = None) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     @property
     def labels(self) -> np.ndarray:  # (N,) int64
         raise NotImplementedError
 
-    def image(self, index: int) -> np.ndarray:  # (H, W, 3) uint8
+    def image(self, index: int, crop: bool = True) -> np.ndarray:  # (H, W, 3) uint8
         raise NotImplementedError
+
+    def fingerprint(self, index: int) -> bytes:
+        """What the content hash of a split covers for this image: by default its pixels."""
+        return np.ascontiguousarray(self.image(index)).tobytes()
 
     @property
     def fixed_test(self) -> np.ndarray | None:
@@ -52,9 +68,9 @@ class InMemorySource(DatasetSource):
         assert self._labels is not None, "call load() first"
         return self._labels
 
-    def image(self, index: int) -> np.ndarray:
+    def image(self, index: int, crop: bool = True) -> np.ndarray:
         assert self._images is not None, "call load() first"
-        return self._images[index]
+        return self._images[index]  # already square: crop changes nothing
 
 
 class DigitsSource(InMemorySource):
@@ -68,7 +84,7 @@ class DigitsSource(InMemorySource):
     def __init__(self):
         super().__init__("digits", 10, tuple(str(i) for i in range(10)))
 
-    def load(self, image_size: int) -> None:
+    def load(self, image_size: int, max_resolution: int | None = None) -> None:
         import torch
         import torch.nn.functional as F
         from sklearn.datasets import load_digits
@@ -93,21 +109,40 @@ def _resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy())
 
 
+# The published MD5 of each release archive, looked up by file name (torchvision's values,
+# torchvision/datasets/cifar.py). A property of the published file, not a study setting, so
+# no config key overrides it; tests that build their own archive replace the entry.
+ARCHIVE_MD5 = {
+    "cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a",
+    "cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85",
+}
+
+
+def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class CifarSource(InMemorySource):
     """CIFAR-10 / CIFAR-100 (32x32 RGB; 50,000 train + 10,000 official test images).
 
-    Read from the python-pickle release under ``<root>/cifar-10-batches-py`` or
-    ``<root>/cifar-100-python`` (CIFAR-100: the 100 fine labels). With ``download`` the
-    archive is fetched by torchvision's downloader first (checksum checked). The
-    official test images are the test split; validation is drawn from the training images.
+    Read from the python-pickle release: the folder ``<root>/cifar-10-batches-py`` (or
+    ``<root>/cifar-100-python``; CIFAR-100: the 100 fine labels), or else the archive
+    ``<root>/cifar-10-python.tar.gz`` (``cifar-100-python.tar.gz``) as downloaded. An
+    archive's MD5 must be the published one (:data:`ARCHIVE_MD5`) before it is unpacked,
+    into a temporary folder renamed into place, so a killed job never leaves a half
+    folder. With ``download`` a missing or corrupt archive is fetched first. The official
+    test images are the test split; validation is drawn from the training images.
     """
 
-    RELEASES = {  # name -> (folder, train files, test files, label key, meta file, names key, archive, md5)
+    RELEASES = {  # name -> (folder, train files, test files, label key, meta file, names key, url)
         "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels",
-                    "batches.meta", b"label_names",
-                    "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),
+                    "batches.meta", b"label_names", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
         "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", "meta", b"fine_label_names",
-                     "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),
+                     "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
     }
 
     def __init__(self, name: str, root: str | Path = "data", download: bool = False):
@@ -120,12 +155,22 @@ class CifarSource(InMemorySource):
     def folder(self) -> Path:
         return self.root / self.release[0]
 
+    @property
+    def url(self) -> str:
+        return self.release[6]
+
+    @property
+    def archive(self) -> Path:
+        return self.root / self.url.rsplit("/", 1)[1]
+
+    def _how_to_get(self) -> str:
+        return (f"Set data.download: true to fetch {self.url} into {self.root}, or download that archive there "
+                f"yourself (data.root sets the folder)")
+
     def _read(self, file: str) -> dict:
         path = self.folder / file
         if not path.is_file():
-            raise FileNotFoundError(
-                f"{self.name}: {path} is missing. Set data.download: true to fetch {self.release[6]} "
-                f"into {self.root}, or unpack that archive there yourself (data.root sets the folder)")
+            raise FileNotFoundError(f"{self.name}: {path} is missing. {self._how_to_get()}")
         try:
             with open(path, "rb") as fh:
                 return pickle.load(fh, encoding="bytes")
@@ -133,12 +178,58 @@ class CifarSource(InMemorySource):
             raise ValueError(f"{self.name}: {path} is not a readable CIFAR batch ({err}); delete "
                              f"{self.folder} and prepare again with data.download: true") from err
 
-    def load(self, image_size: int) -> None:
-        folder, train_files, test_files, label_key, meta_file, names_key, url, md5 = self.release
-        if self.download and not self.folder.is_dir():
-            from torchvision.datasets.utils import download_and_extract_archive
+    def _archive_problem(self) -> str | None:
+        """None when the archive is there with the published MD5, else what is wrong with it."""
+        if not self.archive.is_file():
+            return "missing"
+        expected, got = ARCHIVE_MD5[self.archive.name], md5_file(self.archive)
+        return None if got == expected else f"has MD5 {got}, the published archive's is {expected}"
 
-            download_and_extract_archive(url, str(self.root), md5=md5)
+    def _ensure_folder(self) -> None:
+        """Unpack the archive (fetched first with ``download``) unless the folder is already there."""
+        if self.folder.is_dir():
+            return
+        problem = self._archive_problem()
+        if problem and self.download:
+            from torchvision.datasets.utils import download_url
+
+            self.archive.unlink(missing_ok=True)  # a corrupt one: download_url would keep it
+            download_url(self.url, str(self.root), self.archive.name)
+            problem = self._archive_problem()
+        if problem == "missing":
+            raise FileNotFoundError(f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
+                                    f"is there. {self._how_to_get()}")
+        if problem:
+            raise ValueError(f"{self.name}: {self.archive} {problem}: it is truncated, corrupt or another file. "
+                             f"Delete it; then set data.download: true to fetch {self.url} again, or download it "
+                             f"yourself")
+        self._extract()
+
+    def _extract(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.release[0]}.", suffix=".tmp", dir=self.root))
+        try:
+            try:
+                with tarfile.open(self.archive, "r:gz") as tar:
+                    tar.extractall(tmp, filter="data")  # refuses absolute paths, links out of tmp
+            except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
+                raise ValueError(f"{self.name}: {self.archive} could not be unpacked ({err}); delete it and fetch "
+                                 f"{self.url} again (data.download: true)") from err
+            unpacked = tmp / self.release[0]
+            if not unpacked.is_dir():
+                raise ValueError(f"{self.name}: {self.archive} does not hold the folder {self.release[0]}/; it is not "
+                                 f"the published archive ({self.url})")
+            try:
+                os.rename(unpacked, self.folder)  # atomic on one file system
+            except OSError:
+                if not self.folder.is_dir():  # else another job unpacked it first: use theirs
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def load(self, image_size: int, max_resolution: int | None = None) -> None:
+        _, train_files, test_files, label_key, meta_file, names_key, _ = self.release
+        self._ensure_folder()
         images, labels = [], []
         for file in train_files + test_files:
             batch = self._read(file)
@@ -159,59 +250,94 @@ class CifarSource(InMemorySource):
         return np.arange(self._num_train, len(self._labels))
 
 
-class ImageNetSource(DatasetSource):
-    """ImageNet-1k in the usual ImageFolder layout: ``<root>/imagenet/{train,val}/<wnid>/*.JPEG``.
+class ImageFolderSource(DatasetSource):
+    """Images in class folders: ``<folder>/train/<class>/*.jpg``, optionally ``<folder>/val/<class>/``.
 
-    Nothing is downloaded (ImageNet needs a licence): put (or link) the folder there. The
-    1000 class folders, sorted by name, are the labels; ``val`` is the test split and the
-    validation split is drawn from ``train``. Images are read lazily with PIL: the
-    shorter side resized (bilinear, antialiased) to ``image_size``, then the centre square.
+    The class folders of ``train``, sorted by name, are the labels (torchvision's
+    ImageFolder rule). ``val``, when there, is the test split (its class folders must be
+    among train's) and the validation split is drawn from ``train``; without ``val`` both
+    are drawn from ``train``. Images are read lazily with PIL: the square view resizes the
+    shorter side (bilinear, antialiased) to ``image_size`` and takes the centre square;
+    the whole view caps the longer side at ``max_resolution``.
+
+    ``num_classes``: a fixed count to check (ImageNet's 1000), or None to count the class
+    folders of ``train``.
     """
 
     EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
+    variable_size = True
 
-    def __init__(self, root: str | Path = "data", download: bool = False):
-        super().__init__("imagenet", 1000, ())
-        self.folder = Path(root) / "imagenet"
-        self.download = download
+    def __init__(self, name: str, folder: str | Path, num_classes: int | None = None, val_required: bool = False,
+                 hint: str = ""):
+        self.folder = Path(folder)
+        self._counted, self._val_required = num_classes is None, val_required
+        self._hint = hint or ("Put the images there as train/<class>/*.jpg (and optionally val/<class>/*.jpg), "
+                              "or set data.root to the folder that holds train/")
+        super().__init__(name, num_classes, ())
         self._files: list[Path] = []
         self._labels: np.ndarray | None = None
         self._num_train = 0
-        self._size = 0
+        self._size, self._max_resolution = 0, None
+
+    @property
+    def num_classes(self) -> int:
+        if self._num_classes is None:  # counted on first use: get_source stays cheap
+            self._num_classes = len(self._class_folders(self.folder / "train"))
+        return self._num_classes
+
+    @num_classes.setter
+    def num_classes(self, value: int | None) -> None:
+        self._num_classes = value
+
+    def _class_folders(self, top: Path) -> list[str]:
+        if not top.is_dir():
+            raise FileNotFoundError(f"{self.name}: {top} is missing. {self._hint}")
+        found = sorted(d.name for d in top.iterdir() if d.is_dir())
+        if not found:
+            raise ValueError(f"{self.name}: {top} has no class folders; it should hold one sub-folder of images "
+                             f"per class")
+        return found
 
     def _scan(self, split: str, classes: list[str] | None) -> tuple[list[str], list[Path], list[int]]:
         top = self.folder / split
-        if not top.is_dir():
-            raise FileNotFoundError(f"imagenet: {top} is missing. ImageNet is not downloaded for you: place the "
-                                    f"ImageFolder layout (train/ and val/, one sub-folder per class) in {self.folder}"
-                                    f" (or set data.root to the folder that holds imagenet/)")
-        found = sorted(d.name for d in top.iterdir() if d.is_dir())
-        if classes is None and len(found) != self.num_classes:
-            raise ValueError(f"imagenet: {top} has {len(found)} class folders, ImageNet-1k has {self.num_classes}")
-        if classes is not None and found != classes:
-            raise ValueError(f"imagenet: the class folders of {top} differ from those of train/")
-        files, labels = [], []
-        for label, name in enumerate(found):
-            images = sorted(f for f in (top / name).iterdir() if f.suffix.lower() in self.EXTENSIONS)
+        found = self._class_folders(top)
+        if classes is None:
+            if not self._counted and len(found) != self.num_classes:
+                raise ValueError(f"{self.name}: {top} has {len(found)} class folders; {self.name} has "
+                                 f"{self.num_classes}")
+            classes = found
+        else:
+            unknown = [c for c in found if c not in classes]
+            if unknown:
+                raise ValueError(f"{self.name}: {top / unknown[0]} is a class folder that {self.folder / 'train'} "
+                                 f"does not have ({len(unknown)} such folder(s))")
+        files, labels, label_of = [], [], {c: i for i, c in enumerate(classes)}
+        for name in found:
+            images = sorted(f for f in (top / name).iterdir() if f.is_file() and f.suffix.lower() in self.EXTENSIONS)
+            if not images:
+                raise ValueError(f"{self.name}: {top / name} holds no images (files ending in "
+                                 f"{', '.join(self.EXTENSIONS)}, any case)")
             files.extend(images)
-            labels.extend([label] * len(images))
-        return found, files, labels
+            labels.extend([label_of[name]] * len(images))
+        return classes, files, labels
 
-    def load(self, image_size: int) -> None:
+    def load(self, image_size: int, max_resolution: int | None = None) -> None:
         classes, train_files, train_labels = self._scan("train", None)
-        _, val_files, val_labels = self._scan("val", classes)
-        self.class_names = tuple(classes)
+        val_files, val_labels = [], []
+        if self._val_required or (self.folder / "val").exists():
+            _, val_files, val_labels = self._scan("val", classes)
+        self.class_names, self.num_classes = tuple(classes), len(classes)
         self._files = train_files + val_files
         self._labels = np.asarray(train_labels + val_labels, dtype=np.int64)
         self._num_train = len(train_files)
-        self._size = image_size
+        self._size, self._max_resolution = image_size, max_resolution
 
     @property
     def labels(self) -> np.ndarray:
         assert self._labels is not None, "call load() first"
         return self._labels
 
-    def image(self, index: int) -> np.ndarray:
+    def image(self, index: int, crop: bool = True) -> np.ndarray:
         from PIL import Image
 
         path = self._files[index]
@@ -219,18 +345,45 @@ class ImageNetSource(DatasetSource):
             with Image.open(path) as img:
                 img = img.convert("RGB")
                 w, h = img.size
-                scale = self._size / min(w, h)
-                img = img.resize((max(self._size, round(w * scale)), max(self._size, round(h * scale))),
-                                 Image.BILINEAR, reducing_gap=None)
-                left, top = (img.size[0] - self._size) // 2, (img.size[1] - self._size) // 2
-                return np.asarray(img.crop((left, top, left + self._size, top + self._size)), dtype=np.uint8)
-        except OSError as err:
-            raise ValueError(f"imagenet: {path} is not a readable image ({err}); replace or remove it") from err
+                if crop:  # the square view: shorter side to image_size, then the centre square
+                    side = self._size
+                    scale = side / min(w, h)
+                    img = img.resize((max(side, round(w * scale)), max(side, round(h * scale))), Image.BILINEAR,
+                                     reducing_gap=None)
+                    left, top = (img.size[0] - side) // 2, (img.size[1] - side) // 2
+                    img = img.crop((left, top, left + side, top + side))
+                elif self._max_resolution and max(w, h) > self._max_resolution:  # the whole view, made smaller
+                    scale = self._max_resolution / max(w, h)
+                    img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR,
+                                     reducing_gap=None)
+                return np.asarray(img, dtype=np.uint8)
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
+            raise ValueError(f"{self.name}: {path} is not a readable image ({err}); replace or remove it") from err
+
+    def fingerprint(self, index: int) -> bytes:
+        """The file's name, byte size and the preparation sizes: hashing a large folder reads no pixels."""
+        path = self._files[index]
+        return f"{path.relative_to(self.folder)}\0{path.stat().st_size}\0{self._size}\0{self._max_resolution}".encode()
 
     @property
-    def fixed_test(self) -> np.ndarray:
+    def fixed_test(self) -> np.ndarray | None:
         assert self._labels is not None, "call load() first"
-        return np.arange(self._num_train, len(self._labels))
+        return np.arange(self._num_train, len(self._labels)) if self._num_train < len(self._labels) else None
+
+
+class ImageNetSource(ImageFolderSource):
+    """ImageNet-1k in the usual ImageFolder layout: ``<root>/imagenet/{train,val}/<wnid>/*.JPEG``.
+
+    Nothing is downloaded (ImageNet needs a licence): put (or link) the folder there.
+    1000 class folders; ``val`` is required and is the test split.
+    """
+
+    def __init__(self, root: str | Path = "data", download: bool = False):
+        folder = Path(root) / "imagenet"
+        super().__init__("imagenet", folder, num_classes=1000, val_required=True,
+                         hint=f"ImageNet is not downloaded for you: place the ImageFolder layout (train/ and val/, "
+                              f"one sub-folder per class) in {folder} (or set data.root to the folder that holds "
+                              f"imagenet/)")
 
 
 SOURCES: dict[str, Callable[..., DatasetSource]] = {
@@ -238,11 +391,12 @@ SOURCES: dict[str, Callable[..., DatasetSource]] = {
     "cifar10": lambda root="data", download=False: CifarSource("cifar10", root, download),
     "cifar100": lambda root="data", download=False: CifarSource("cifar100", root, download),
     "imagenet": lambda root="data", download=False: ImageNetSource(root, download),
+    "imagefolder": lambda root="data", download=False: ImageFolderSource("imagefolder", root),
 }
 
 
 def get_source(name: str, root: str | Path = "data", download: bool = False) -> DatasetSource:
-    """The source called ``name``; ``root`` and ``download`` matter to downloadable datasets."""
+    """The source called ``name``; ``root`` and ``download`` matter to the file-backed datasets."""
     if name not in SOURCES:
         raise ValueError(f"data.source: unknown source {name!r}; allowed values: {', '.join(SOURCES)}")
     return SOURCES[name](root=root, download=download)
