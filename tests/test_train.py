@@ -11,8 +11,8 @@ import torch
 from locvit.config import run_config
 from locvit.data.ffcv_io import make_loader
 from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
-from locvit.train.engine import cosine_schedule, evaluate, train_one_epoch
-from locvit.train.loop import build_model, normalisation, param_groups, seed_everything
+from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
+from locvit.train.loop import amp_dtype, build_model, normalisation, param_groups, seed_everything
 
 
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
@@ -55,7 +55,7 @@ def test_a_few_batches_bring_the_loss_down(prepared, tiny_params):
 
 
 def test_non_finite_loss_stops_training(prepared, tiny_params):
-    model = build_model(run_config(tiny_params, "deit_b", 0))
+    model = build_model(run_config(tiny_params, "deit_a", 0))
     with torch.no_grad():
         model.head.weight.fill_(math.nan)
     loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
@@ -139,7 +139,7 @@ def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
     """FFCV's random translation draws from numpy's seeded generator when not compiled."""
     def one_epoch():
         seed_everything(0)
-        model = build_model(run_config(tiny_params, "deit_b", 0))
+        model = build_model(run_config(tiny_params, "deit_a", 0))
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0, translate=2, jit=False)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
@@ -147,3 +147,25 @@ def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
 
     (loss_a, params_a), (loss_b, params_b) = one_epoch(), one_epoch()
     assert loss_a == loss_b and torch.equal(params_a, params_b)
+
+
+def test_bf16_autocast_and_channels_last(prepared, tiny_params):
+    """amp: auto is bf16 on CUDA only; bf16 runs the forward pass in bf16 (weights stay fp32), NHWC inputs."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert amp_dtype("auto", cpu) is None and amp_dtype("auto", cuda) is torch.bfloat16
+    assert amp_dtype("bf16", cpu) is torch.bfloat16
+    assert amp_dtype("off", cuda) is None and amp_dtype(False, cuda) is None  # YAML's unquoted off
+    seed_everything(0)
+    model = build_model(run_config(tiny_params, "deit_a", 0)).to(memory_format=torch.channels_last)
+    seen = []
+    model.patch_embed.proj.register_forward_hook(
+        lambda m, args, out: seen.append((args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+    compute = Compute(torch.bfloat16, channels_last=True)
+    mean, std = normalisation(model)
+    loader = make_loader(prepared["train"], 64, True, cpu, seed=0, jit=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stats = train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, mean, std, show_progress=False, compute=compute)
+    val = evaluate(model, make_loader(prepared["val"], 256, False, cpu, jit=False), mean, std, compute)
+    assert math.isfinite(stats["train_loss"]) and math.isfinite(val["loss"]) and val["n"] == 270
+    assert set(seen) == {(True, torch.bfloat16)}
+    assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -38,6 +38,7 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from locvit.train.distributed import distributed
     from locvit.train.loop import train_run
 
     if args.run_config:
@@ -51,9 +52,10 @@ def cmd_train(args) -> None:
     else:
         params = load_params(args.params)
         jobs = [(run_config(params, args.variant, s), args.runs_dir / f"seed{s}") for s in params["seeds"]]
-    for cfg, out_dir in jobs:
-        train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
-                  show_progress=args.progress, threads=args.threads)
+    with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
+        for cfg, out_dir in jobs:
+            train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
+                      show_progress=args.progress, threads=args.threads)
 
 
 def cmd_evaluate(args) -> None:
@@ -166,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
 
-    p = add("train", cmd_train, "train one run (--run-config) or every seed of a variant (--variant)")
+    p = add("train", cmd_train, "train one run (--run-config) or every seed of a variant (--variant); "
+                                "resumes an interrupted run, skips a finished one; under torchrun, one process per GPU")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--run-config", help="one run's resolved config as JSON (written by Snakemake)")
     g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")

@@ -117,7 +117,7 @@ def _check_semantics(params: dict) -> list[str]:
         problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
                         "(a neighbourhood centred on the patch)")
     problems.extend(_check_search(params))
-    source = get_source(params["data"]["source"])
+    source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
         problems.extend(f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
@@ -228,7 +228,7 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
     if variant not in params["variants"]:
         raise ConfigError([f"variants.{variant}: no such variant; defined: {', '.join(params['variants'])}"])
     spec = params["variants"][variant]
-    source = get_source(params["data"]["source"])
+    source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
     kwargs = dict(spec["kwargs"], img_size=params["data"]["image_size"], num_classes=source.num_classes)
     return {
         "study": params["study"],

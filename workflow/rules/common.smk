@@ -114,6 +114,24 @@ def search_round_files(name):
     return [f"{SEARCH_DIR}/round{r}/{name}" for r in SEARCH_ROUNDS]
 
 
+def train_launcher(wildcards, resources):
+    """`python -m locvit`, or torchrun with one process per GPU when the job's `gpu` resource asks for several.
+
+    The cluster profile sets `gpu` for each step in cluster/config.yaml; on one machine, e.g.
+    `--set-resources train:gpu=4`. --standalone: a private rendezvous on a free local port, so jobs
+    sharing a node never meet.
+    """
+    gpus = int(resources.get("gpu", 0) or 0)
+    if gpus <= 1:
+        return LOCVIT
+    return f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc_per_node {gpus} -m locvit"
+
+
+def train_threads(wildcards, threads, resources):
+    """The job's CPU threads shared out over its processes (one per GPU)."""
+    return max(1, threads // max(1, int(resources.get("gpu", 0) or 0)))
+
+
 def run_config_json(wildcards):
     """The resolved config of one run: a params trigger, so a changed variant re-trains only itself."""
     return json.dumps(run_config(P, wildcards.variant, int(wildcards.seed)), sort_keys=True)

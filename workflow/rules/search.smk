@@ -27,24 +27,27 @@ rule search_train:
         val=rules.prepare.output.val,
         manifest=rules.prepare.output.manifest,
         spec=search_spec_file,
+    # (last.pt is not an output, as in rule train: a re-run resumes from it)
     output:
         best=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        last=f"{SEARCH_DIR}/round{{round}}/last.pt",
         metrics=f"{SEARCH_DIR}/round{{round}}/metrics.json",
     params:
-        locvit=LOCVIT,
+        launch=train_launcher,
         base=search_base_config,
         out_dir=f"{SEARCH_DIR}/round{{round}}",
         tracking_db=TRACKING_DB,
+        threads=train_threads,
     threads: 1
+    resources:
+        gpu=0,
     conda:
         ENV
     log:
         f"{LOG_DIR}/search/round{{round}}_train.log",
     shell:
-        "{params.locvit} train --run-config {params.base:q} --search-spec {input.spec:q} --train-data {input.train:q}"
+        "{params.launch} train --run-config {params.base:q} --search-spec {input.spec:q} --train-data {input.train:q}"
         " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q}"
-        " --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"
+        " --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 use rule analyse as search_analyse with:

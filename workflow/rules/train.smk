@@ -3,23 +3,27 @@ rule train:
         train=rules.prepare.output.train,
         val=rules.prepare.output.val,
         manifest=rules.prepare.output.manifest,
+    # last.pt (written every epoch) is deliberately not an output: Snakemake deletes a job's outputs
+    # before re-running it, and a re-run (after a kill, a preemption, --rerun-incomplete) resumes from it.
     output:
         best=f"{RUNS_DIR}/{{variant}}/seed{{seed}}/best.pt",
-        last=f"{RUNS_DIR}/{{variant}}/seed{{seed}}/last.pt",
         metrics=f"{RUNS_DIR}/{{variant}}/seed{{seed}}/metrics.json",
     params:
-        locvit=LOCVIT,
+        launch=train_launcher,
         run=run_config_json,
         out_dir=f"{RUNS_DIR}/{{variant}}/seed{{seed}}",
         tracking_db=TRACKING_DB,
+        threads=train_threads,
     threads: 1
+    resources:
+        gpu=0,
     conda:
         ENV
     log:
         f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
     shell:
-        "{params.locvit} train --run-config {params.run:q} --train-data {input.train:q}"
-        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"
+        "{params.launch} train --run-config {params.run:q} --train-data {input.train:q}"
+        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 rule evaluate:

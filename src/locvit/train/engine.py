@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -11,6 +12,23 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from locvit.data.ffcv_io import to_model_input
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a batch meets the model: autocast dtype (None: full precision) and memory format."""
+
+    amp_dtype: torch.dtype | None = None
+    channels_last: bool = False
+
+    def inputs(self, images: torch.Tensor, mean, std) -> torch.Tensor:
+        """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W), NHWC in memory when channels_last."""
+        x = to_model_input(images, mean, std)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def autocast(self, device: torch.device):
+        # bf16 keeps fp32's exponent range, so no loss scaling (GradScaler) is needed.
+        return torch.autocast(device.type, dtype=self.amp_dtype or torch.bfloat16, enabled=self.amp_dtype is not None)
 
 
 def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
@@ -24,11 +42,15 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, m
 def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                     lr_at: callable, first_step: int, mean, std, label_smoothing: float = 0.0,
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
-                    mixup: Callable | None = None) -> dict:
+                    mixup: Callable | None = None, compute: Compute = Compute(),
+                    on_step: Callable[[int], None] | None = None, augment=None) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (timm's ``Mixup``, which also applies the label smoothing) mixes each batch
     and turns the labels into soft targets; accuracy is still counted on the true labels.
+    ``on_step(step)`` runs after every optimiser step (the EMA update), with the steps done.
+    ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
+    uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
     """
     model.train()
     total_loss, total_correct, total_seen = 0.0, 0, 0
@@ -39,13 +61,19 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x = to_model_input(images, mean, std)
+        if augment is not None:
+            images = augment.before_normalise(images, step)  # RandAugment, per image
+        x = compute.inputs(images, mean, std)
+        if augment is not None:
+            x = augment.after_normalise(x, step)  # random erasing, per image
+        soft = None
         if mixup is not None:
             x, soft = mixup(x, labels)  # soft: (B, num_classes), smoothing included
-            logits = model(x)  # (B, num_classes)
+        with compute.autocast(x.device):
+            logits = model(x).float()  # (B, num_classes); fp32 for the loss under bf16 autocast
+        if soft is not None:
             loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
         else:
-            logits = model(x)
             loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite training loss {loss.item()} at step {step}")
@@ -55,6 +83,8 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
         optimizer.step()
         step += 1
+        if on_step is not None:
+            on_step(step)
         n = labels.shape[0]
         total_seen += n
         total_loss += loss.item() * n
@@ -73,13 +103,26 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable, mean, std) -> dict:
-    """Top-1 accuracy and mean cross-entropy over every sample of ``loader``."""
+def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compute = Compute(),
+             limit: int | None = None) -> dict:
+    """Top-1 accuracy and mean cross-entropy over every sample of ``loader`` (its first ``limit``).
+
+    ``limit`` drops the padding a distributed loader adds at the end of a rank's share;
+    the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up.
+    """
     model.eval()
     total_loss, total_correct, total_seen = 0.0, 0, 0
     for images, labels in loader:
-        logits = model(to_model_input(images, mean, std))
+        if limit is not None:
+            keep = max(0, min(labels.shape[0], limit - total_seen))
+            images, labels = images[:keep], labels[:keep]
+            if keep == 0:
+                continue  # drain the loader: FFCV's epoch thread must finish its epoch
+        x = compute.inputs(images, mean, std)
+        with compute.autocast(x.device):
+            logits = model(x).float()  # (B, num_classes)
         total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
         total_correct += (logits.argmax(-1) == labels).sum().item()
         total_seen += labels.shape[0]
-    return {"loss": total_loss / max(total_seen, 1), "top1": total_correct / max(total_seen, 1), "n": total_seen}
+    return {"loss": total_loss / max(total_seen, 1), "top1": total_correct / max(total_seen, 1), "n": total_seen,
+            "loss_sum": total_loss, "correct": total_correct}

@@ -2,40 +2,47 @@
 
 Paths come from the caller (the CLI, called by a Snakemake rule or a DVC stage);
 nothing here re-derives where files live.
+
+One process or several (torchrun, one per GPU; :mod:`locvit.train.distributed`): the
+recipe's ``batch_size`` is the global batch, split evenly over the processes; the
+model is DDP-wrapped; only rank 0 writes files, logs to MLflow and prints. A run
+that was stopped continues where it stopped when started again, and a finished one
+is not retrained (:mod:`locvit.train.resume`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from locvit import tracking
 from locvit.config import flatten
+from locvit.data.augment import make_train_augment
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import write_json
-from locvit.train.checkpoint import save_checkpoint
-from locvit.train.engine import cosine_schedule, evaluate, train_one_epoch
+from locvit.train import distributed
+from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
+from locvit.train.distributed import Dist
+from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
+from locvit.train.resume import Progress, best_state, last_state, plan_run, restore, restore_rng
+
+__all__ = ["build_model", "normalisation", "param_groups", "resolve_device", "seed_everything", "train_run"]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
 
 
 def build_model(cfg: dict) -> torch.nn.Module:
@@ -73,86 +80,283 @@ def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
     return tuple(cfg.get("mean", (0.485, 0.456, 0.406))), tuple(cfg.get("std", (0.229, 0.224, 0.225)))
 
 
-def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
-              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None) -> dict:
-    """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json."""
-    out_dir = Path(out_dir)
-    recipe = cfg["train"]
-    manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
-    device = resolve_device(recipe["device"])
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    seed_everything(cfg["seed"])
+def per_process_batch(recipe: dict, world_size: int) -> int:
+    """The recipe's batch_size is global: each of ``world_size`` processes takes an equal share."""
+    batch = recipe["batch_size"]
+    if batch % world_size:
+        raise ValueError(f"train.batch_size {batch} is the global batch and must split evenly over the "
+                         f"{world_size} processes; use a multiple of {world_size} or another process count")
+    share = batch // world_size
+    if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and share % 2:
+        raise ValueError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
+                         "MixUp/CutMix pair images within a process's batch, so that must be even")
+    return share
 
+
+def peak_lr(recipe: dict) -> float:
+    """The lr as given, or scaled by the global batch when lr_scale_batch is set (DeiT: lr x batch / 512)."""
+    base = recipe["lr_scale_batch"]
+    return recipe["lr"] * recipe["batch_size"] / base if base else recipe["lr"]
+
+
+def amp_dtype(setting: str | bool, device: torch.device) -> torch.dtype | None:
+    if setting in ("off", False) or (setting == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+@dataclass
+class Run:
+    """A built run: everything an epoch needs. ``model`` is the raw module checkpoints hold;
+    ``net`` is what trains (``model``, compiled and/or DDP-wrapped, sharing its parameters)."""
+
+    cfg: dict
+    key: str  # resume's run key: config and data hash
+    out_dir: Path
+    dist: Dist
+    device: torch.device
+    model: torch.nn.Module
+    net: torch.nn.Module
+    ema: Any  # timm's ModelEmaV3 or None
+    optimizer: torch.optim.Optimizer
+    train_loader: Any
+    val_loader: Any
+    mixup: Any
+    augment: Any  # locvit.data.augment.TrainAugment (RandAugment, random erasing) or None
+    compute: Compute
+    lr_at: Callable[[int], float]
+    mean: tuple
+    std: tuple
+    show_progress: bool
+
+    @property
+    def evaluated(self) -> torch.nn.Module:
+        """The weights that are evaluated and kept as best.pt: the EMA's when on."""
+        return self.ema.module if self.ema is not None else self.model
+
+
+def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Path, dist: Dist,
+              show_progress: bool, threads: int | None, num_classes: int) -> Run:
+    recipe = cfg["train"]
+    device = resolve_device(recipe["device"], dist.local_rank)
+    batch = per_process_batch(recipe, dist.world_size)
     model = build_model(cfg).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+    if recipe["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
     mean, std = normalisation(model)
-    train_loader = make_loader(train_path, recipe["batch_size"], True, device, recipe["num_workers"],
-                               seed=cfg["seed"], translate=recipe["translate"], hflip=recipe["hflip"],
-                               jit=recipe["loader_jit"])
+    train_loader = make_loader(train_path, batch, True, device, recipe["num_workers"], seed=cfg["seed"],
+                               translate=recipe["translate"], hflip=recipe["hflip"], distributed=dist.ddp,
+                               jit=recipe["loader_jit"], image_size=cfg["data"]["image_size"],
+                               repeated_aug=recipe["repeated_aug"])
     val_loader = make_loader(val_path, recipe["eval_batch_size"], False, device, recipe["num_workers"],
-                             jit=recipe["loader_jit"])
+                             distributed=dist.ddp, jit=recipe["loader_jit"])
     if threads and device.type == "cpu":
         torch.set_num_threads(threads)  # after the loaders: FFCV's Loader resets torch's thread count
-    steps_per_epoch = len(train_loader)
-    total_steps = steps_per_epoch * recipe["epochs"]
-    warmup_steps = int(round(recipe["warmup_epochs"] * steps_per_epoch))
-    optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=recipe["lr"],
-                                  betas=tuple(recipe["betas"]))
+    lr = peak_lr(recipe)
+    optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=lr, betas=tuple(recipe["betas"]))
+    net = torch.compile(model) if recipe["compile"] else model  # nanoGPT's order: compile, then DDP
+    if dist.ddp:  # the constructor broadcasts rank 0's weights, so every rank starts equal
+        device_ids = [device.index] if device.type == "cuda" else None
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
+    ema = None
+    if recipe["ema"]:  # after DDP's broadcast: the average starts from the common weights
+        from timm.utils import ModelEmaV3
 
-    mixup = make_mixup(recipe, manifest["num_classes"])
+        ema = ModelEmaV3(model, decay=recipe["ema_decay"])
+    steps_per_epoch = len(train_loader)  # per process = global steps: each process takes 1/W of every batch
+    lr_at = functools.partial(cosine_schedule, total_steps=steps_per_epoch * recipe["epochs"],
+                              warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)), lr=lr,
+                              min_lr=recipe["min_lr"])
+    compute = Compute(amp_dtype(recipe["amp"], device), recipe["channels_last"])
+    # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
+    augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
+    return Run(cfg, key, out_dir, dist, device, model, net, ema, optimizer, train_loader, val_loader,
+               make_mixup(recipe, num_classes), augment, compute, lr_at, mean, std, show_progress and dist.main)
 
-    def lr_at(step: int) -> float:
-        return cosine_schedule(step, total_steps, warmup_steps, recipe["lr"], recipe["min_lr"])
 
-    experiment_id = tracking.setup(cfg["study"], tracking_db)
-    tags = {
-        "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
-        "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),
-        "device": str(device),
-    }
-    if os.environ.get("SLURM_JOB_ID"):
-        tags["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-    import mlflow
+def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
+              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None) -> dict:
+    """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json.
 
-    client = mlflow.MlflowClient()
-    run = tracking.retry(client.create_run, experiment_id, run_name=f"{cfg['variant']}-seed{cfg['seed']}", tags=tags)
-    run_id = run.info.run_id
-    tracking.log_params(run_id, {**flatten(cfg), "n_params": n_params})
-
-    history, best_top1, best_epoch, step = [], -1.0, -1, 0
-    started = time.perf_counter()
+    Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`).
+    """
+    dist = distributed.current()
+    out_dir = Path(out_dir)
+    manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
+    plan = plan_run(cfg, manifest["data_hash"], out_dir)
+    distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
+    if dist.main and plan.message:
+        print(plan.message, flush=True)
+    if plan.action == "skip":
+        if dist.main:
+            confirm_finished(plan.metrics, out_dir, tracking_db)
+        return plan.metrics
+    seed_everything(cfg["seed"] + dist.rank)  # rank 0 (and a single process) draws from the run's seed
+    run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
+                    sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
+    progress = restore(run, plan.state) if plan.action == "resume" else Progress()
+    if dist.main and plan.action == "fresh":
+        (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
+    client = open_mlflow_run(run, progress, manifest, tracking_db, plan.stale_run_id) if dist.main else None
     try:
-        for epoch in range(recipe["epochs"]):
-            stats = train_one_epoch(model, train_loader, optimizer, lr_at, step, mean, std,
-                                    recipe["label_smoothing"], recipe["clip_grad"], mixup=mixup,
-                                    desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=show_progress)
-            step = stats.pop("steps")
-            val = evaluate(model, val_loader, mean, std)
-            row = {"epoch": epoch, **stats, "val_loss": val["loss"], "val_top1": val["top1"]}
-            history.append(row)
-            tracking.log_metrics(run_id, {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
+        if plan.action == "resume":
+            restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
+        train_epochs(run, progress)
+        return finish(run, progress, client)
+    except BaseException:
+        if client is not None:
+            tracking.retry(client.set_terminated, progress.run_id, status="FAILED")
+        raise
+
+
+def train_epochs(run: Run, p: Progress) -> None:
+    """Train from epoch ``p.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0)."""
+    cfg, recipe = run.cfg, run.cfg["train"]
+    on_step = (lambda step: run.ema.update(run.model, step=step)) if run.ema is not None else None
+    for epoch in range(p.epoch, recipe["epochs"]):
+        started = time.perf_counter()
+        # FFCV's RANDOM order is a function of (seed, the loader's epoch counter), and a new process
+        # counts from 0: set it, so a resumed run sees the order the uninterrupted run saw.
+        run.train_loader.next_epoch = epoch
+        stats = train_one_epoch(run.net, run.train_loader, run.optimizer, run.lr_at, p.step, run.mean, run.std,
+                                recipe["label_smoothing"], recipe["clip_grad"], mixup=run.mixup,
+                                desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
+                                compute=run.compute, on_step=on_step, augment=run.augment)
+        p.step = stats.pop("steps")
+        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run)}
+        p.history.append(row)
+        p.epoch, p.train_time_s = epoch + 1, p.train_time_s + time.perf_counter() - started
+        improved = row["val_top1"] > p.best_top1
+        if improved:
+            p.best_top1, p.best_epoch = row["val_top1"], epoch
+            if run.dist.main:  # a CPU copy: last.pt carries it, to restore best.pt after an interruption
+                p.best_model = {k: v.detach().to("cpu", copy=True) for k, v in run.evaluated.state_dict().items()}
+        save_epoch(run, p, improved)
+        if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
+            tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
             print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
                   f"loss {row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
                   f"{row['train_images_per_s']:.0f} img/s", flush=True)
-            state = {"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_top1": val["top1"],
-                     "mlflow_run_id": run_id}
-            if val["top1"] > best_top1:
-                best_top1, best_epoch = val["top1"], epoch
-                save_checkpoint(out_dir / "best.pt", state)
-            save_checkpoint(out_dir / "last.pt", {**state, "optimizer": optimizer.state_dict(), "step": step})
-    except BaseException:
-        tracking.retry(client.set_terminated, run_id, status="FAILED")
-        raise
+
+
+def reduce_train_stats(run: Run, stats: dict) -> dict:
+    """One process's epoch statistics -> the run's (the identity for one process).
+
+    Every process trains on equally many images (FFCV pads each share to the same
+    length and drops the same partial batch), so the mean of the processes' means is
+    the run's mean; throughput adds up.
+    """
+    loss, top1, images_per_s = distributed.all_sum(
+        [stats["train_loss"], stats["train_top1"], stats["train_images_per_s"]], run.dist, run.device)
+    w = run.dist.world_size
+    return {"train_loss": loss / w, "train_top1": top1 / w, "train_images_per_s": images_per_s, "lr": stats["lr"]}
+
+
+def evaluate_run(run: Run) -> dict:
+    """Validation loss and top-1 of the evaluated weights, each rank scoring its share of the split."""
+    n_val = run.val_loader.reader.num_samples
+    limit = distributed.shard_size(n_val, run.dist) if run.dist.ddp else None
+    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit)
+    if not run.dist.ddp:
+        return {"val_loss": val["loss"], "val_top1": val["top1"]}
+    loss_sum, correct, n = distributed.all_sum([val["loss_sum"], val["correct"], val["n"]], run.dist, run.device)
+    if int(n) != n_val:
+        raise RuntimeError(f"the processes scored {int(n)} validation images, not the split's {n_val}")
+    return {"val_loss": loss_sum / n, "val_top1": correct / n}
+
+
+def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False) -> None:
+    """best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators)."""
+    rng = distributed.gather(rng_state(run.device), run.dist)
+    if not run.dist.main:
+        return
+    if improved:
+        save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
+    save_checkpoint(run.out_dir / "last.pt", last_state(run, p, rng, finished=finished))
+
+
+def finish(run: Run, p: Progress, client) -> dict:
+    """Check the replicas agree; write metrics.json; close the MLflow run; mark last.pt finished."""
+    digests = distributed.gather(weights_digest(run.model.state_dict()), run.dist)
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"the {len(digests)} processes hold different weights after training: {digests}")
+    cfg = run.cfg
     metrics = {
         "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-        "n_params": n_params, "best_val_top1": best_top1, "best_epoch": best_epoch,
-        "final_val_top1": history[-1]["val_top1"], "train_time_s": time.perf_counter() - started,
-        "mlflow_run_id": run_id, "history": history,
+        "n_params": sum(t.numel() for t in run.model.parameters()), "best_val_top1": p.best_top1,
+        "best_epoch": p.best_epoch, "final_val_top1": p.history[-1]["val_top1"], "train_time_s": p.train_time_s,
+        "mlflow_run_id": p.run_id, "history": p.history, "run_key": run.key, "world_size": run.dist.world_size,
+        "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
     }
-    write_json(out_dir / "metrics.json", metrics)
-    tracking.log_metrics(run_id, {"best_val_top1": best_top1}, step=best_epoch)
+    if run.dist.main:
+        write_json(run.out_dir / "metrics.json", metrics)
+        close_mlflow_run(client, p.run_id, run.out_dir, metrics)
+    save_epoch(run, p, improved=False, finished=True)  # last: a finished run is never resumed
+    return metrics
+
+
+# MLflow (rank 0 only) -------------------------------------------------------------------------
+
+
+def open_mlflow_run(run: Run, p: Progress, manifest: dict, tracking_db: Path, stale_run_id: str | None):
+    """Create the run's MLflow run, or set a resumed one back to RUNNING and log the epochs it lacks."""
+    import mlflow
+
+    cfg = run.cfg
+    experiment_id = tracking.setup(cfg["study"], tracking_db)
+    client = mlflow.MlflowClient()
+    if stale_run_id and run_status(client, stale_run_id) == "RUNNING":  # an abandoned run of another config
+        tracking.retry(client.set_terminated, stale_run_id, status="KILLED")
+    if p.run_id is not None and run_status(client, p.run_id) is not None:
+        tracking.retry(client.update_run, p.run_id, status="RUNNING")
+    else:
+        if p.run_id is not None:
+            print(f"WARNING: MLflow run {p.run_id} is not in {mlflow.get_tracking_uri()}; logging to a new run",
+                  file=sys.stderr, flush=True)
+        tags = {
+            "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
+            "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),
+            "device": str(run.device),
+        }
+        if os.environ.get("SLURM_JOB_ID"):
+            tags["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        created = tracking.retry(client.create_run, experiment_id, run_name=f"{cfg['variant']}-seed{cfg['seed']}",
+                                 tags=tags)
+        p.run_id = created.info.run_id
+        tracking.log_params(p.run_id, {**flatten(cfg), "n_params": sum(t.numel() for t in run.model.parameters()),
+                                       "world_size": run.dist.world_size, "lr_peak": peak_lr(cfg["train"])})
+        if p.best_model is not None:  # resumed into a new MLflow run: best.pt names it
+            save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
+    logged = {m.step for m in tracking.retry(client.get_metric_history, p.run_id, "val_top1")}
+    for row in p.history:  # epochs finished before an interruption but not logged
+        if row["epoch"] not in logged:
+            tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    return client
+
+
+def run_status(client, run_id: str) -> str | None:
+    """The MLflow run's status, or None when this backend does not know it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return tracking.retry(client.get_run, run_id).info.status
+    except MlflowException:
+        return None
+
+
+def close_mlflow_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
+    tracking.log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
     tracking.retry(client.log_artifact, run_id, str(out_dir / "metrics.json"))
     tracking.retry(client.log_artifact, run_id, str(out_dir / "best.pt"), "checkpoints")
     tracking.retry(client.set_terminated, run_id, status="FINISHED")
-    return metrics
+
+
+def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
+    """A skipped (finished) run whose MLflow run was left open by a kill after metrics.json: close it."""
+    import mlflow
+
+    tracking.setup(metrics["study"], tracking_db)
+    client = mlflow.MlflowClient()
+    status = run_status(client, metrics["mlflow_run_id"])
+    if status is not None and status != "FINISHED":
+        close_mlflow_run(client, metrics["mlflow_run_id"], out_dir, metrics)

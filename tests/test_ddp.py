@@ -1,0 +1,83 @@
+"""DDP: two CPU processes (gloo) under torchrun train one run, as rank 0 records it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from conftest import BIN, copy_workflow, env_with_venv
+from locvit.config import run_config
+from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, weights_digest
+from locvit.train.distributed import Dist, shard_size
+from locvit.train.loop import peak_lr, per_process_batch
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_params, prepared, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("ddp")
+    cfg = run_config(tiny_params, "deit_a", 0)
+    cfg["train"].update(epochs=2, lr_scale_batch=64)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "locvit", "train",
+           "--run-config", json.dumps(cfg), "--train-data", str(prepared["train"]),
+           "--val-data", str(prepared["val"]), "--manifest", str(prepared["manifest"]),
+           "--out-dir", str(root / "run"), "--tracking-db", str(root / "mlflow.db"), "--threads", "1", "--no-progress"]
+    proc = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"root": root, "run": root / "run", "cfg": cfg, "stdout": proc.stdout}
+
+
+def test_two_processes_end_with_equal_weights_in_one_mlflow_run(ddp_run):
+    import mlflow
+
+    metrics = json.loads((ddp_run["run"] / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and len(metrics["history"]) == 2
+    # Each rank hashed its own weights after training; both equal the checkpoint rank 0 wrote.
+    last = load_checkpoint(ddp_run["run"] / "last.pt")
+    assert metrics["rank_weights_sha256"] == [weights_digest(last["model"])] * 2
+    assert last["world_size"] == 2 and len(last["rng"]) == 2  # each rank's generators, to resume from
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ddp_run['root'] / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(ddp_run["cfg"]["study"]).experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["world_size"] == "2" and float(runs[0].data.params["lr_peak"]) == 0.002
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_top1")] == [0, 1]
+    epoch_lines = [line for line in ddp_run["stdout"].splitlines() if line.startswith("[deit_a seed 0] epoch")]
+    assert len(epoch_lines) == 2  # rank 0 alone prints
+
+
+def test_a_ddp_checkpoint_loads_in_one_process(ddp_run, prepared):
+    best = load_checkpoint(ddp_run["run"] / "best.pt")
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in best["model"])
+    model = build_from_checkpoint(best).eval()
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+
+
+def test_the_batch_is_global():
+    recipe = {"batch_size": 64, "mixup": 0.0, "cutmix": 0.0, "lr": 5e-4, "lr_scale_batch": None}
+    assert per_process_batch(recipe, 1) == 64 and per_process_batch(recipe, 4) == 16
+    with pytest.raises(ValueError, match="must split evenly over the 3 processes"):
+        per_process_batch(recipe, 3)
+    with pytest.raises(ValueError, match="must be even"):
+        per_process_batch({**recipe, "batch_size": 6, "cutmix": 1.0}, 2)
+    assert peak_lr(recipe) == 5e-4
+    assert peak_lr({**recipe, "batch_size": 1024, "lr_scale_batch": 512}) == pytest.approx(1e-3)  # DeiT
+
+
+def test_every_validation_image_is_scored_once_over_the_ranks():
+    for n, world in [(270, 2), (270, 4), (7, 8), (1, 3)]:
+        assert sum(shard_size(n, Dist(r, r, world)) for r in range(world)) == n
+
+
+def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
+    work = copy_workflow(tmp_path)
+    target = "results/tiny/runs/deit_a/seed0/metrics.json"
+    out = subprocess.run([str(BIN / "snakemake"), "-n", "-p", "--cores", "4", "--config", "params=presets/tiny.yaml",
+                          "--set-threads", "train=4", "--set-resources", "train:gpu=2", "--", target],
+                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    command = next(line for line in out.stdout.splitlines() if " train --run-config" in line)
+    assert " -m torch.distributed.run --standalone --nproc_per_node 2 -m locvit train" in command
+    assert "--threads 2" in command  # the job's 4 threads over 2 processes

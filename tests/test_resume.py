@@ -1,0 +1,138 @@
+"""Resume: a run killed (SIGKILL) after an epoch continues where it stopped, bitwise, into the same MLflow run.
+
+One uninterrupted `locvit train` and one that is killed once its last.pt reports the
+second epoch, then started again with the same command; both on CPU with a fixed
+seed and FFCV's loader uncompiled (its augmentations then draw from the seeded numpy
+generator), with EMA on so the average is carried over too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import env_with_venv
+from locvit.config import run_config
+from locvit.train.checkpoint import load_checkpoint, save_checkpoint
+from locvit.train.resume import plan_run
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_params) -> dict:
+    cfg = run_config(tiny_params, "deit_a", 0)
+    cfg["train"].update(epochs=EPOCHS, ema=True, ema_decay=0.9, lr_scale_batch=128)
+    return cfg
+
+
+def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
+    return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
+            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
+            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
+            "--threads", "1", "--no-progress"]
+
+
+def run_ok(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def kill_after_epoch(cmd: list[str], last_pt, epoch: int) -> None:
+    """Start ``cmd``; SIGKILL it as soon as its last.pt reports ``epoch`` (0-based) finished."""
+    proc = subprocess.Popen(cmd, env=env_with_venv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None:
+            if last_pt.is_file() and load_checkpoint(last_pt)["epoch"] >= epoch:  # written atomically
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended on its own (rc {proc.returncode})"
+
+
+@pytest.fixture(scope="module")
+def runs(cfg, prepared, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("resume")
+    # The uninterrupted run goes alongside the one that is killed (one thread each).
+    whole = subprocess.Popen(train_cmd(cfg, prepared, root / "whole", root / "whole.db"), env=env_with_venv(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cut = root / "cut"
+    kill_after_epoch(train_cmd(cfg, prepared, cut, root / "cut.db"), cut / "last.pt", 1)
+    out, _ = whole.communicate(timeout=300)
+    assert whole.returncode == 0, out[-3000:]
+    killed_at = load_checkpoint(cut / "last.pt")["epoch"]
+    metrics_after_kill = (cut / "metrics.json").exists()
+    out = run_ok(train_cmd(cfg, prepared, cut, root / "cut.db"))
+    return {"root": root, "whole": root / "whole", "cut": cut, "killed_at": killed_at,
+            "metrics_after_kill": metrics_after_kill, "resume_stdout": out}
+
+
+def test_a_killed_run_resumes_to_the_same_weights_and_history(runs):
+    assert runs["killed_at"] == 1, "the poll missed the second epoch's last.pt"
+    assert not runs["metrics_after_kill"]
+    assert f"resuming after epoch 2 of {EPOCHS}" in runs["resume_stdout"]
+    trained = [line for line in runs["resume_stdout"].splitlines() if line.startswith("[deit_a seed 0] epoch")]
+    assert len(trained) == 1 and f"epoch {EPOCHS}/{EPOCHS}" in trained[0]  # only the last epoch ran again
+    whole, cut = load_checkpoint(runs["whole"] / "last.pt"), load_checkpoint(runs["cut"] / "last.pt")
+    for part in ("model", "ema", "best_model"):
+        assert whole[part].keys() == cut[part].keys()
+        for name in whole[part]:
+            assert torch.equal(whole[part][name], cut[part][name]), f"{part}.{name} differs"
+    for a, b in zip(whole["optimizer"]["state"].values(), cut["optimizer"]["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert whole["step"] == cut["step"]
+
+    def history(run):
+        rows = json.loads((run / "metrics.json").read_text())["history"]
+        return [{k: v for k, v in row.items() if k != "train_images_per_s"} for row in rows]  # timing differs
+
+    assert len(history(runs["whole"])) == EPOCHS and history(runs["cut"]) == history(runs["whole"])
+    best_whole, best_cut = load_checkpoint(runs["whole"] / "best.pt"), load_checkpoint(runs["cut"] / "best.pt")
+    assert best_cut["weights"] == "ema" and best_cut["epoch"] == best_whole["epoch"]
+    assert all(torch.equal(best_whole["model"][k], best_cut["model"][k]) for k in best_whole["model"])
+
+
+def test_a_resumed_run_is_one_finished_mlflow_run(runs, cfg):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'cut.db'}")
+    experiment = client.get_experiment_by_name(cfg["study"])
+    found = client.search_runs([experiment.experiment_id])
+    assert len(found) == 1
+    run = found[0]
+    assert run.info.status == "FINISHED"
+    points = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_top1"))
+    history = json.loads((runs["cut"] / "metrics.json").read_text())["history"]
+    assert points == [(row["epoch"], row["val_top1"]) for row in history] and [s for s, _ in points] == [0, 1, 2]
+    assert json.loads((runs["cut"] / "metrics.json").read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def test_what_a_run_folder_decides(runs, cfg, prepared, tmp_path):
+    data_hash = prepared["manifest_data"]["data_hash"]
+    assert plan_run(cfg, data_hash, runs["cut"]).action == "skip"  # finished: not retrained
+
+    changed = {**cfg, "train": {**cfg["train"], "lr": 0.001}}
+    plan = plan_run(changed, data_hash, runs["cut"])
+    assert plan.action == "fresh" and "train.lr 0.002 -> 0.001" in plan.message
+    assert plan_run(cfg, "another-data-hash", runs["cut"]).action == "fresh"
+
+    folder = tmp_path / "run"
+    shutil.copytree(runs["cut"], folder)
+    (folder / "metrics.json").unlink()  # what Snakemake does before re-running a finished job
+    plan = plan_run(cfg, data_hash, folder)
+    assert plan.action == "fresh" and "finished run" in plan.message
+
+    state = load_checkpoint(folder / "last.pt")
+    save_checkpoint(folder / "last.pt", {**state, "finished": False})  # killed before metrics.json
+    plan = plan_run(cfg, data_hash, folder)
+    assert plan.action == "resume" and plan.state["epoch"] == EPOCHS - 1
