@@ -50,7 +50,7 @@ lint: install
 
 # Speed comparisons, measured as ratios side by side; results in benchmarks/results/*.json.
 bench: install
-	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py
+	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py
 
 clean:
 	rm -rf results .snakemake
