@@ -158,9 +158,16 @@ def check_model(name: str, variant: dict, image_size: int, num_classes: int) -> 
         return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
     try:
         with torch.device("meta"):
-            timm.create_model(model, pretrained=False, img_size=image_size, num_classes=num_classes, **variant["kwargs"])
+            built = timm.create_model(model, pretrained=False, img_size=image_size, num_classes=num_classes,
+                                      **variant["kwargs"])
     except Exception as err:  # any build failure is a config problem of this variant
         return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
+    # timm's patch embedding builds with any patch size and fails only at the first forward.
+    embed = getattr(built, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if isinstance(patch, tuple) and not getattr(embed, "dynamic_img_pad", False) and image_size % patch[0]:
+        return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
+                f"choose a patch size that divides the image"]
     return []
 
 
@@ -179,13 +186,27 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     return params
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error
+    (plain YAML keeps the last one silently: two variants with one name would be one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | os.PathLike = "params.yaml", check_models: bool = True) -> dict:
     """Read and validate ``params.yaml``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path} does not exist; copy params.yaml from the repository root"], str(path))
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         raise ConfigError([f"not valid YAML: {err}"], str(path)) from err
     return validate_params(raw, str(path), check_models=check_models)

@@ -114,6 +114,10 @@ class ShiftEmbed(nn.Module):
         if pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed: {pos_embed!r}; allowed values: {', '.join(POS_EMBEDS)}")
         self.shifts = tuple(shifts)
+        too_far = [s for s in self.shifts if max(abs(s[0]), abs(s[1])) >= img_size]
+        if too_far:  # a roll by the image size or more repeats (or wraps past) a smaller shift
+            raise ValueError(f"shifts: {[list(s) for s in too_far]} move the image by {img_size} px or more "
+                             f"(img_size {img_size}); every |dx| and |dy| must be smaller than the image")
         self.shift_mode = shift_mode
         self.in_chans = in_chans
         t = len(self.shifts)
