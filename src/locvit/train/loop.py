@@ -25,6 +25,7 @@ import torch
 from locvit import tracking
 from locvit.config import flatten
 from locvit.data.augment import make_train_augment
+from locvit.faults import kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import write_json
@@ -232,6 +233,7 @@ def train_epochs(run: Run, p: Progress) -> None:
             if run.dist.main:  # a CPU copy: last.pt carries it, to restore best.pt after an interruption
                 p.best_model = {k: v.detach().to("cpu", copy=True) for k, v in run.evaluated.state_dict().items()}
         save_epoch(run, p, improved)
+        kill_point(f"after_epoch_{epoch}")  # the reliability tests' SIGKILL (LOCVIT_KILL_AT), else nothing
         if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
             tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
             print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
