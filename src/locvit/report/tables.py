@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 
 from locvit.io import read_json, write_json, write_text
 from locvit.report.render import tex_escape
+from locvit.report.study import mean_std as study_mean_std
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
+    """Mean and sample standard deviation (0 for a single value, as this table prints it)."""
+    mean, std = study_mean_std(values)
+    return mean, 0.0 if std is None else std
 
 
 def collect_rows(params: dict, eval_files: list[Path]) -> list[dict]:
@@ -92,14 +90,10 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def _tex(text: str) -> str:
-    return tex_escape(text)
-
-
 def to_latex(rows: list[dict], study: str) -> str:
     lines = [
         r"\begin{table}[t]", r"\centering",
-        rf"\caption{{Results of study \texttt{{{_tex(study)}}}: test top-1 (\%), mean $\pm$ std over seeds.}}",
+        rf"\caption{{Results of study \texttt{{{tex_escape(study)}}}: test top-1 (\%), mean $\pm$ std over seeds.}}",
         r"\begin{tabular}{llrrr}", r"\toprule",
         r"Variant & Model & Params (M) & Seeds & Top-1 (\%) \\", r"\midrule",
     ]
@@ -107,7 +101,7 @@ def to_latex(rows: list[dict], study: str) -> str:
     for r in rows:
         params = f"{r['params_m']:.3f}" if r["params_m"] is not None else "--"
         acc = _acc_cell(r, pm)
-        lines.append(rf"{_tex(r['variant'])} & \texttt{{{_tex(r['model'])}}} & {params} & {r['seeds']} & {acc} \\")
+        lines.append(rf"{tex_escape(r['variant'])} & \texttt{{{tex_escape(r['model'])}}} & {params} & {r['seeds']} & {acc} \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
