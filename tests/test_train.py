@@ -11,7 +11,7 @@ import torch
 from locvit.config import run_config
 from locvit.data.ffcv_io import make_loader
 from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
-from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
+from locvit.train.engine import Compute, NonFiniteLoss, cosine_schedule, evaluate, train_one_epoch
 from locvit.train.loop import amp_dtype, build_model, normalisation, param_groups, seed_everything
 
 
@@ -60,8 +60,10 @@ def test_non_finite_loss_stops_training(prepared, tiny_params):
         model.head.weight.fill_(math.nan)
     loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with pytest.raises(FloatingPointError, match="non-finite training loss"):
+    before = model.patch_embed.proj.weight.detach().clone()
+    with pytest.raises(NonFiniteLoss, match="training stopped at step 0: loss nan.*train.max_bad_steps = 0"):
         train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
+    assert torch.equal(model.patch_embed.proj.weight, before)  # the bad step updated nothing
 
 
 def test_checkpoint_round_trip_gives_the_same_logits(tmp_path, tiny_params):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from locvit.data.ffcv_io import to_model_input
+from locvit.faults import nan_step
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,23 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, m
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+class NonFiniteLoss(FloatingPointError):
+    """Too many training steps with a NaN or inf loss (``train.max_bad_steps``)."""
+
+    def __init__(self, step: int, loss: float, grad_norm: float, bad_steps: int, max_bad_steps: int):
+        super().__init__(
+            f"training stopped at step {step}: loss {loss}, gradient norm {grad_norm}; {bad_steps} step(s) with a "
+            f"NaN or inf loss or gradient, more than train.max_bad_steps = {max_bad_steps}. last.pt holds the last "
+            "good epoch. Lower train.lr, set train.clip_grad, or raise train.max_bad_steps to skip more such steps.")
+        self.step, self.bad_steps = step, bad_steps
+
+
 def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                     lr_at: callable, first_step: int, mean, std, label_smoothing: float = 0.0,
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
-                    on_step: Callable[[int], None] | None = None, augment=None) -> dict:
+                    on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
+                    bad_steps_before: int = 0) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (timm's ``Mixup``, which also applies the label smoothing) mixes each batch
@@ -51,9 +64,16 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     ``on_step(step)`` runs after every optimiser step (the EMA update), with the steps done.
     ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
     uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
+
+    A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
+    the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
+    (``bad_steps_before`` + this epoch's) exceeds ``max_bad_steps``, :class:`NonFiniteLoss`
+    is raised, before the epoch's checkpoint: last.pt stays the last good epoch's. The
+    decision reads the gradient norm after backward, which DDP has already averaged, so
+    every process skips the same steps.
     """
     model.train()
-    total_loss, total_correct, total_seen = 0.0, 0, 0
+    total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
     step = first_step
     start = time.perf_counter()
     bar = tqdm(loader, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
@@ -75,12 +95,18 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
             loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss {loss.item()} at step {step}")
+        if nan_step(step):  # fault injection for the tests (LOCVIT_NAN_AT), else nothing
+            loss = loss * float("nan")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if clip_grad:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
+        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            bad_steps += 1
+            if bad_steps_before + bad_steps > max_bad_steps:
+                raise NonFiniteLoss(step, loss.item(), grad_norm.item(), bad_steps_before + bad_steps, max_bad_steps)
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            continue
         optimizer.step()
         step += 1
         if on_step is not None:
@@ -99,6 +125,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         "train_images_per_s": total_seen / max(elapsed, 1e-9),
         "lr": optimizer.param_groups[0]["lr"],
         "steps": step,
+        "bad_steps": bad_steps,
     }
 
 

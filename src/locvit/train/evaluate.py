@@ -7,6 +7,8 @@ scoring a small test split, so the compile is paid once per variant, not per see
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 import torch
@@ -46,9 +48,29 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
             "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"],
             "data_hash": manifest["data_hash"],
         }
-        tracking.setup(cfg["study"], tracking_db)
-        tracking.log_to_run(state["mlflow_run_id"], {f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"]},
-                            step=state["epoch"])
-        write_json(out, result)
+        write_json(out, result)  # first: the result stands whatever the tracking backend does
+        log_evaluation(cfg["study"], tracking_db, state, out, {f"{split}_top1": scores["top1"],
+                                                               f"{split}_loss": scores["loss"]})
         results.append(result)
     return results
+
+
+def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float]) -> None:
+    """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
+
+    As in training (:class:`locvit.tracking.TrainingTracker`): one short probe of a
+    server, bounded HTTP retries, and on failure a loud message with the command that
+    uploads the result later (``locvit sync-tracking`` reads the evaluation file).
+    """
+    uri = tracking.default_uri(tracking_db)
+    try:
+        with tracking.bounded_http():
+            tracking.check_reachable(uri)
+            tracking.setup(study, tracking_db)
+            tracking.log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"])
+    except Exception as err:  # any backend failure: the evaluation file is already written
+        runs = out.parent.parent.parent / "runs"
+        print(f"!! MLFLOW TRACKING FAILED while logging {', '.join(metrics)} of {out} to {tracking.safe_uri(uri)}: "
+              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
+              f"!! the result is in {out}; upload it later with: locvit sync-tracking --runs-dir {runs} "
+              f"--tracking-db {tracking_db}", file=sys.stderr, flush=True)

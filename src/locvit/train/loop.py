@@ -13,7 +13,6 @@ is not retrained (:mod:`locvit.train.resume`).
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 from locvit import tracking
 from locvit.config import flatten
 from locvit.data.augment import make_train_augment
-from locvit.faults import kill_point
+from locvit.faults import hold_point, kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import write_json
@@ -129,6 +128,7 @@ class Run:
     mean: tuple
     std: tuple
     show_progress: bool
+    tracker: tracking.TrainingTracker | None = None  # the MLflow run, on rank 0 (set by open_mlflow_run)
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -198,15 +198,17 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     progress = restore(run, plan.state) if plan.action == "resume" else Progress()
     if dist.main and plan.action == "fresh":
         (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
-    client = open_mlflow_run(run, progress, manifest, tracking_db, plan.stale_run_id) if dist.main else None
+    if dist.main:
+        run.tracker = open_mlflow_run(run, progress, manifest, tracking_db, plan)
     try:
         if plan.action == "resume":
             restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
         train_epochs(run, progress)
-        return finish(run, progress, client)
+        return finish(run, progress)
     except BaseException:
-        if client is not None:
-            tracking.retry(client.set_terminated, progress.run_id, status="FAILED")
+        if run.tracker is not None and run.tracker.ok and progress.run_id:
+            with run.tracker.guard("marking the run FAILED"):
+                tracking.retry(run.tracker.client.set_terminated, progress.run_id, status="FAILED")
         raise
 
 
@@ -222,9 +224,11 @@ def train_epochs(run: Run, p: Progress) -> None:
         stats = train_one_epoch(run.net, run.train_loader, run.optimizer, run.lr_at, p.step, run.mean, run.std,
                                 recipe["label_smoothing"], recipe["clip_grad"], mixup=run.mixup,
                                 desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
-                                compute=run.compute, on_step=on_step, augment=run.augment)
+                                compute=run.compute, on_step=on_step, augment=run.augment,
+                                max_bad_steps=recipe["max_bad_steps"],
+                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history))
         p.step = stats.pop("steps")
-        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run)}
+        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run), "bad_steps": stats["bad_steps"]}
         p.history.append(row)
         p.epoch, p.train_time_s = epoch + 1, p.train_time_s + time.perf_counter() - started
         improved = row["val_top1"] > p.best_top1
@@ -233,9 +237,10 @@ def train_epochs(run: Run, p: Progress) -> None:
             if run.dist.main:  # a CPU copy: last.pt carries it, to restore best.pt after an interruption
                 p.best_model = {k: v.detach().to("cpu", copy=True) for k, v in run.evaluated.state_dict().items()}
         save_epoch(run, p, improved)
-        kill_point(f"after_epoch_{epoch}")  # the reliability tests' SIGKILL (LOCVIT_KILL_AT), else nothing
+        kill_point(f"after_epoch_{epoch}", run.out_dir)  # fault injection for the tests (LOCVIT_KILL_AT), else nothing
+        hold_point(f"after_epoch_{epoch}", run.out_dir)  # the cluster test preempts here (LOCVIT_HOLD_AT)
         if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
-            tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=epoch)
+            run.tracker.log_epoch(row)
             print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
                   f"loss {row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
                   f"{row['train_images_per_s']:.0f} img/s", flush=True)
@@ -274,10 +279,13 @@ def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False) ->
         return
     if improved:
         save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
-    save_checkpoint(run.out_dir / "last.pt", last_state(run, p, rng, finished=finished))
+    state = last_state(run, p, rng, finished=finished)
+    if run.tracker is not None:  # the SLURM jobs so far, carried over a resume (tracked or not)
+        state["slurm_job_ids"] = run.tracker.slurm_job_ids
+    save_checkpoint(run.out_dir / "last.pt", state)
 
 
-def finish(run: Run, p: Progress, client) -> dict:
+def finish(run: Run, p: Progress) -> dict:
     """Check the replicas agree; write metrics.json; close the MLflow run; mark last.pt finished."""
     digests = distributed.gather(weights_digest(run.model.state_dict()), run.dist)
     if len(set(digests)) != 1:
@@ -290,9 +298,17 @@ def finish(run: Run, p: Progress, client) -> dict:
         "mlflow_run_id": p.run_id, "history": p.history, "run_key": run.key, "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
     }
-    if run.dist.main:
+    if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
+        tracker = run.tracker
+        metrics.update(slurm_job_ids=tracker.slurm_job_ids, tracking=tracker.record())
         write_json(run.out_dir / "metrics.json", metrics)
-        close_mlflow_run(client, p.run_id, run.out_dir, metrics)
+        if tracker.ok and p.run_id:
+            with tracker.guard("closing the run (best_val_top1, artifacts, FINISHED)"):
+                close_mlflow_run(tracker.client, p.run_id, run.out_dir, metrics)
+        if not tracker.ok:
+            metrics["tracking"] = tracker.record()
+            write_json(run.out_dir / "metrics.json", metrics)
+            print(f"training finished; tracking had failed:\n{tracker.message()}", file=sys.stderr, flush=True)
     save_epoch(run, p, improved=False, finished=True)  # last: a finished run is never resumed
     return metrics
 
@@ -300,40 +316,53 @@ def finish(run: Run, p: Progress, client) -> dict:
 # MLflow (rank 0 only) -------------------------------------------------------------------------
 
 
-def open_mlflow_run(run: Run, p: Progress, manifest: dict, tracking_db: Path, stale_run_id: str | None):
-    """Create the run's MLflow run, or set a resumed one back to RUNNING and log the epochs it lacks."""
-    import mlflow
+def open_mlflow_run(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan) -> tracking.TrainingTracker:
+    """Create the run's MLflow run, or set a resumed one back to RUNNING and log the epochs it lacks.
 
+    Never raises for the backend: a tracker whose backend failed trains on untracked
+    (:class:`locvit.tracking.TrainingTracker`). Under SLURM the run's tags name every
+    job that worked on it (:func:`locvit.tracking.slurm_provenance`).
+    """
     cfg = run.cfg
-    experiment_id = tracking.setup(cfg["study"], tracking_db)
-    client = mlflow.MlflowClient()
-    if stale_run_id and run_status(client, stale_run_id) == "RUNNING":  # an abandoned run of another config
-        tracking.retry(client.set_terminated, stale_run_id, status="KILLED")
-    if p.run_id is not None and run_status(client, p.run_id) is not None:
-        tracking.retry(client.update_run, p.run_id, status="RUNNING")
-    else:
-        if p.run_id is not None:
-            print(f"WARNING: MLflow run {p.run_id} is not in {mlflow.get_tracking_uri()}; logging to a new run",
-                  file=sys.stderr, flush=True)
-        tags = {
-            "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
-            "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),
-            "device": str(run.device),
-        }
-        if os.environ.get("SLURM_JOB_ID"):
-            tags["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-        created = tracking.retry(client.create_run, experiment_id, run_name=f"{cfg['variant']}-seed{cfg['seed']}",
-                                 tags=tags)
-        p.run_id = created.info.run_id
-        tracking.log_params(p.run_id, {**flatten(cfg), "n_params": sum(t.numel() for t in run.model.parameters()),
-                                       "world_size": run.dist.world_size, "lr_peak": peak_lr(cfg["train"])})
-        if p.best_model is not None:  # resumed into a new MLflow run: best.pt names it
-            save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
-    logged = {m.step for m in tracking.retry(client.get_metric_history, p.run_id, "val_top1")}
-    for row in p.history:  # epochs finished before an interruption but not logged
-        if row["epoch"] not in logged:
-            tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-    return client
+    previous_jobs = (plan.state or {}).get("slurm_job_ids", [])
+    jobs, provenance = tracking.slurm_provenance(previous_jobs)
+    tags = {
+        "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
+        "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),
+        "device": str(run.device), **provenance,
+    }
+    params = {**flatten(cfg), "n_params": sum(t.numel() for t in run.model.parameters()),
+              "world_size": run.dist.world_size, "lr_peak": peak_lr(cfg["train"])}
+    tracker = tracking.TrainingTracker(cfg["study"], tracking_db, run.out_dir, f"{cfg['variant']}-seed{cfg['seed']}",
+                                       tags, params, jobs, run_id=p.run_id)
+    client = tracker.connect()
+    if client is None:
+        return tracker
+    with tracker.guard("opening the MLflow run"):
+        if plan.stale_run_id and run_status(client, plan.stale_run_id) == "RUNNING":  # abandoned, another config
+            tracking.retry(client.set_terminated, plan.stale_run_id, status="KILLED")
+        resumed = tracking.find_run(client, p.run_id)
+        if resumed is not None:
+            # Jobs recorded on the run but not in last.pt (killed before their first epoch) come first.
+            tracker.slurm_job_ids, provenance = tracking.slurm_provenance(
+                resumed.data.tags.get("slurm_job_ids", "").split(",") + previous_jobs)
+            tracker.tags.update(provenance)
+            tracking.retry(client.update_run, p.run_id, status="RUNNING")
+            tracking.set_tags(p.run_id, provenance)
+        else:
+            if p.run_id is not None:
+                print(f"WARNING: MLflow run {p.run_id} is not in {tracking.safe_uri(tracker.uri)}; logging to a new "
+                      "run", file=sys.stderr, flush=True)
+            created = tracking.retry(client.create_run, tracker.experiment_id, run_name=tracker.run_name, tags=tags)
+            p.run_id = tracker.run_id = created.info.run_id
+            tracking.log_params(p.run_id, params)
+            if p.best_model is not None:  # resumed into a new MLflow run: best.pt names it
+                save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
+        logged = {m.step for m in tracking.retry(client.get_metric_history, p.run_id, "val_top1")}
+        for row in p.history:  # epochs finished before an interruption but not logged
+            if row["epoch"] not in logged:
+                tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    return tracker
 
 
 def run_status(client, run_id: str) -> str | None:
@@ -348,17 +377,25 @@ def run_status(client, run_id: str) -> str | None:
 
 def close_mlflow_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
     tracking.log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
-    tracking.retry(client.log_artifact, run_id, str(out_dir / "metrics.json"))
-    tracking.retry(client.log_artifact, run_id, str(out_dir / "best.pt"), "checkpoints")
+    for name, artifact_path in tracking.ARTIFACTS.items():  # metrics.json, checkpoints/best.pt
+        tracking.retry(client.log_artifact, run_id, str(out_dir / name), artifact_path)
     tracking.retry(client.set_terminated, run_id, status="FINISHED")
 
 
 def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
-    """A skipped (finished) run whose MLflow run was left open by a kill after metrics.json: close it."""
-    import mlflow
+    """A skipped (finished) run whose MLflow run was left open by a kill after metrics.json: close it.
 
-    tracking.setup(metrics["study"], tracking_db)
-    client = mlflow.MlflowClient()
-    status = run_status(client, metrics["mlflow_run_id"])
-    if status is not None and status != "FINISHED":
-        close_mlflow_run(client, metrics["mlflow_run_id"], out_dir, metrics)
+    A run trained untracked, or a backend that cannot be reached now, only gets a reminder.
+    """
+    tracker = tracking.TrainingTracker(metrics["study"], tracking_db, out_dir, run_id=metrics.get("mlflow_run_id"))
+    if (metrics.get("tracking") or {}).get("status") == "failed":
+        print(f"NOTE: {out_dir} was trained while MLflow tracking failed; upload it with: {tracker.sync_command()}",
+              file=sys.stderr, flush=True)
+        return
+    client = tracker.connect()
+    if client is None:
+        return
+    with tracker.guard("closing the finished run"):
+        status = run_status(client, metrics["mlflow_run_id"])
+        if status is not None and status != "FINISHED":
+            close_mlflow_run(client, metrics["mlflow_run_id"], out_dir, metrics)

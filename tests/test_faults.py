@@ -1,0 +1,77 @@
+"""Numerical faults: NaN losses injected at chosen steps (LOCVIT_NAN_AT, locvit.faults).
+
+Up to ``train.max_bad_steps`` such steps are skipped and the run finishes; one more stops
+it with a message naming the key, its MLflow run marked FAILED and its last.pt, the last
+good epoch's, kept.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import env_with_venv
+from locvit.config import run_config
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_params) -> dict:
+    cfg = run_config(tiny_params, "deit_a", 0)
+    cfg["train"].update(epochs=2)
+    return cfg
+
+
+def steps_per_epoch(cfg: dict, prepared: dict) -> int:
+    n_train = sum(prepared["manifest_data"]["splits"]["train"]["class_counts"])
+    return n_train // cfg["train"]["batch_size"]  # the training loader drops the last partial batch
+
+
+def train(cfg: dict, prepared: dict, out_dir, db, nan_at: list[int]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
+           "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
+           "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
+           "--threads", "1", "--no-progress"]
+    env = {**env_with_venv(), "LOCVIT_NAN_AT": ",".join(map(str, nan_at))}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def mlflow_run(db, run_id: str):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id)
+
+
+def test_bad_steps_within_the_budget_are_skipped(cfg, prepared, tmp_path):
+    cfg = {**cfg, "train": {**cfg["train"], "max_bad_steps": 2}}
+    proc = train(cfg, prepared, tmp_path / "run", tmp_path / "mlflow.db", nan_at=[1, 2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [row["bad_steps"] for row in metrics["history"]] == [2, 0]
+    assert all(torch.isfinite(v).all() for v in torch.load(tmp_path / "run" / "best.pt", weights_only=True)["model"].values())
+    assert mlflow_run(tmp_path / "mlflow.db", metrics["mlflow_run_id"]).info.status == "FINISHED"
+
+
+def test_one_bad_step_too_many_stops_the_run_and_keeps_the_last_good_epoch(cfg, prepared, tmp_path):
+    cfg = {**cfg, "train": {**cfg["train"], "max_bad_steps": 1}}
+    second_epoch = steps_per_epoch(cfg, prepared) + 3
+    proc = train(cfg, prepared, tmp_path / "run", tmp_path / "mlflow.db", nan_at=[1, second_epoch])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    message = proc.stderr.strip().splitlines()[-1]
+    assert f"training stopped at step {second_epoch}" in message and "train.max_bad_steps = 1" in message
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert last["epoch"] == 0  # epoch 0 finished (its one bad step skipped); epoch 1 never saved
+    assert all(torch.isfinite(v).all() for v in last["model"].values())
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    assert run.info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0]
