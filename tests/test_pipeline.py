@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -217,3 +224,221 @@ def test_report_names_a_missing_run(study, params, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "missing: mait_b seed 1" in (copy / "report" / "tables" / "mait_table2.md").read_text()
     assert "missing seed(s) 1" in (copy / "report" / "results.md").read_text()
+
+
+# --- The MLflow UI, seen as a user sees it: `locvit mlflow-ui` on the study, driven in headless Chromium. ---
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+UI_TIMEOUT_MS = 90_000  # the React app is slow to render on 2 busy cores
+
+
+def _screenshot_dir() -> Path:
+    out = Path(os.environ.get("LOCVIT_TEST_ARTIFACTS") or Path(__file__).resolve().parents[1] / "test-artifacts")
+    out = out / "mlflow-ui"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_ui(study_dir: Path, log: Path, timeout: float = 180) -> tuple[subprocess.Popen, str]:
+    """Start `locvit mlflow-ui` on a free port in its own process group; return it once /health answers."""
+    port = _free_port()
+    env = {**env_with_venv(), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(study_dir), "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.read().strip() == b"OK":
+                    assert f"running on {url}" in log.read_text(), "the UI must bind to 127.0.0.1 by default"
+                    return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_ui(proc)
+            raise AssertionError(f"locvit mlflow-ui did not answer on {url} (exit {proc.returncode}):\n"
+                                 f"{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+def _stop_ui(proc: subprocess.Popen) -> None:
+    """Kill the UI's whole process group (mlflow runs uvicorn and a job runner as children)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the group leader, or the group never looks empty
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def test_mlflow_ui_command_binds_locally_and_names_what_is_missing(tmp_path, monkeypatch):
+    from locvit.ui import ui_command
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = subprocess.run([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(tmp_path)], capture_output=True,
+                         text=True, env=env_with_venv(), timeout=120)
+    assert out.returncode == 1 and f"{tmp_path / 'mlflow.db'} does not exist" in out.stderr
+    assert "run the pipeline first" in out.stderr
+    (tmp_path / "mlflow.db").touch()
+    cmd = ui_command(tmp_path)
+    assert cmd[:4] == [sys.executable, "-m", "mlflow", "ui"] and all(isinstance(a, str) for a in cmd)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # never 0.0.0.0 unless asked
+    assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI is set .*browse http://tracking.example:5000"):
+        ui_command(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's `chromium` package (apt-get install chromium) "
+                    f"to check the MLflow UI in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: pip install -e '.[test]'")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(study, browser, tmp_path_factory):
+    """The URL of `locvit mlflow-ui` serving the finished study; its processes are killed at the end."""
+    proc, url = _start_ui(study / "results" / "tiny", tmp_path_factory.mktemp("ui") / "mlflow-ui.log")
+    try:
+        yield url
+    finally:
+        _stop_ui(proc)
+
+
+@pytest.fixture
+def page(browser, request):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=UI_TIMEOUT_MS)
+    context = browser.new_context(viewport={"width": 1920, "height": 1080})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    page = context.new_page()
+    failed_before = request.session.testsfailed
+    yield page
+    if request.session.testsfailed > failed_before:  # this test failed: keep what the browser showed
+        page.screenshot(path=_screenshot_dir() / f"failed-{request.node.name}.png", full_page=True)
+    context.close()
+
+
+def _tracked_runs(study: Path, params: dict) -> tuple[str, dict, int]:
+    """The experiment id, its variant runs {run name: run} and its number of runs (mask search included)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study / 'results' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    every = client.search_runs([exp.experiment_id])
+    return exp.experiment_id, {r.info.run_name: r for r in every if r.data.tags.get("variant") in params["variants"]}, \
+        len(every)
+
+
+def _as_shown(x: float) -> str:
+    """A metric as the UI prints it (JavaScript's shortest round-trip form; fine for accuracies)."""
+    return str(int(x)) if x == int(x) else repr(x)
+
+
+def _save(page, name: str) -> Path:
+    path = _screenshot_dir() / name
+    path.unlink(missing_ok=True)
+    page.screenshot(path=path, full_page=True)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    return path
+
+
+def _close_assistant(page) -> None:
+    """MLflow 3 opens an assistant panel beside the page; close it to give the table room (if it is there)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_role("button", name="Close", exact=True).first.click(timeout=5_000)
+    except PlaywrightTimeout:  # no panel (this MLflow version, or already closed): nothing to close
+        pass
+
+
+def test_mlflow_ui_lists_every_run_with_its_metrics(study, params, mlflow_ui, page):
+    from playwright.sync_api import expect
+
+    exp_id, runs, n_runs = _tracked_runs(study, params)
+    expected = {f"{v}-seed{s}" for v in params["variants"] for s in params["seeds"]}
+    assert set(runs) == expected
+
+    page.goto(mlflow_ui)  # the home page lists the experiments
+    expect(page.get_by_role("link", name="tiny", exact=True)).to_be_visible()
+    _save(page, "experiments.png")
+    page.get_by_role("link", name="tiny", exact=True).click()
+    expect(page).to_have_url(re.compile(rf"#/experiments/{exp_id}\b"))
+
+    page.goto(f"{mlflow_ui}/#/experiments/{exp_id}/runs?workflowType=machine_learning")  # the runs table
+    for name in sorted(expected):
+        expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
+    _close_assistant(page)
+    page.get_by_role("button", name="Columns", exact=True).click()  # show the comparison metrics
+    for metric in ("test_top1", "best_val_top1"):
+        page.get_by_role("dialog").get_by_text(metric, exact=True).click()
+    page.keyboard.press("Escape")
+    cells = {m: page.locator(f'[role=gridcell][col-id="metrics.`{m}`"]') for m in ("test_top1", "best_val_top1")}
+    for metric, cell in cells.items():
+        expect(page.get_by_role("columnheader", name=metric, exact=True).first).to_be_visible()
+        expect(cell).to_have_count(n_runs)  # the mask search's runs are in the table too
+    _save(page, "runs-table.png")
+
+    for name, run in runs.items():  # each run's row shows its own values
+        row = page.locator(f'[role=row][row-id="{run.info.run_id}"]')
+        expect(row.get_by_role("link", name=name, exact=True)).to_be_visible()
+        for metric in cells:
+            text = row.locator(f'[role=gridcell][col-id="metrics.`{metric}`"]').inner_text()
+            assert float(text) == pytest.approx(run.data.metrics[metric], abs=1e-6), (name, metric, text)
+
+
+def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(study, params, mlflow_ui, page):
+    from playwright.sync_api import expect
+
+    exp_id, runs, _ = _tracked_runs(study, params)
+    variant, seed = next(iter(params["variants"])), params["seeds"][0]
+    run = runs[f"{variant}-seed{seed}"]
+
+    page.goto(f"{mlflow_ui}/#/experiments/{exp_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+    expect(page.get_by_role("heading", name=f"{variant}-seed{seed}")).to_be_visible()
+    _close_assistant(page)
+    for metric in ("test_top1", "best_val_top1"):
+        value = page.get_by_role("row").filter(has=page.get_by_text(metric, exact=True))
+        expect(value.first).to_contain_text(_as_shown(run.data.metrics[metric]))
+    _save(page, "run-overview.png")
+
+    page.get_by_role("tab", name="Artifacts").click()
+    expect(page).to_have_url(re.compile(rf"/runs/{run.info.run_id}/artifacts"))
+    page.get_by_text("report", exact=True).click()  # open the folder the report logs its plots to
+    plot = f"als_{variant}.png"
+    page.get_by_text(plot, exact=True).click()
+    expect(page.get_by_text(f"report/{plot}", exact=True)).to_be_visible()
+    image = page.locator("img[src^='blob:']").first  # the preview of the PNG, fetched from the server
+    expect(image).to_be_visible()
+    assert image.evaluate("img => img.complete && img.naturalWidth") > 0
+    _save(page, "run-artifacts.png")

@@ -136,6 +136,24 @@ def cmd_report(args) -> None:
         print(f"  not written: {name}: {why}")
 
 
+def cmd_sync_tracking(args) -> None:
+    from locvit.tracking import default_uri, safe_uri, sync_runs
+
+    uri = safe_uri(default_uri(args.tracking_db))
+    try:
+        outcome = sync_runs(args.runs_dir, args.tracking_db, args.eval_dir)
+    except ConnectionError as err:
+        print(f"locvit sync-tracking: error: {err}; nothing uploaded", file=sys.stderr)
+        raise SystemExit(1) from err
+    done = len(outcome["uploaded"]) + len(outcome["evaluation"])
+    print(f"{uri}: {len(outcome['uploaded'])} run(s) uploaded, {len(outcome['evaluation'])} test result(s) added, "
+          f"{len(outcome['up_to_date'])} already complete" + ("" if done else "; nothing to upload"))
+    if outcome["failed"]:
+        print(f"locvit sync-tracking: error: {len(outcome['failed'])} run(s) not uploaded (see above): "
+              f"{', '.join(outcome['failed'])}", file=sys.stderr)
+        raise SystemExit(1)
+
+
 def cmd_results(args) -> None:
     params = load_params(args.params, check_models=False)
     table = Path(params["results_dir"]) / params["study"] / "report" / "results.md"
@@ -144,6 +162,15 @@ def cmd_results(args) -> None:
     print(table.read_text())
     print(f"Results table: {table} (also .csv and .tex beside it)")
     print(f"Every table and figure: {table.parent / 'index.md'}; one HTML page: snakemake --report report.html")
+
+
+def cmd_mlflow_ui(args) -> None:
+    from locvit.ui import serve
+
+    if args.study_dir is None:
+        params = load_params(args.params, check_models=False)
+        args.study_dir = Path(params["results_dir"]) / params["study"]
+    serve(args.study_dir, args.host, args.port, args.workers)
 
 
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
@@ -237,7 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="params of other studies (e.g. other data.train_fraction) for the accuracy-vs-fraction figure")
     p.add_argument("--extra-study-dir", type=Path, nargs="*", default=[], help="their results/<study> folders, in order")
 
+    p = add("sync-tracking", cmd_sync_tracking, "upload to MLflow the runs whose training could not be tracked "
+                                                "(metrics.json says so, or the backend lacks their run); idempotent")
+    p.add_argument("--runs-dir", type=Path, required=True,
+                   help="searched at any depth for run folders (results/<study>/runs, or one run's folder)")
+    p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
+    p.add_argument("--eval-dir", type=Path,
+                   help="test results, <eval-dir>/<variant>/seed<k>.json (default: eval/ beside --runs-dir)")
+
     add("results", cmd_results, "print the study's results table and where it is")
+
+    p = add("mlflow-ui", cmd_mlflow_ui, "open the MLflow UI on a study's runs (its results/<study>/mlflow.db)")
+    p.add_argument("--study-dir", type=Path, help="results/<study> holding mlflow.db (default: the study of --params)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1, this machine only; the UI has no login)")
+    p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
+    p.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
     return parser
 
 
@@ -265,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"locvit: {err}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, FloatingPointError) as err:
         print(f"locvit {args.command}: error: {err}", file=sys.stderr)
         return 1
     return 0
