@@ -6,12 +6,15 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# FFCV builds against OpenCV and libjpeg-turbo found through pkg-config.
-SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev
+# FFCV builds against OpenCV and libjpeg-turbo found through pkg-config; the MLflow UI
+# test drives Debian's Chromium.
+SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev chromium
+# `make test-cluster`: a one-node SLURM cluster with accounting (tests/slurm_cluster.py).
+CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps demo test lint bench clean
+.PHONY: install system-deps cluster-deps demo test test-cluster lint bench clean
 
 install: $(STAMP)
 
@@ -43,7 +46,26 @@ demo: install
 	@$(BIN)/locvit results
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not cluster"
+
+# `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
+# and apt-get needed: elsewhere the test skips and says why).
+test-cluster: install
+	@$(MAKE) --no-print-directory cluster-deps
+	LOCVIT_CLUSTER_TEST=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
+
+cluster-deps:
+	@missing=""; for p in $(CLUSTER_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "the SLURM test cluster needs:$$missing (as root: apt-get install -y$$missing); the test will skip"; \
+	  fi; \
+	fi
 
 lint: install
 	$(BIN)/snakemake --lint

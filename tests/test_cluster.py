@@ -1,0 +1,162 @@
+"""`snakemake --profile cluster all` through a real one-node SLURM cluster (`make test-cluster`).
+
+tests/slurm_cluster.py brings up munged, MariaDB, slurmdbd, slurmctld and slurmd in a
+private folder; the tiny study then runs through the SLURM executor exactly as the
+README says, with the per-rule sizes scaled down to this machine on the command line
+(the one node has 2 CPUs and no GPU). One training job is preempted: it holds after its
+first epoch's checkpoint (LOCVIT_HOLD_AT, locvit.faults), the test `scancel`s it,
+Snakemake's retry re-submits it and it resumes from last.pt into the same MLflow run.
+
+Skipped, with the reason, unless LOCVIT_CLUSTER_TEST=1 (set by `make test-cluster`), and
+where the cluster cannot run (not root, packages missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BIN, REPO, copy_workflow, env_with_venv
+from slurm_cluster import LocalSlurm, unavailable
+
+pytestmark = pytest.mark.cluster
+TINY = "presets/tiny.yaml"
+PREEMPTED = "runs/deit_a/seed0"  # the training run the test cancels after its first epoch
+
+
+def small_node_overrides() -> list[str]:
+    """Every sized rule of cluster/config.yaml fitted to one 2-CPU node without a GPU.
+
+    These flags replace the profile's default-resources, set-resources and set-threads.
+    """
+    profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
+    resources = [f"{rule}:{key}={value}" for rule, sizes in profile["set-resources"].items()
+                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000), ("runtime", 30))
+                 if key in sizes]
+    threads = [f"{rule}=1" for rule in profile["set-threads"]]
+    return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", "runtime=30", "cpus_per_task=1",
+            "--set-resources", *resources, "--set-threads", *threads]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.environ.get("LOCVIT_CLUSTER_TEST") != "1":
+        pytest.skip("the SLURM cluster test runs with `make test-cluster` (LOCVIT_CLUSTER_TEST=1)")
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+
+    def interrupted(signum, frame):  # a CI time-out's SIGTERM still tears the cluster down
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        with LocalSlurm() as slurm:
+            yield slurm
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def preempt_once(slurm: LocalSlurm, hold: Path, done: threading.Event, record: dict) -> None:
+    """Wait for the held training job, scancel it, then let every run go on."""
+    try:
+        while not done.is_set():
+            markers = list(hold.parent.glob(f"{hold.name}.*.json"))
+            if markers:
+                held = json.loads(markers[0].read_text())
+                record.update(held)
+                subprocess.run(["scancel", held["slurm_job_id"]], env=slurm.env, check=True, timeout=60)
+                break
+            time.sleep(0.5)
+    finally:
+        hold.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def study(cluster, tmp_path_factory):
+    """The tiny study run through SLURM, with one training job preempted; (workdir, run output, preempted)."""
+    work = copy_workflow(tmp_path_factory.mktemp("cluster"))
+    hold = work / "hold"
+    hold.touch()
+    env = {**env_with_venv(), **{k: v for k, v in cluster.env.items() if k == "SLURM_CONF"},
+           "LOCVIT_HOLD_AT": f"after_epoch_0@{PREEMPTED}", "LOCVIT_HOLD_FILE": str(hold)}
+    done, record = threading.Event(), {}
+    watcher = threading.Thread(target=preempt_once, args=(cluster, hold, done, record), daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "--profile", "cluster", "all", "--config", f"params={TINY}",
+         "--slurm-init-seconds-before-status-checks", "2", *small_node_overrides()],
+        cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    done.set()
+    watcher.join(timeout=60)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"snakemake --profile cluster all failed:\n{out[-6000:]}\n{cluster.log_tail()}")
+    print(f"tiny study through SLURM: {time.monotonic() - started:.0f} s")
+    return work, out, record
+
+
+def test_every_output_is_there(study):
+    work, _, _ = study
+    params = yaml.safe_load((work / TINY).read_text())
+    root = work / "results" / "tiny"
+    for variant in params["variants"]:
+        for seed in params["seeds"]:
+            metrics = json.loads((root / "runs" / variant / f"seed{seed}" / "metrics.json").read_text())
+            assert len(metrics["history"]) == params["train"]["epochs"]
+            assert (root / "eval" / variant / f"seed{seed}.json").is_file()
+            assert (root / "analysis" / variant / f"seed{seed}.json").is_file()
+    assert (root / "report" / "results.md").is_file() and (root / "report" / "mask_search.md").is_file()
+    assert not list(root.rglob("*.tmp"))
+
+
+def test_every_job_went_through_sbatch(study, cluster):
+    work, out, _ = study
+    jobs = cluster.sacct()
+    rules = [j["comment"].split("_wildcards_")[0].removeprefix("rule_") for j in jobs]
+    for rule in ("prepare", "train", "evaluate", "analyse", "search_spec", "search_train", "report"):
+        assert rule in rules, f"no SLURM job for rule {rule}: {jobs}"
+    # Each training run's MLflow run names the SLURM job that finished it, and that job completed.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work / 'results' / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id])
+    by_id = {j["job_id"]: j for j in jobs}
+    assert runs
+    for run in runs:
+        job = by_id.get(run.data.tags.get("slurm_job_id"))
+        assert job is not None, f"MLflow run {run.info.run_name} has no SLURM job id known to sacct"
+        assert job["state"] == "COMPLETED" and job["comment"].startswith(("rule_train_", "rule_search_train_"))
+
+
+def test_preempted_job_was_resubmitted_and_resumed(study, cluster):
+    work, out, held = study
+    assert held, "the training job to preempt never reached its hold point"
+    jobs = {j["job_id"]: j for j in cluster.sacct()}
+    assert jobs[held["slurm_job_id"]]["state"].startswith("CANCELLED")
+    run_dir = work / "results" / "tiny" / PREEMPTED
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    first, *rest = metrics["slurm_job_ids"]
+    assert first == held["slurm_job_id"] and len(rest) == 1, metrics["slurm_job_ids"]
+    assert jobs[rest[0]]["state"] == "COMPLETED"
+    assert [row["epoch"] for row in metrics["history"]] == [0, 1]  # epoch 0 from the cancelled job, kept
+    log = (work / "results" / "tiny" / "logs" / "train" / "deit_a" / "seed0.log").read_text()
+    assert "resum" in log.lower(), log[-2000:]
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work / 'results' / 'tiny' / 'mlflow.db'}")
+    run = client.get_run(metrics["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["slurm_job_ids"] == ",".join(metrics["slurm_job_ids"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0, 1]
