@@ -130,3 +130,25 @@ def test_cli_rejects_a_bad_config_and_writes_nothing(tmp_path, raw_tiny, capsys)
     assert code == 2
     assert "train.batch_size: 0 is less than the minimum of 1" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypatch):
+    """check_model remembers a passing build (timm's import is most of `snakemake -n`); failures stay fresh."""
+    import locvit.config as config
+
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path))
+    builds = []
+    real = config._build_model
+    monkeypatch.setattr(config, "_build_model", lambda *a: builds.append(a[0]) or real(*a))
+    validate_params(raw_tiny)
+    assert sorted(builds) == ["deit_a", "mait_b"] and len(list((tmp_path / "model-checks").iterdir())) == 2
+    validate_params(raw_tiny)
+    assert len(builds) == 2  # both remembered
+    raw_tiny["variants"]["deit_a"]["kwargs"]["depth"] = 3  # another model: built
+    validate_params(raw_tiny)
+    assert builds[2:] == ["deit_a"]
+    raw_tiny["variants"]["deit_a"]["kwargs"]["patch_size"] = 5  # does not divide 16: refused, every time
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="patch_size: 5 does not divide"):
+            validate_params(raw_tiny)
+    assert builds[3:] == ["deit_a", "deit_a"]

@@ -144,8 +144,47 @@ def _check_search(params: dict) -> list[str]:
     return problems
 
 
+def _model_check_stamp(variant: dict, image_size: int, num_classes: int) -> Path:
+    """The cache file that says this model built before, with this timm, torch and locvit.models code.
+
+    Importing timm (and torch, torchvision) costs 5-10 s, paid by every ``snakemake -n``
+    and every job that parses the Snakefile; a build that passed once with the same
+    inputs passes again. Failures are never cached: their message is always fresh.
+    """
+    import hashlib
+    import json
+    from importlib.metadata import version
+
+    from locvit.io import cache_dir
+
+    h = hashlib.sha256(json.dumps([variant["model"], variant["kwargs"], image_size, num_classes,
+                                   version("timm"), version("torch")], sort_keys=True).encode())
+    for code in sorted((Path(__file__).parent / "models").glob("*.py")):
+        h.update(code.read_bytes())
+    return cache_dir("model-checks") / h.hexdigest()
+
+
 def check_model(name: str, variant: dict, image_size: int, num_classes: int) -> list[str]:
-    """Build the variant's model on the meta device (no memory, no compute) to check it."""
+    """Build the variant's model on the meta device (no memory, no compute) to check it.
+
+    A passing check is remembered (:func:`_model_check_stamp`), so timm is imported only
+    for models not checked before.
+    """
+    stamp = _model_check_stamp(variant, image_size, num_classes)
+    if stamp.exists():
+        return []
+    problems = _build_model(name, variant, image_size, num_classes)
+    if not problems:
+        from locvit.io import write_text
+
+        try:
+            write_text(stamp, "")
+        except OSError:
+            pass  # a read-only home: the check just runs again next time
+    return problems
+
+
+def _build_model(name: str, variant: dict, image_size: int, num_classes: int) -> list[str]:
     import timm
     import torch
 

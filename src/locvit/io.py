@@ -35,6 +35,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+#: Environment variable naming the root of locvit's caches (default ``~/.cache/locvit``).
+CACHE_ENV = "LOCVIT_CACHE_DIR"
+
+
+def cache_dir(name: str) -> Path:
+    """``$LOCVIT_CACHE_DIR/<name>``, else ``~/.cache/locvit/<name>``: results that are safe to recompute."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "locvit") / name
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     with atomic_path(path) as tmp:

@@ -73,7 +73,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import warnings
 from functools import partial
 from pathlib import Path
@@ -88,6 +87,7 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.deit import _cfg
 from timm.models.vision_transformer import Block, VisionTransformer
 
+from locvit import io
 from locvit.io import atomic_path
 
 _logger = logging.getLogger(__name__)
@@ -97,7 +97,6 @@ NORMALIZATIONS = ("frobenius", "softmax")
 RESIDUALS = ("prenorm", "reference")
 POS_EMBEDS = ("learn", "sincos", "none")
 NORM_EPS = 1e-8  # added to the Frobenius norm, as in the authors' code
-CACHE_ENV = "LOCVIT_CACHE_DIR"
 FIT_FORMAT = 1  # bump when the fit or its file changes: old files are then ignored
 
 
@@ -194,8 +193,7 @@ def fit_mask_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 def cache_dir() -> Path:
     """Where fits are kept: ``$LOCVIT_CACHE_DIR/ibit``, else ``~/.cache/locvit/ibit``."""
-    root = os.environ.get(CACHE_ENV)
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "locvit") / "ibit"
+    return io.cache_dir("ibit")
 
 
 _FITS: dict[MaskFit, tuple[torch.Tensor, torch.Tensor]] = {}  # this process's fits
