@@ -75,3 +75,30 @@ def test_one_bad_step_too_many_stops_the_run_and_keeps_the_last_good_epoch(cfg, 
     (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
     assert run.info.status == "FAILED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0]
+
+
+def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params, tmp_path):
+    """SIGKILL after val.beton is written under its temporary name, before the rename (LOCVIT_KILL_AT)."""
+    import signal
+
+    from locvit.data.prepare import load_manifest
+    from locvit.io import sha256_file
+
+    out = tmp_path / "data"
+    files = {s: out / f"{s}.beton" for s in ("train", "val", "test")}
+    cmd = [sys.executable, "-m", "locvit", "prepare", "--data-config", json.dumps(tiny_params["data"]),
+           *(a for s in files for a in (f"--{s}", str(files[s]))), "--manifest", str(out / "manifest.json")]
+    killed = subprocess.run(cmd, env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val"},
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert files["train"].is_file() and not files["val"].exists() and not files["test"].exists()
+    assert not (out / "manifest.json").exists()  # written last: without it no step reads the files
+    assert list(out.glob(".val.beton.*.tmp"))  # the whole file, under a name nothing reads
+    with pytest.raises(FileNotFoundError, match="manifest.json.*Re-run the prepare step"):
+        load_manifest(out / "manifest.json", {"train": files["train"]})
+
+    again = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    manifest = load_manifest(out / "manifest.json", files)
+    for split, path in files.items():
+        assert manifest["splits"][split]["file_sha256"] == sha256_file(path)

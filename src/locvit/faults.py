@@ -8,7 +8,9 @@ can preempt it at a known moment (``scancel``) and then remove the file to let t
 others go on. ``<point>@<text>`` limits either to runs whose folder contains ``<text>``
 (e.g. ``after_epoch_1@runs/deit_a/seed0``). Unset, a point costs one dictionary lookup.
 
-Points: ``after_epoch_<k>`` (training, once epoch k's last.pt is written).
+Points: ``after_epoch_<k>`` (training, once epoch k's last.pt is written);
+``before_rename_<split>`` (prepare, an FFCV file written in full under its temporary
+name, not yet renamed into place).
 
 ``LOCVIT_NAN_AT=<step>[,<step>...]`` turns the training loss of those optimiser steps
 (counted from 0 over the run) into NaN, for the numerical-fault tests.
