@@ -18,20 +18,27 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 install: $(STAMP)
 
+# $(call apt_deps,<packages>,<variable holding the commands to run when they cannot be installed>):
+# install the missing ones with apt-get as root, else run the fallback ($$missing names them).
+define apt_deps
+missing=""; for p in $(1); do \
+  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+    echo "installing system packages:$$missing"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+  else \
+    $($(2)); \
+  fi; \
+fi
+endef
+SYSTEM_DEPS_MISSING = echo "FFCV needs system packages that are missing. Run, as root:"; \
+  echo "  apt-get update && apt-get install -y$$missing"; echo "then run make again."; exit 1
+CLUSTER_DEPS_MISSING = echo "the SLURM test cluster needs:$$missing (as root: apt-get install -y$$missing); the test will skip"
+
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
-	    echo "installing system packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else \
-	    echo "FFCV needs system packages that are missing. Run, as root:"; \
-	    echo "  apt-get update && apt-get install -y$$missing"; \
-	    echo "then run make again."; exit 1; \
-	  fi; \
-	fi
+	@$(call apt_deps,$(SYSTEM_PACKAGES),SYSTEM_DEPS_MISSING)
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
@@ -55,17 +62,7 @@ test-cluster: install
 	LOCVIT_CLUSTER_TEST=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 cluster-deps:
-	@missing=""; for p in $(CLUSTER_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
-	    echo "installing system packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
-	  else \
-	    echo "the SLURM test cluster needs:$$missing (as root: apt-get install -y$$missing); the test will skip"; \
-	  fi; \
-	fi
+	@$(call apt_deps,$(CLUSTER_PACKAGES),CLUSTER_DEPS_MISSING)
 
 lint: install
 	$(BIN)/snakemake --lint
