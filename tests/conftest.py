@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -60,3 +62,18 @@ def env_with_venv() -> dict:
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("MLFLOW_TRACKING_URI", None)
     return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
+    """`locvit train` of one run config on the prepared tiny data (one thread, no progress bar)."""
+    return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
+            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
+            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
+            "--threads", "1", "--no-progress"]

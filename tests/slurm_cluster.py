@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from conftest import free_port
 
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server")
 BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sacctmgr", "sbatch", "sacct", "munged", "mariadbd",
@@ -82,11 +83,6 @@ def _kill_job_steps() -> None:
             pass
     psutil.wait_procs(doomed, timeout=10)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _which(name: str) -> str:

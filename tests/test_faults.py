@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import env_with_venv
+from conftest import env_with_venv, train_cmd
 from locvit.config import run_config
 
 pytestmark = pytest.mark.e2e
@@ -33,12 +33,9 @@ def steps_per_epoch(cfg: dict, prepared: dict) -> int:
 
 
 def train(cfg: dict, prepared: dict, out_dir, db, nan_at: list[int]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
-           "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
-           "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
-           "--threads", "1", "--no-progress"]
     env = {**env_with_venv(), "LOCVIT_NAN_AT": ",".join(map(str, nan_at))}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(train_cmd(cfg, prepared, out_dir, db), env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def mlflow_run(db, run_id: str):

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv
+from conftest import BIN, copy_workflow, env_with_venv, free_port
 
 pytestmark = pytest.mark.e2e
 TINY = "presets/tiny.yaml"
@@ -241,15 +240,10 @@ def _screenshot_dir() -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_ui(study_dir: Path, log: Path, timeout: float = 180) -> tuple[subprocess.Popen, str]:
     """Start `locvit mlflow-ui` on a free port in its own process group; return it once /health answers."""
-    port = _free_port()
+    port = free_port()
     env = {**env_with_venv(), "MLFLOW_DISABLE_TELEMETRY": "true"}
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(study_dir), "--port", str(port)],

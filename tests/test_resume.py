@@ -12,12 +12,11 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import env_with_venv
+from conftest import env_with_venv, train_cmd
 from locvit.config import run_config
 from locvit.train.checkpoint import load_checkpoint, save_checkpoint
 from locvit.train.resume import plan_run
@@ -31,12 +30,6 @@ def cfg(tiny_params) -> dict:
     cfg["train"].update(epochs=EPOCHS, ema=True, ema_decay=0.9, lr_scale_batch=128)
     return cfg
 
-
-def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
-    return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
-            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
-            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
-            "--threads", "1", "--no-progress"]
 
 
 def run_ok(cmd: list[str]) -> str:

@@ -17,14 +17,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, env_with_venv
+from conftest import BIN, env_with_venv, free_port, train_cmd
 from locvit import cli, tracking
 from locvit.config import run_config
 
@@ -40,17 +39,6 @@ def quick_http(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def train_cmd(cfg: dict, prepared: dict, out_dir: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
-            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
-            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
-            "--threads", "1", "--no-progress"]
 
 
 def start(cmd: list[str], **env: str) -> subprocess.Popen:
