@@ -11,7 +11,8 @@ be reached, or fails mid-run, the run trains on, says so loudly on stderr, and i
 ``metrics.json`` keeps everything MLflow would have had; ``locvit sync-tracking``
 (:func:`sync_runs`) uploads those records later. Time spent on a backend that is
 gone is bounded (see :data:`HTTP_LIMITS`): one probe of at most
-:data:`PROBE_TIMEOUT_S` before the run starts, and after the first failed call no
+:data:`PROBE_TIMEOUT_S` to connect (:data:`PROBE_READ_TIMEOUT_S` for the answer of a
+server that is up but busy) before the run starts, and after the first failed call no
 further call is made.
 """
 
@@ -188,8 +189,12 @@ def safe_uri(uri: str) -> str:
 #: minutes per call). After the first failure, no further call is made.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-#: One try, before the run is created: does the server answer at all?
+#: One try, before the run is created: does the server answer at all? A closed port or an
+#: unreachable host fails within PROBE_TIMEOUT_S; a server that has accepted the connection
+#: gets PROBE_READ_TIMEOUT_S to answer, since one that many jobs start against at once can
+#: take longer than 5 s (seen on a 2-core machine with five runs importing torch at once).
 PROBE_TIMEOUT_S = 5.0
+PROBE_READ_TIMEOUT_S = 30.0
 
 
 @contextlib.contextmanager
@@ -204,8 +209,9 @@ def bounded_http():
             os.environ.pop(k, None)
 
 
-def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raise ConnectionError unless the HTTP(S) server at ``uri`` answers within ``timeout`` s (one try).
+def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: float = PROBE_READ_TIMEOUT_S) -> None:
+    """Raise ConnectionError unless the HTTP(S) server at ``uri`` accepts a connection within
+    ``timeout`` s and answers within ``read_timeout`` s more (one try).
 
     Any HTTP answer counts (a proxy may refuse ``/health`` without credentials): this only
     tells a dead or unreachable server from a live one. Other backends are not probed.
@@ -217,10 +223,11 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     verify = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or \
         os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("true", "1")
     try:
-        requests.get(uri.rstrip("/") + "/health", timeout=timeout, verify=verify)
+        requests.get(uri.rstrip("/") + "/health", timeout=(timeout, read_timeout), verify=verify)
     except requests.RequestException as err:
-        raise ConnectionError(f"the tracking server {safe_uri(uri)} cannot be reached (one try of at most "
-                              f"{timeout:g} s: {type(err).__name__}: {err})") from err
+        raise ConnectionError(f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
+                              f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
+                              f"{type(err).__name__}: {err})") from err
 
 
 # SLURM provenance --------------------------------------------------------------------------------
