@@ -85,13 +85,13 @@ def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params
     files = {s: out / f"{s}.beton" for s in ("train", "val", "test")}
     cmd = [sys.executable, "-m", "locvit", "prepare", "--data-config", json.dumps(tiny_params["data"]),
            *(a for s in files for a in (f"--{s}", str(files[s]))), "--manifest", str(out / "manifest.json")]
-    killed = subprocess.run(cmd, env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val"},
+    killed = subprocess.run(cmd, env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val.beton"},
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert files["train"].is_file() and not files["val"].exists() and not files["test"].exists()
     assert not (out / "manifest.json").exists()  # written last: without it no step reads the files
     assert list(out.glob(".val.beton.*.tmp"))  # the whole file, under a name nothing reads
-    with pytest.raises(FileNotFoundError, match="manifest.json.*Re-run the prepare step"):
+    with pytest.raises(FileNotFoundError, match="manifest.json.*Rebuild the prepared data: snakemake .*--forcerun prepare"):
         load_manifest(out / "manifest.json", {"train": files["train"]})
 
     again = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)

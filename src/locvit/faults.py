@@ -8,9 +8,16 @@ can preempt it at a known moment (``scancel``) and then remove the file to let t
 others go on. ``<point>@<text>`` limits either to runs whose folder contains ``<text>``
 (e.g. ``after_epoch_1@runs/deit_a/seed0``). Unset, a point costs one dictionary lookup.
 
-Points: ``after_epoch_<k>`` (training, once epoch k's last.pt is written);
-``before_rename_<split>`` (prepare, an FFCV file written in full under its temporary
-name, not yet renamed into place).
+Points (``<where>`` is what ``@<text>`` is matched against):
+
+* ``train_step_<n>``: training, right after optimiser step n (counted from 0 over the
+  run), in the middle of an epoch (``<where>``: the run folder);
+* ``eval_batch_<k>``: scoring batch k of a validation pass (in training: the run folder)
+  or of ``locvit evaluate`` (the result file);
+* ``after_epoch_<k>``: training, once epoch k's last.pt is written (the run folder);
+* ``before_rename_<file name>``: any file written by ``locvit.io.atomic_path`` (a
+  checkpoint, an FFCV file, a manifest, a result), written in full under its temporary
+  name, not yet renamed into place (the file's path).
 
 ``LOCVIT_NAN_AT=<step>[,<step>...]`` turns the training loss of those optimiser steps
 (counted from 0 over the run) into NaN, for the numerical-fault tests.

@@ -2,18 +2,23 @@
 
 Every file a step produces is written to a temporary name in the same folder and
 renamed into place, so a killed job never leaves a half-written output that a later
-step would trust.
+step would trust; the step that owns those files removes such leftovers when it runs
+again (:func:`remove_temporaries`). Fault injection (``locvit.faults``) can kill the
+process at ``before_rename_<file name>``: written in full, not yet renamed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from locvit.faults import kill_point
 
 
 @contextlib.contextmanager
@@ -29,10 +34,30 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        kill_point(f"before_rename_{path.name}", path)  # fault injection for the tests, else nothing
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def temporaries(path: str | os.PathLike) -> list[Path]:
+    """The temporary files :func:`atomic_path` has (or had, in a killed process) open for ``path``."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+
+
+def remove_temporaries(*paths: str | os.PathLike) -> list[Path]:
+    """Delete what killed writers of ``paths`` left behind; the deleted files.
+
+    Only for a step that is the only writer of those files while it runs (a Snakemake
+    job owns its outputs; a training run's rank 0 owns its folder), never for files that
+    other processes write concurrently.
+    """
+    stale = [tmp for path in paths for tmp in temporaries(path)]
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
 
 
 #: Environment variable naming the root of locvit's caches (default ``~/.cache/locvit``).
@@ -75,3 +100,30 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def verified_sha256(path: str | os.PathLike) -> str:
+    """:func:`sha256_file`, remembered per file version (``$LOCVIT_CACHE_DIR/verified``).
+
+    A version is the file's real path, inode, size, modification and change times: any
+    write, rename onto it or ``touch`` makes a new version, which is hashed again. So a
+    large dataset is read in full once per version and machine (cache), not by every job.
+    A corruption that changes none of these (bit rot on the disk itself after the first
+    check) is not seen by a later check; ``dvc status`` re-hashes what DVC tracks.
+    """
+    path = Path(path)
+    st = path.stat()
+    version = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    stamp = cache_dir("verified") / hashlib.sha256(version.encode()).hexdigest()
+    try:
+        recorded = stamp.read_text().strip()
+        if len(recorded) == 64:
+            return recorded
+    except OSError:
+        pass
+    digest = sha256_file(path)
+    try:
+        write_text(stamp, digest + "\n")
+    except OSError:  # a read-only cache only costs the next job another read
+        pass
+    return digest

@@ -30,7 +30,7 @@ from locvit.analysis import (ROW_STOCHASTIC, attention_locality_score, attention
 from locvit.analysis.profile import describe, profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
-from locvit.io import atomic_path, write_json
+from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint
 from locvit.train.loop import normalisation, resolve_device
 
@@ -81,6 +81,7 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
     if not len(checkpoints) == len(out_json) == len(out_npz):
         raise ValueError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
                          "output(s): give one of each per checkpoint")
+    remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
     load_manifest(manifest_path, {"test": data})
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     batch, _ = read_all(data, limit=images, jit=False)  # (B, H, W, 3) uint8

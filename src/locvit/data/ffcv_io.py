@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from locvit.faults import kill_point
 from locvit.io import atomic_path
 
 
@@ -111,7 +110,6 @@ def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution
             writer.from_indexed_dataset(_Subset(source, indices, crop, failed, errors), chunksize=chunk_size)
             if failed.value:
                 raise ValueError(f"{errors.get()} (while writing {Path(path).name}; nothing was written)")
-            kill_point(f"before_rename_{Path(path).stem}", path)  # fault injection for the tests, else nothing
     finally:
         np.random.set_state(numpy_state)
         errors.close()

@@ -18,13 +18,14 @@ instead of from a centre square chosen once at preparation.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 
 from locvit.data.ffcv_io import write_beton
 from locvit.data.sources import get_source
-from locvit.io import read_json, sha256_file, write_json
+from locvit.io import read_json, remove_temporaries, sha256_file, verified_sha256, write_json
 
 SPLITS = ("train", "val", "test")
 
@@ -87,6 +88,7 @@ def content_hash(source, indices: np.ndarray) -> str:
 
 def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> dict:
     """Prepare the dataset described by ``data_cfg`` (the validated ``data`` section)."""
+    remove_temporaries(*outputs.values(), manifest_path)  # what a killed prepare left
     size, max_resolution = data_cfg["image_size"], data_cfg["max_resolution"]
     if max_resolution is not None and max_resolution < size:
         raise ValueError(f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
@@ -129,17 +131,38 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     manifest["data_hash"] = hashlib.sha256(
         "".join(manifest["splits"][s]["content_sha256"] for s in SPLITS).encode()
     ).hexdigest()[:16]
+    manifest[MANIFEST_DIGEST] = manifest_digest(manifest)
     write_json(manifest_path, manifest)
     return manifest
 
 
-def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) -> dict:
-    """Read a manifest; with ``check_files`` verify each split file's recorded size.
+#: The key under which a manifest records the digest of everything else it holds.
+MANIFEST_DIGEST = "manifest_sha256"
 
-    A missing, truncated or replaced file raises an error naming it and how to rebuild.
+
+def manifest_digest(manifest: dict) -> str:
+    """SHA-256 of a manifest's canonical JSON, without its own digest."""
+    rest = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) -> dict:
+    """Read a manifest and check it; with ``check_files`` check each split file too.
+
+    The manifest's own digest (written by :func:`prepare`; a manifest from before
+    digests were recorded is read unchecked) and each file's recorded size and SHA-256
+    (:func:`locvit.io.verified_sha256`: a large file is hashed once per version and
+    machine). A missing, truncated, bit-flipped or replaced file raises an error that
+    names it and how to rebuild it, before anything is read from it.
     """
-    fix = "Re-run the prepare step: snakemake --cores all prepare (or dvc repro prepare)."
+    fix = ("Rebuild the prepared data: snakemake --cores all --forcerun prepare (or dvc repro --force prepare); "
+           "the steps after it re-run too.")
     manifest = read_json(path, "dataset manifest", fix)
+    recorded = manifest.get(MANIFEST_DIGEST) if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or "splits" not in manifest or \
+            (recorded is not None and recorded != manifest_digest(manifest)):
+        raise ValueError(f"dataset manifest {path} is corrupt: it was changed after the prepare step wrote it "
+                         f"(its recorded digest does not match). {fix}")
     for split, file in (check_files or {}).items():
         file = Path(file)
         expected = manifest["splits"][split]["file_bytes"]
@@ -148,4 +171,7 @@ def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) 
         if file.stat().st_size != expected:
             raise ValueError(f"FFCV file {file} has {file.stat().st_size} bytes, the manifest recorded {expected}: "
                              f"it is truncated or was replaced. {fix}")
+        if verified_sha256(file) != manifest["splits"][split]["file_sha256"]:
+            raise ValueError(f"FFCV file {file} is corrupt: its SHA-256 differs from the one the manifest {path} "
+                             f"recorded when it was written. {fix}")
     return manifest

@@ -16,7 +16,7 @@ import torch
 from locvit import tracking
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
-from locvit.io import write_json
+from locvit.io import remove_temporaries, write_json
 from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint
 from locvit.train.engine import evaluate
 from locvit.train.loop import normalisation, resolve_device
@@ -27,6 +27,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
     """Score each checkpoint on ``data``; write one JSON per checkpoint to ``outs``."""
     if len(checkpoints) != len(outs):
         raise ValueError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
+    remove_temporaries(*outs)  # what a killed evaluation left
     manifest = load_manifest(manifest_path, {split: data})
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     results, loader = [], None
@@ -40,7 +41,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
         model = build_from_checkpoint(state).to(device)
         mean, std = normalisation(model)
-        scores = evaluate(model, loader, mean, std)
+        scores = evaluate(model, loader, mean, std, fault_where=out)
         result = {
             "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],

@@ -27,7 +27,7 @@ from locvit.data.augment import make_train_augment
 from locvit.faults import hold_point, kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
-from locvit.io import write_json
+from locvit.io import remove_temporaries, write_json
 from locvit.train import distributed
 from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
@@ -196,6 +196,8 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
                     sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
     progress = restore(run, plan.state) if plan.action == "resume" else Progress()
+    if dist.main:  # what a killed run left half-written (only rank 0 writes this folder)
+        remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json")))
     if dist.main and plan.action == "fresh":
         (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
     if dist.main:
@@ -226,7 +228,8 @@ def train_epochs(run: Run, p: Progress) -> None:
                                 desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
                                 compute=run.compute, on_step=on_step, augment=run.augment,
                                 max_bad_steps=recipe["max_bad_steps"],
-                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history))
+                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
+                                fault_where=run.out_dir)
         p.step = stats.pop("steps")
         row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run), "bad_steps": stats["bad_steps"]}
         p.history.append(row)
@@ -263,7 +266,7 @@ def evaluate_run(run: Run) -> dict:
     """Validation loss and top-1 of the evaluated weights, each rank scoring its share of the split."""
     n_val = run.val_loader.reader.num_samples
     limit = distributed.shard_size(n_val, run.dist) if run.dist.ddp else None
-    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit)
+    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit, fault_where=run.out_dir)
     if not run.dist.ddp:
         return {"val_loss": val["loss"], "val_top1": val["top1"]}
     loss_sum, correct, n = distributed.all_sum([val["loss_sum"], val["correct"], val["n"]], run.dist, run.device)

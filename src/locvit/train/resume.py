@@ -82,7 +82,9 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path) -> Plan:
                         metrics=metrics)
     if not last_path.is_file():
         return Plan("fresh", key)
-    state = load_checkpoint(last_path)  # a corrupt last.pt stops here with its name: never silently dropped
+    # A corrupt last.pt stops here with its name: never silently dropped, never half trusted.
+    state = load_checkpoint(last_path, fix=f"It is the run's progress: delete it to train the run from scratch "
+                                           f"(rm {last_path}), or put back a good copy.")
     if state.get("run_key") != key:
         if "run_key" not in state:
             why = "was written by an older locvit (no run key)"
