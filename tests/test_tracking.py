@@ -27,7 +27,7 @@ from conftest import BIN, env_with_venv, free_port, train_cmd
 from locvit import cli, tracking
 from locvit.config import run_config
 
-EPOCHS = 3
+EPOCHS = 2
 RUNS = [("deit_a", 0), ("deit_a", 1), ("mait_b", 0), ("mait_b", 1)]
 KEYS = {"train_loss", "train_top1", "train_images_per_s", "lr", "val_loss", "val_top1"}  # one value per epoch
 

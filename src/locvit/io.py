@@ -34,6 +34,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        fd = os.open(tmp_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the bytes on disk before the name: a crash leaves the old file or the whole new one
+        finally:
+            os.close(fd)
         kill_point(f"before_rename_{path.name}", path)  # fault injection for the tests, else nothing
         os.replace(tmp_path, path)
     finally:
