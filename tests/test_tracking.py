@@ -335,13 +335,17 @@ def test_an_unreachable_backend_does_not_stop_training_and_sync_uploads_it_later
                          "--data", str(trained["prepared"]["test"]),
                          "--manifest", str(trained["prepared"]["manifest"]),
                          "--tracking-db", str(study / "mlflow.db"), "--threads", "1"]) == 0
-    assert "MLFLOW TRACKING FAILED" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "MLFLOW TRACKING FAILED while logging test_top1, test_loss" in err and f"kept in {evaluation}" in err
     test_top1 = json.loads(evaluation.read_text())["test_top1"]
-    with env_uri(monkeypatch, None):
-        whole_study = ["sync-tracking", "--runs-dir", str(study / "runs"), "--tracking-db", str(study / "mlflow.db")]
-        assert cli.main(whole_study) == 0
+    command = shlex.split(next(line.strip(" !") for line in err.splitlines() if "locvit sync-tracking" in line))
+    assert command[:2] == [f"MLFLOW_TRACKING_URI={untracked['uri']}", "locvit"]
+    assert command[2:] == ["sync-tracking", "--runs-dir", str(out_dir), "--tracking-db", str(study / "mlflow.db"),
+                           "--eval-dir", str(study / "eval")]
+    with env_uri(monkeypatch, None):  # the printed command, with the study's SQLite file as the backend
+        assert cli.main(command[2:]) == 0
         evaluated = capsys.readouterr().out
-        assert cli.main(whole_study) == 0
+        assert cli.main(command[2:]) == 0
         last = capsys.readouterr().out
     assert "1 run(s) uploaded" in first
     synced = json.loads((out_dir / "metrics.json").read_text())

@@ -275,7 +275,6 @@ class TrainingTracker:
                  slurm_job_ids: list[str] | None = None, run_id: str | None = None):
         self.study, self.tracking_db, self.out_dir, self.run_name = study, Path(tracking_db), Path(out_dir), run_name
         self.uri = default_uri(tracking_db)
-        self.from_env = bool(os.environ.get("MLFLOW_TRACKING_URI"))
         self.tags = dict(tags or {})
         self.params = {k: str(v)[:6000] for k, v in (params or {}).items()}  # as MLflow stores them
         self.slurm_job_ids = list(slurm_job_ids or [])
@@ -319,30 +318,46 @@ class TrainingTracker:
         print(self.message(), file=sys.stderr, flush=True)
 
     def sync_command(self) -> str:
-        env = f"MLFLOW_TRACKING_URI={shlex.quote(self.uri)} " if self.from_env else ""
-        return (f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(self.out_dir))} "
-                f"--tracking-db {shlex.quote(str(self.tracking_db))}")
+        return sync_command(self.uri, self.out_dir, self.tracking_db)
 
     def message(self) -> str:
         """The loud failure notice (printed when tracking fails and again when the run ends)."""
-        bar = "!" * 100
-        error = self.error if len(self.error or "") < 600 else self.error[:600] + " ..."
-        return "\n".join([
-            bar,
-            f"!! MLFLOW TRACKING FAILED while {self.failed_during}: this run is NOT in MLflow from here on.",
-            f"!! Training goes on; everything is kept in {self.out_dir} (metrics.json: \"tracking\" status \"failed\").",
-            f"!!   run:     {self.run_name or self.out_dir}",
-            f"!!   backend: {safe_uri(self.uri)}",
-            f"!!   error:   {error}",
-            "!! Upload the run once the backend answers again (after training has finished):",
-            f"!!   {self.sync_command()}",
-            bar,
-        ])
+        return failure_notice(
+            f"{self.failed_during}: this run is NOT in MLflow from here on",
+            f"Training goes on; everything is kept in {self.out_dir} (metrics.json: \"tracking\" status \"failed\")",
+            self.run_name or str(self.out_dir), self.uri, self.error or "",
+            "Upload the run once the backend answers again (after training has finished)", self.sync_command())
 
     def record(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "failed", "uri": safe_uri(self.uri), "error": self.error,
                 "failed_during": self.failed_during, "experiment": self.study, "run_name": self.run_name,
                 "tags": self.tags, "params": self.params, "artifacts": ARTIFACTS}
+
+
+def sync_command(uri: str, runs_dir: Path, tracking_db: Path, eval_dir: Path | None = None) -> str:
+    """The ``locvit sync-tracking`` command line that uploads ``runs_dir`` (and its test results) to ``uri``."""
+    env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if os.environ.get("MLFLOW_TRACKING_URI") else ""
+    extra = f" --eval-dir {shlex.quote(str(eval_dir))}" if eval_dir is not None else ""
+    return (f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(runs_dir))} "
+            f"--tracking-db {shlex.quote(str(tracking_db))}{extra}")
+
+
+def failure_notice(during: str, consequence: str, subject: str, uri: str, error: str, upload: str,
+                   command: str) -> str:
+    """The loud block a step prints when tracking fails: what, the backend, the error, how to upload later."""
+    bar = "!" * 100
+    error = error if len(error) < 600 else error[:600] + " ..."
+    return "\n".join([
+        bar,
+        f"!! MLFLOW TRACKING FAILED while {during}.",
+        f"!! {consequence}.",
+        f"!!   run:     {subject}",
+        f"!!   backend: {safe_uri(uri)}",
+        f"!!   error:   {error}",
+        f"!! {upload}:",
+        f"!!   {command}",
+        bar,
+    ])
 
 
 # Uploading records later (locvit sync-tracking) ----------------------------------------------------

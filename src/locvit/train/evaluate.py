@@ -31,7 +31,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
     manifest = load_manifest(manifest_path, {split: data})
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     results, loader = [], None
-    for state, out in zip(states, outs):
+    for checkpoint, state, out in zip(checkpoints, states, outs):
         cfg = state["config"]
         device = resolve_device(cfg["train"]["device"])
         if loader is None:
@@ -51,17 +51,19 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         }
         write_json(out, result)  # first: the result stands whatever the tracking backend does
         log_evaluation(cfg["study"], tracking_db, state, out, {f"{split}_top1": scores["top1"],
-                                                               f"{split}_loss": scores["loss"]})
+                                                               f"{split}_loss": scores["loss"]}, checkpoint.parent)
         results.append(result)
     return results
 
 
-def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float]) -> None:
+def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float],
+                   run_dir: Path) -> None:
     """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
 
     As in training (:class:`locvit.tracking.TrainingTracker`): one short probe of a
     server, bounded HTTP retries, and on failure a loud message with the command that
-    uploads the result later (``locvit sync-tracking`` reads the evaluation file).
+    uploads the result later (``locvit sync-tracking`` of ``run_dir``, the checkpoint's
+    run folder, reading ``out``: ``<eval dir>/<variant>/seed<k>.json``).
     """
     uri = tracking.default_uri(tracking_db)
     try:
@@ -70,8 +72,9 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
             tracking.setup(study, tracking_db)
             tracking.log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"])
     except Exception as err:  # any backend failure: the evaluation file is already written
-        runs = out.parent.parent.parent / "runs"
-        print(f"!! MLFLOW TRACKING FAILED while logging {', '.join(metrics)} of {out} to {tracking.safe_uri(uri)}: "
-              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
-              f"!! the result is in {out}; upload it later with: locvit sync-tracking --runs-dir {runs} "
-              f"--tracking-db {tracking_db}", file=sys.stderr, flush=True)
+        print(tracking.failure_notice(
+            f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +
+            f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})", uri,
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            "Upload it once the backend answers again",
+            tracking.sync_command(uri, run_dir, tracking_db, out.parent.parent)), file=sys.stderr, flush=True)
