@@ -400,3 +400,18 @@ def test_max_resolution_stores_the_training_images_whole(tmp_path):
     cifar = prepare(_data(source="cifar10", root=str(tmp_path / "c"), max_resolution=64), _paths(tmp_path / "c"),
                     tmp_path / "c" / "m.json")
     assert not cifar["train_stored_whole"] and stored_sizes(tmp_path / "c" / "train.beton") == ((32, 32), (32, 32))
+
+
+def test_an_epoch_leaves_torchs_thread_count_alone(prepared):
+    """FFCV's Loader.__iter__ sets torch's thread count to num_workers; ours keeps the caller's."""
+    from locvit.data.ffcv_io import make_loader
+
+    before = torch.get_num_threads()
+    try:
+        loader = make_loader(prepared["val"], 64, True, torch.device("cpu"), num_workers=2, jit=False)
+        torch.set_num_threads(1)  # a run's --threads, set after the loader is built
+        for epoch in range(2):
+            for _ in loader:
+                assert torch.get_num_threads() == 1, f"epoch {epoch}"
+    finally:
+        torch.set_num_threads(before)

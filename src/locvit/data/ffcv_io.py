@@ -12,6 +12,7 @@ per-sample augmentations FFCV lacks (RandAugment, random erasing) in
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -207,7 +208,7 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     (FFCV's ``Compiler``): every loader of a process should use the same value.
     """
     from ffcv.fields.decoders import IntDecoder
-    from ffcv.loader import Loader, OrderOption
+    from ffcv.loader import OrderOption
     from ffcv.pipeline.compiler import Compiler
     from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, Squeeze, ToDevice, ToTensor, ToTorchImage
 
@@ -226,7 +227,7 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
     else:
         order = repeated_aug_order(repeated_aug) if repeated_aug > 1 else OrderOption.RANDOM
     Compiler.set_enabled(jit)  # read when the pipeline is compiled, at the first batch
-    return Loader(
+    return _loader_class()(
         str(path),
         batch_size=batch_size,
         num_workers=num_workers,
@@ -237,6 +238,27 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
         drop_last=train if drop_last is None else drop_last,
         pipelines={"image": image_pipe, "label": label_pipe},
     )
+
+
+@functools.cache
+def _loader_class():
+    """FFCV's ``Loader``, except that starting an epoch leaves torch's thread count alone.
+
+    FFCV's ``Loader.__iter__`` sets torch's (and numba's) thread count to the loader's
+    ``num_workers`` at every epoch, which silently overrode a run's ``--threads`` from
+    the first epoch on (found by benchmarks/bench_dataloader.py). numba's count, which
+    the compiled pipeline uses, is left as FFCV sets it.
+    """
+    from ffcv.loader import Loader
+
+    class ThreadKeepingLoader(Loader):
+        def __iter__(self):
+            threads = torch.get_num_threads()
+            epoch = super().__iter__()
+            torch.set_num_threads(threads)
+            return epoch
+
+    return ThreadKeepingLoader
 
 
 def read_all(path: str | Path, limit: int | None = None, jit: bool = True,
