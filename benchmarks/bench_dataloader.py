@@ -358,8 +358,6 @@ def e2e_child(spec: dict) -> dict:
             "torch_loader": lambda: [None for _ in Steps(timm_loaders[w, True], steps, threads)],
             "torch_loader_no_augmentation": lambda: [None for _ in Steps(timm_loaders[w, False], steps, threads)],
             "ffcv_fed": train("ffcv", Steps(ffcv, steps, threads), augment=augment),
-            "ffcv_fed_randaugment_inline": train("ffcv", Steps(ffcv, steps, threads), augment=augment,
-                                                 augment_ahead=False),
             "ffcv_loader": lambda: [None for _ in Steps(ffcv, steps, threads)],
             "locvit_randaugment_erasing": augment_only,
             "compute": train("compute", Steps([(fixed_x, fixed_y)], steps, threads)),

@@ -58,7 +58,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
                     on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0, fault_where: str | Path = "", augment_ahead: bool = True) -> dict:
+                    bad_steps_before: int = 0, fault_where: str | Path = "") -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (timm's ``Mixup``, which also applies the label smoothing) mixes each batch
@@ -79,14 +79,12 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
     step = first_step
     start = time.perf_counter()
-    batches = augmented_ahead(loader, augment if augment_ahead else None, first_step)  # RandAugment in a thread
+    batches = augmented_ahead(loader, augment, first_step)  # RandAugment, one batch ahead in a thread
     bar = tqdm(batches, total=len(loader) if hasattr(loader, "__len__") else None, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
     for images, labels in bar:
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if augment is not None and not augment_ahead:
-            images = augment.before_normalise(images, step)  # RandAugment, in this thread
         x = compute.inputs(images, mean, std)
         if augment is not None:
             x = augment.after_normalise(x, step)  # random erasing, per image
