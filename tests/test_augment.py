@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 import types
 
 import numpy as np
@@ -133,22 +132,3 @@ def test_repeated_aug_order_deals_copies_to_different_ranks(monkeypatch):
     # Together the ranks take the first n of the repeated permutation: ceil(n / 3) images, 3 copies each.
     together = np.concatenate(orders)
     assert len(together) == n and len(set(together.tolist())) == -(-n // 3)
-
-
-def test_randaugment_one_batch_ahead_draws_what_the_step_would(prepared):
-    """engine.augmented_ahead: batch k augmented in a thread with step first_step + k, from FFCV's reused buffers."""
-    from locvit.train.engine import augmented_ahead
-
-    aug = make_train_augment(_recipe(randaugment=DEIT, random_erasing=0.25), MEAN, STD, seed=3)
-    loader = make_loader(prepared["train"], 32, True, torch.device("cpu"), seed=0, jit=False)
-    plain = [(x.clone(), y.clone()) for x, y in loader]  # epoch 0, as loaded
-    loader.next_epoch = 0  # the same order again
-    ahead = []
-    for x, y in augmented_ahead(loader, aug, first_step=7):
-        ahead.append((x, y))
-        time.sleep(0.002)  # the model step: the loader runs on and refills its buffers meanwhile
-    assert len(ahead) == len(plain) > 5
-    for k, ((x, y), (px, py)) in enumerate(zip(ahead, plain)):
-        assert torch.equal(y, py), k
-        assert torch.equal(x, aug.before_normalise(px, 7 + k)), k
-    assert list(augmented_ahead(plain[:2], None, 0)) == plain[:2]  # off: the batches as they are

@@ -38,7 +38,6 @@ import contextlib
 import math
 import os
 import random
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Sequence
 
@@ -48,24 +47,15 @@ import torch
 _LEVEL_DENOM = 10.0  # timm's magnitude scale: 'm10' is the strongest level of an op
 
 
-_PYTHON_RANDOM = threading.Lock()
-
-
 @contextlib.contextmanager
 def _seeded_python_random(seed: int) -> Iterator[None]:
-    """Python's global ``random`` seeded for a block, then put back as it was.
-
-    One block at a time in the process (a lock): RandAugment's draws run in a background
-    thread (:func:`locvit.train.engine.augmented_ahead`) while random erasing draws in the
-    training thread, and both seed the one global generator.
-    """
-    with _PYTHON_RANDOM:
-        state = random.getstate()
-        random.seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(state)
+    """Python's global ``random`` seeded for a block, then put back as it was."""
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 def _apply(image: np.ndarray, plan: list) -> np.ndarray:

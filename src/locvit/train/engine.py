@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -79,12 +78,13 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
     step = first_step
     start = time.perf_counter()
-    batches = augmented_ahead(loader, augment, first_step)  # RandAugment, one batch ahead in a thread
-    bar = tqdm(batches, total=len(loader) if hasattr(loader, "__len__") else None, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
+    bar = tqdm(loader, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
     for images, labels in bar:
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        if augment is not None:
+            images = augment.before_normalise(images, step)  # RandAugment, per image
         x = compute.inputs(images, mean, std)
         if augment is not None:
             x = augment.after_normalise(x, step)  # random erasing, per image
@@ -130,30 +130,6 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         "steps": step,
         "bad_steps": bad_steps,
     }
-
-
-def augmented_ahead(loader: Iterable, augment, first_step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``loader``'s batches with ``augment.before_normalise`` (RandAugment) applied, one batch ahead.
-
-    While the model trains on batch k, a background thread augments batch k+1 (its pixel
-    work is PIL's and numpy's, which leave the training thread running): on a CPU the two
-    overlap instead of adding up (benchmarks/bench_dataloader.py). Batch k is drawn with
-    step ``first_step + k``, as before, so the draws are the same and runs still repeat
-    exactly. The batch is copied first: FFCV reuses its buffers a few batches later.
-    Without RandAugment, the loader's batches as they are.
-    """
-    if augment is None or not augment.spec:
-        yield from loader
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="randaugment-ahead") as pool:
-        pending = None
-        for step, (images, labels) in enumerate(loader, first_step):
-            ahead = (pool.submit(augment.before_normalise, images.clone(), step), labels.clone())
-            if pending is not None:
-                yield pending[0].result(), pending[1]
-            pending = ahead
-        if pending is not None:
-            yield pending[0].result(), pending[1]
 
 
 @torch.no_grad()
