@@ -41,7 +41,9 @@ pytestmark = pytest.mark.e2e
 EPOCHS = 2
 RUN = "results/kill/runs/deit_a/seed0"
 TARGET = "results/kill/eval/deit_a/seed0.json"
-LIFE_S = 15.0  # the outside kill comes within this many seconds of the training process starting
+# The outside kill comes within this many seconds of the training process starting: it lives about
+# 14 s alone on a 2-core machine (imports, loaders, 2 epochs), longer beside the uninterrupted run.
+LIFE_S = 8.0
 SEED = int(os.environ.get("LOCVIT_KILL_SEED", random.SystemRandom().randrange(10 ** 6)))
 
 
@@ -99,8 +101,9 @@ def kill_from_outside(work: Path, rng: random.Random, life_s: float) -> str:
         victim.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
     landed = proc.returncode != 0
-    assert not landed or "Error in rule train" in out, f"seed {SEED}: {out[-3000:]}"
-    return f"from outside, {delay:.1f} s after the training process started ({'landed' if landed else 'missed'})"
+    assert landed, f"seed {SEED}: training ended within {delay:.1f} s, before the outside kill (lower LIFE_S)"
+    assert "Error in rule train" in out, f"seed {SEED}: {out[-3000:]}"
+    return f"from outside, {delay:.1f} s after the training process started"
 
 
 def kill_at_point(work: Path, point: str) -> str:

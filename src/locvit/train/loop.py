@@ -32,7 +32,7 @@ from locvit.train import distributed
 from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
 from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
-from locvit.train.resume import Progress, best_state, last_state, plan_run, restore, restore_rng
+from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
 
 __all__ = ["build_model", "normalisation", "param_groups", "resolve_device", "seed_everything", "train_run"]
 
@@ -195,9 +195,9 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     seed_everything(cfg["seed"] + dist.rank)  # rank 0 (and a single process) draws from the run's seed
     run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
                     sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
-    progress = restore(run, plan.state) if plan.action == "resume" else Progress()
+    progress = restore(run, plan.state) if plan.action == "resume" else Progress(run_id=plan.run_id)
     if dist.main:  # what a killed run left half-written (only rank 0 writes this folder)
-        remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json")))
+        remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json", RUN_RECORD)))
     if dist.main and plan.action == "fresh":
         (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
     if dist.main:
@@ -358,6 +358,7 @@ def open_mlflow_run(run: Run, p: Progress, manifest: dict, tracking_db: Path, pl
                       "run", file=sys.stderr, flush=True)
             created = tracking.retry(client.create_run, tracker.experiment_id, run_name=tracker.run_name, tags=tags)
             p.run_id = tracker.run_id = created.info.run_id
+            write_json(run.out_dir / RUN_RECORD, {"run_id": p.run_id, "run_key": run.key})  # before any epoch
             tracking.log_params(p.run_id, params)
             if p.best_model is not None:  # resumed into a new MLflow run: best.pt names it
                 save_checkpoint(run.out_dir / "best.pt", best_state(run, p))

@@ -9,6 +9,9 @@
 * anything else: **train from scratch** (and say why when files were there: another
   config or data; or a finished run whose metrics.json is gone, which is how
   Snakemake asks for a re-run, e.g. ``--forcerun``). Rank 0 then overwrites the folder.
+  A run killed before its first last.pt starts over into the MLflow run it had
+  created (recorded in ``mlflow_run.json`` with the run key, :data:`RUN_RECORD`), so a
+  run keeps one MLflow run however often it is killed.
 
 The run key hashes the resolved run config and the training data's hash (from the
 manifest): a changed recipe, model or dataset never continues an old run.
@@ -55,6 +58,20 @@ class Plan:
     state: dict[str, Any] | None = None  # last.pt, to resume from
     metrics: dict[str, Any] | None = None  # metrics.json of a finished run
     stale_run_id: str | None = None  # MLflow run of an unfinished last.pt that is started over
+    run_id: str | None = None  # MLflow run to train into from scratch (created by a run killed before last.pt)
+
+
+#: Written when a run creates its MLflow run: {"run_id", "run_key"}.
+RUN_RECORD = "mlflow_run.json"
+
+
+def recorded_run(out_dir: Path) -> dict:
+    """What :data:`RUN_RECORD` says (``{}`` when absent or unreadable)."""
+    try:
+        record = json.loads((out_dir / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def run_key(cfg: dict, data_hash: str) -> str:
@@ -81,7 +98,11 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path) -> Plan:
             return Plan("skip", key, f"{out_dir}: already trained (metrics.json matches this config); not retraining",
                         metrics=metrics)
     if not last_path.is_file():
-        return Plan("fresh", key)
+        record = recorded_run(out_dir)
+        if record.get("run_key") == key:  # killed before its first epoch ended: the same MLflow run
+            return Plan("fresh", key, f"{out_dir}: starting over into MLflow run {record.get('run_id')} "
+                                      "(interrupted before its first epoch ended)", run_id=record.get("run_id"))
+        return Plan("fresh", key, stale_run_id=record.get("run_id"))  # another config's, if any
     # A corrupt last.pt stops here with its name: never silently dropped, never half trusted.
     state = load_checkpoint(last_path, fix=f"It is the run's progress: delete it to train the run from scratch "
                                            f"(rm {last_path}), or put back a good copy.")
