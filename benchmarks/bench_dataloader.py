@@ -217,13 +217,11 @@ def epochs(loader, passes: int):
 class Steps:
     """The first ``n`` batches of a fresh pass over ``loader`` (into the next epoch if need be).
 
-    torch's intra-op threads are set to ``threads`` after each ``iter(loader)`` (FFCV's
-    Loader sets them to its num_workers there). An FFCV epoch left early is closed, so its
-    loading thread stops.
+    An FFCV epoch left early is closed, so its loading thread stops.
     """
 
-    def __init__(self, loader, n: int, threads: int):
-        self.loader, self.n, self.threads = loader, n, threads
+    def __init__(self, loader, n: int):
+        self.loader, self.n = loader, n
 
     def __len__(self) -> int:
         return self.n
@@ -232,7 +230,6 @@ class Steps:
         done = 0
         while done < self.n:
             it = iter(self.loader)
-            torch.set_num_threads(self.threads)
             try:
                 for batch in it:
                     yield batch
@@ -340,6 +337,7 @@ def e2e_child(spec: dict) -> dict:
     for w in spec["workers"]:
         ffcv = make_loader(d["path"], batch, True, torch.device("cpu"), num_workers=w, seed=0, translate=4, hflip=True,
                            jit=jit)
+        torch.set_num_threads(threads)  # FFCV's Loader constructor sets it to num_workers (its epochs keep ours)
         augment = TrainAugment(mean, std, DEIT_RA, 0.25, seed=0, workers=w)
         nets = {side: copy.deepcopy(model) for side in ("ffcv", "torch", "compute")}
         opts = {side: torch.optim.AdamW(net.parameters(), lr=1e-3) for side, net in nets.items()}
@@ -349,21 +347,20 @@ def e2e_child(spec: dict) -> dict:
                                            label_smoothing=0.1, clip_grad=1.0, show_progress=False, **kwargs)
 
         def augment_only():
-            torch.set_num_threads(threads)
             for step in range(steps):
                 augment.after_normalise(to_model_input(augment.before_normalise(fixed_x, step), mean, std), step)
 
         fns = {
-            "torch_fed": train("torch", Steps(timm_loaders[w, True], steps, threads), compute=Prenormalised()),
-            "torch_loader": lambda: [None for _ in Steps(timm_loaders[w, True], steps, threads)],
-            "torch_loader_no_augmentation": lambda: [None for _ in Steps(timm_loaders[w, False], steps, threads)],
-            "ffcv_fed": train("ffcv", Steps(ffcv, steps, threads), augment=augment),
-            "ffcv_loader": lambda: [None for _ in Steps(ffcv, steps, threads)],
+            "torch_fed": train("torch", Steps(timm_loaders[w, True], steps), compute=Prenormalised()),
+            "torch_loader": lambda: [None for _ in Steps(timm_loaders[w, True], steps)],
+            "torch_loader_no_augmentation": lambda: [None for _ in Steps(timm_loaders[w, False], steps)],
+            "ffcv_fed": train("ffcv", Steps(ffcv, steps), augment=augment),
+            "ffcv_loader": lambda: [None for _ in Steps(ffcv, steps)],
             "locvit_randaugment_erasing": augment_only,
-            "compute": train("compute", Steps([(fixed_x, fixed_y)], steps, threads)),
+            "compute": train("compute", Steps([(fixed_x, fixed_y)], steps)),
         }
         start = time.perf_counter()
-        next(iter(Steps(ffcv, 1, threads)))  # the first batch: numba's compile when the JIT is on
+        next(iter(Steps(ffcv, 1)))  # the first batch: numba's compile when the JIT is on
         ffcv_first_batch_s = time.perf_counter() - start
         times = alternate(fns, repeats, warmup=1)
         img_s = {key: samples / median(t) for key, t in times.items()}

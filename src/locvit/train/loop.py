@@ -196,11 +196,10 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
                     sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
     progress = restore(run, plan.state) if plan.action == "resume" else Progress(run_id=plan.run_id)
-    if dist.main:  # what a killed run left half-written (only rank 0 writes this folder)
+    if dist.main:  # only rank 0 writes this folder
         remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json", RUN_RECORD)))
-    if dist.main and plan.action == "fresh":
-        (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
-    if dist.main:
+        if plan.action == "fresh":
+            (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
         run.tracker = open_mlflow_run(run, progress, manifest, tracking_db, plan)
     try:
         if plan.action == "resume":
