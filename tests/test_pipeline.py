@@ -113,7 +113,7 @@ def test_results_table_matches_the_evaluations(study, params):
                  for s in params["seeds"]]
         accs = [100 * e["test_top1"] for e in evals]
         assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
-        assert int(row["seeds"]) == 2 and row["missing_seeds"] == ""
+        assert int(row["n_seeds"]) == 2 and row["missing_seeds"] == ""
         assert set(row["mlflow_run_ids"].split()) == {e["mlflow_run_id"] for e in evals}
         assert f"| {row['variant']} |" in md and row["variant"].replace("_", r"\_") in tex
     assert "±" in md and r"\toprule" in tex
@@ -222,7 +222,7 @@ def test_report_names_a_missing_run(study, params, tmp_path):
                           "--no-mlflow"], capture_output=True, text=True, env=env_with_venv())
     assert out.returncode == 0, out.stderr
     assert "missing: mait_b seed 1" in (copy / "report" / "tables" / "mait_table2.md").read_text()
-    assert "missing seed(s) 1" in (copy / "report" / "results.md").read_text()
+    assert "missing: mait_b seed 1" in (copy / "report" / "results.md").read_text()
 
 
 # --- The MLflow UI, seen as a user sees it: `locvit mlflow-ui` on the study, driven in headless Chromium. ---

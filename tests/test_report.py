@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
+from locvit.report import stats
 from locvit.report.build import build_report
 
 SEEDS = [0, 1]
@@ -67,16 +68,17 @@ def write(path: Path, obj) -> None:
     path.write_text(json.dumps(obj))
 
 
-def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None, analysed=ANALYSED) -> dict:
+def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None, analysed=ANALYSED,
+               seeds=SEEDS) -> dict:
     """Write the contract's files for every variant and seed; return the MLflow run ids used.
 
     ``analysed``: variant -> seeds with attention analyses (figures are what takes time here).
     """
     rng = np.random.default_rng(0)
-    run_ids = run_ids or {(v, s): uuid.uuid4().hex for v in params["variants"] for s in SEEDS}
+    run_ids = run_ids or {(v, s): uuid.uuid4().hex for v in params["variants"] for s in seeds}
     for v, spec in params["variants"].items():
         n_params = 100_000 + 1_000 * len(v)
-        for s in SEEDS:
+        for s in seeds:
             rid = run_ids[(v, s)]
             if top1[v][s] is not None:
                 write(root / "eval" / v / f"seed{s}.json", {
@@ -170,7 +172,8 @@ def test_mait_table2_cells_are_mean_std_and_delta_vs_deit(built):
 def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
     _, out, _, _ = built
     header = next(csv.reader((out / "tables" / "mait_table3.csv").open()))
-    cols = [h for h in header if not h.endswith((" std", " n", " delta", " mlflow_run_ids", " missing"))]
+    cols = [h for h in header if not h.endswith((" std", " n", " ci95_low", " ci95_high", " reference", " delta", " p",
+                                                 " p_holm", " mlflow_run_ids", " missing"))]
     assert cols == ["Model size", "DeiT", "MaiT(Sch.1)", "MaiT(Sch.1, 5x5)", "MaiT(all heads, soft)"]
     row = read_csv(out / "tables" / "mait_table3.csv")[0]
     assert float(row["MaiT(Sch.1, 5x5) delta"]) == pytest.approx(expected("mait_5x5")[0] - expected("deit")[0])
@@ -227,6 +230,64 @@ def test_results_table_and_summary_are_kept(built):
     assert summary["deit"]["test_top1_mean"] == pytest.approx(expected("deit")[0]) and summary["deit"]["seeds"] == 2
     assert summary["mait_soft"]["seeds"] == 1
     assert "| mait_soft |" in (out / "results.md").read_text()
+
+
+CONTRACT = ["variant", "n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high"]
+
+
+def test_results_csv_contract_with_statistics_against_the_baseline(built):
+    _, out, _, _ = built
+    header = next(csv.reader((out / "results.csv").open()))
+    assert header[:6] == CONTRACT
+    assert {"delta_vs_baseline", "p_vs_baseline", "p_holm"} <= set(header)
+    rows = {r["variant"]: r for r in read_csv(out / "results.csv")}
+    assert list(rows) == list(VARIANTS)
+    # deit is the default baseline (the first DeiT variant): not tested against itself.
+    assert rows["deit"]["delta_vs_baseline"] == rows["deit"]["p_vs_baseline"] == rows["deit"]["p_holm"] == ""
+    base = [100 * t for t in TOP1["deit"]]
+    tested = {}
+    for name, row in rows.items():
+        values = [100 * t for t in TOP1[name] if t is not None]
+        s = stats.describe(values)
+        assert int(row["n_seeds"]) == len(values) and float(row["test_top1_mean"]) == pytest.approx(s.mean)
+        if len(values) > 1:
+            assert float(row["test_top1_ci95_low"]) == pytest.approx(s.ci_low)
+            assert float(row["test_top1_ci95_high"]) == pytest.approx(s.ci_high)
+        else:  # one seed: no spread, no interval, no test
+            assert row["test_top1_std"] == row["test_top1_ci95_low"] == row["p_vs_baseline"] == ""
+        if name != "deit" and len(values) > 1:
+            assert row["reference"] == "deit"
+            assert float(row["delta_vs_baseline"]) == pytest.approx(s.mean - stats.describe(base).mean)
+            tested[name] = stats.welch(values, base).p
+            assert float(row["p_vs_baseline"]) == pytest.approx(tested[name])
+    # Holm over exactly the variants that could be tested
+    for name, p in zip(tested, stats.holm(list(tested.values()))):
+        assert float(rows[name]["p_holm"]) == pytest.approx(p)
+    seeds = read_csv(out / "results_seeds.csv")
+    assert [(r["variant"], int(r["seed"])) for r in seeds] == [
+        (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None]
+    assert float(seeds[0]["test_top1"]) == pytest.approx(100 * TOP1["deit"][0])
+    md = (out / "results.md").read_text()
+    assert "| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | p (Welch) | p (Holm) |" in md
+    assert "deit is the baseline." in md and "lsa vs deit: +10.00 points, " in md
+    assert "mait_soft vs deit:" in md and "not tested (needs at least 2 seeds on both sides)" in md
+    assert r"$\Delta$ vs deit" in (out / "results.tex").read_text()
+
+
+def test_significant_differences_are_marked(tmp_path):
+    top1 = {v: [0.70, 0.71, 0.72] for v in ("deit", "same", "far")}
+    top1["far"] = [0.98, 0.985, 0.99]
+    top1["same"] = [0.705, 0.715, 0.70]
+    variants = {v: VARIANTS["deit"] for v in top1}
+    params = {**make_params(variants), "seeds": [0, 1, 2]}
+    make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2])
+    build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
+    assert float(rows["far"]["p_holm"]) < 0.05 < float(rows["same"]["p_holm"])
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "far vs deit: +27.50 points, significant at 0.05" in md
+    assert "same vs deit: -0.33 points, not significant at 0.05" in md
+    assert "| +27.50* |" in md and "| -0.33 |" in md
 
 
 def test_figures_are_valid_files_with_captions(built):

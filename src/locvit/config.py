@@ -85,7 +85,22 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
     for variant in out["variants"].values():
         variant.setdefault("kwargs", {})
         variant.setdefault("train", {})
+    if out.get("baseline") is None:
+        out["baseline"] = default_baseline(out["variants"])
     return out
+
+
+def default_baseline(variants: dict) -> str | None:
+    """The variant the results table compares every other one with when ``baseline`` is not given:
+    the first plain DeiT/ViT of the study (its model name starts with deit or vit_), else none."""
+    return next((name for name, v in variants.items() if v["model"].startswith(("deit", "vit_"))), None)
+
+
+def _check_baseline(params: dict) -> list[str]:
+    if params["baseline"] is None or params["baseline"] in params["variants"]:
+        return []
+    return [f"baseline: {params['baseline']!r} is not a variant of this study; allowed: "
+            f"{', '.join(params['variants'])} (or null: the first DeiT/ViT variant)"]
 
 
 def _fill_defaults_section(section: dict, schema: dict) -> dict:
@@ -219,7 +234,7 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     if problems:
         raise ConfigError(problems, source)
     params = _fill_defaults(params, schema)
-    problems = _check_semantics(params) if check_models else []
+    problems = _check_baseline(params) + (_check_semantics(params) if check_models else [])
     if problems:
         raise ConfigError(problems, source)
     return params

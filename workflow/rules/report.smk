@@ -6,6 +6,7 @@ rule report:
     output:
         md=f"{REPORT_DIR}/results.md",
         csv=report(f"{REPORT_DIR}/results.csv", caption="../report/results.rst", category="Results"),
+        seeds=f"{REPORT_DIR}/results_seeds.csv",
         tex=f"{REPORT_DIR}/results.tex",
         summary=f"{REPORT_DIR}/summary.json",
         index=f"{REPORT_DIR}/index.md",
@@ -18,6 +19,7 @@ rule report:
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,
+        baseline=P["baseline"],  # a params trigger: another baseline re-runs the report
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,

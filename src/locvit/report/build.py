@@ -3,6 +3,7 @@
 :func:`build_report` writes, under ``out_dir``::
 
     results.md/.csv/.tex, summary.json      one row per variant (summary.json feeds `dvc metrics show`)
+    results_seeds.csv                       one row per evaluated run (variant, seed, test_top1)
     tables/<name>.md/.csv/.tex              the paper-shaped tables the study can fill (papers.PAPER_TABLES)
     figures/<name>.png, pdf/<name>.pdf      the figures (plots.py; PDF for the paper-style ones)
     index.md                                all tables and figures on one page
@@ -29,7 +30,7 @@ from locvit.report import plots
 from locvit.report.papers import PAPER_TABLES
 from locvit.report.render import RunLink, to_csv, to_latex, to_markdown
 from locvit.report.study import Study, load_study
-from locvit.report.tables import write_tables
+from locvit.report.tables import write_results
 
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default address
 
@@ -59,13 +60,10 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     report = {"study": study.name, "tables": {}, "figures": {}, "skipped": {}, "mlflow": {}}
 
-    eval_files = [study_dir / "eval" / v / f"seed{s}.json" for v in params["variants"] for s in params["seeds"]]
-    names = {ext: out_dir / f"results.{ext}" for ext in ("md", "csv", "tex")}
-    write_tables(params, [f for f in eval_files if f.is_file()], names["md"], names["csv"], names["tex"],
-                 out_dir / "summary.json")
+    results = write_results(study, out_dir, link)
     report["tables"]["results"] = {ext: f"results.{ext}" for ext in ("md", "csv", "tex")}
 
-    index = [f"# Report: {study.name}", "", (out_dir / "results.md").read_text().replace("# Results", "## Results", 1)]
+    index = [f"# Report: {study.name}", "", to_markdown(results, link)]
     for name, builder in PAPER_TABLES.items():
         table = builder(study)
         if isinstance(table, str):

@@ -23,7 +23,8 @@ from typing import Callable
 from locvit.report.render import Missing, Table
 from locvit.report.study import FAMILY_NAMES, Acc, Study, Variant, missing_text
 
-ACC_NOTE = "Test top-1 (%): mean ± sample std over seeds (n = seeds found)"
+ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference of the mean to the "
+            "study's baseline variant")
 SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
 SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
 
@@ -93,11 +94,12 @@ def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple
         row = [labels[key]]
         for col in cols:
             v = placed.get((key, col))
-            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().with_delta(base))
+            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().against(base))
             if v is not None:
                 sources.append(f"{labels[key]} / {col}: {v.name}")
         rows.append(row)
-    notes = [f"{ACC_NOTE}; (±x) = difference to DeiT of the same size.", "Cells: " + "; ".join(sources)] + notes
+    notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference to DeiT of the same "
+             "size.", "Cells: " + "; ".join(sources)] + notes
     return Table(name, title, caption, ["Model size"] + cols, rows, notes)
 
 
@@ -177,7 +179,7 @@ def mait_table4(study: Study) -> Table | str:
         profile = v.profile
         rows.append([v.name + star, FAMILY_NAMES.get(v.family, v.family),
                      v.arch["depth"] if v.arch else Missing(f"{v.name} profile"), _params_m(v),
-                     profile["gmacs"] if profile else Missing(f"{v.name} profile"), v.acc()])
+                     profile["gmacs"] if profile else Missing(f"{v.name} profile"), study.acc(v)])
     if any(row[0].endswith("*") for row in rows):
         notes.append("* = MaiT with LayerScale (MaiT* in the paper).")
     sizes = sorted({tuple(v.profile["input_size"]) for v in variants if v.profile})
@@ -201,7 +203,7 @@ def lsa_table3(study: Study) -> Table | str:
         p = v.profile
         through = (Missing(f"{v.name} profile") if not p else p["infer_images_per_s"] if one
                    else f"{p['infer_images_per_s']:.1f} ({p['device']}, batch {p['batch_size']})")
-        rows.append([v.name, FAMILY_NAMES.get(v.family, v.family), _params_m(v), through, v.acc()])
+        rows.append([v.name, FAMILY_NAMES.get(v.family, v.family), _params_m(v), through, study.acc(v)])
     head = (f"Throughput (img/s, {devices[0][0]}, batch {devices[0][1]})" if one else "Throughput (img/s)")
     caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
                "baselines of the study.")
@@ -218,12 +220,12 @@ def lsa_table5(study: Study) -> Table | str:
     rows = []
     for v in study.variants.values():  # the nested baseline row first, as in the paper
         if v.family == "nest":
-            rows.append([f"baseline {v.name}", 0, None, None, False, _params_m(v), v.acc()])
+            rows.append([f"baseline {v.name}", 0, None, None, False, _params_m(v), study.acc(v)])
     for v in sorted(lsa, key=lambda v: v.arch["lsa"]["num_shifts"]):
         cfg = v.arch["lsa"]
         shifted = cfg["num_shifts"] > 1  # "none" keeps only the unshifted image: no local block
         rows.append([v.name, cfg["num_shifts"] if shifted else 0, cfg["shift_mode"] if shifted else None,
-                     cfg["pos_embed"] if shifted else None, shifted, _params_m(v), v.acc()])
+                     cfg["pos_embed"] if shifted else None, shifted, _params_m(v), study.acc(v)])
     caption = ("The LSA ablation: number of shifted variants, how they are made (conv = a conv per variant, "
                "translate = pre-shifted images and one conv), positional embedding per variant or shared, and "
                "whether the local block attends over the variants.")
@@ -237,7 +239,7 @@ def ibit_table3(study: Study) -> Table | str:
     chosen = sorted((v for v in study.variants.values() if v.family in order), key=lambda v: order[v.family])
     if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
         return "needs an IBiT variant and a DeiT or ConViT variant"
-    rows = [[FAMILY_NAMES[v.family], v.name, v.acc(), _params_m(v)] for v in chosen]
+    rows = [[FAMILY_NAMES[v.family], v.name, study.acc(v), _params_m(v)] for v in chosen]
     caption = "IBiT against DeiT and ConViT: test top-1 and parameters."
     return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption,
                  ["Model type", "Variant", "Top-1 (%)", "#Params (M)"], rows, [f"{ACC_NOTE}."], {3: ".3f"})
@@ -249,7 +251,7 @@ def ibit_table4(study: Study) -> Table | str:
         return "needs an IBiT variant and a second IBiT or DeiT variant"
     chosen.sort(key=lambda v: (v.family != "ibit", v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0))
     rows = [[f"{chr(ord('A') + i)} ({FAMILY_NAMES[v.family]})", v.name, v.family == "ibit",
-             v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, v.acc()] for i, v in enumerate(chosen)]
+             v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, study.acc(v)] for i, v in enumerate(chosen)]
     caption = ("The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
                "CutMix (and MixUp), from each variant's resolved recipe.")
     return Table("ibit_table4", "IBiT Table 4: learned masks and CutMix", caption,

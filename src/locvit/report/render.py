@@ -1,22 +1,38 @@
-"""One table model written three ways: Markdown (with MLflow links), CSV and LaTeX.
+"""One table model, rendered as Markdown (with MLflow links), CSV and LaTeX.
+
+Every table locvit writes goes through here: the results table, the papers' tables and
+the mask search's rounds; the Snakemake HTML report shows the same CSVs.
 
 A cell is text, a number, a bool (✓/✗), ``None`` (not applicable: "–"), a
 :class:`Missing` (a file the study defines is absent) or an :class:`~locvit.report.study.Acc`
-(test top-1 mean ± std over seeds). In the CSV an accuracy column becomes six columns
-(mean, std, n, delta, run ids, missing), so the numbers can be read back without parsing.
+(test top-1 over seeds, possibly tested against a reference variant). A table corrects
+the p-values of all its accuracy cells together with Holm's method when it is built, so
+each table is one family of comparisons.
+
+An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20*)``, ``*`` = significant
+after Holm) or, in a ``detail`` table such as the results table, as six columns: n, mean
+± std, 95 % t-interval, difference to the reference, Welch's p and Holm's p. In the CSV it
+always becomes numeric columns (:func:`acc_csv_names`), so the numbers can be read
+back without parsing.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from locvit.report import stats
 from locvit.report.study import Acc, missing_text
 
 # run id -> MLflow UI link, or None where the run's experiment is unknown.
 RunLink = Callable[[str], "str | None"]
+SIGNIFICANCE_NOTE = (f"* = significant at {stats.ALPHA:g} (Welch's t-test against the reference, Holm-corrected over "
+                     "the table's comparisons); no mark = not significant")
+# What an accuracy cell holds, in the CSV order of the papers' tables (their names: acc_csv_names).
+ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "p_vs_baseline",
+              "p_holm", "mlflow_run_ids", "missing_seeds")
 
 
 @dataclass
@@ -38,18 +54,63 @@ class Table:
     rows: list[list]
     notes: list[str] = field(default_factory=list)
     formats: dict[int, str] = field(default_factory=dict)   # column -> float format (default ".2f")
+    keys: list[str] | None = None  # CSV column names (default: the header)
+    detail: bool = False           # accuracy cells as six columns (n, mean ± std, CI, delta, p, Holm p)
+    # With one accuracy column: its CSV column names and the ACC_FIELDS they hold, in order (default:
+    # acc_csv_names' and ACC_FIELDS' order).
+    acc_csv: tuple[str, ...] | None = None
+    acc_fields: tuple[str, ...] = ACC_FIELDS
+
+    def __post_init__(self) -> None:
+        """Holm's correction over every tested accuracy cell of the table."""
+        cells = [(r, c) for r, row in enumerate(self.rows) for c, cell in enumerate(row)
+                 if isinstance(cell, Acc) and cell.test is not None]
+        adjusted = stats.holm([self.rows[r][c].test.p for r, c in cells])
+        self.rows = [list(row) for row in self.rows]
+        for (r, c), p in zip(cells, adjusted):
+            self.rows[r][c] = replace(self.rows[r][c], p_holm=p)
+        if cells and SIGNIFICANCE_NOTE not in self.notes:
+            self.notes = [*self.notes, SIGNIFICANCE_NOTE]
+
+    @property
+    def acc_columns(self) -> list[int]:
+        return [i for i in range(len(self.header)) if any(isinstance(row[i], Acc) for row in self.rows)]
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3g}"
+
+
+def delta_text(acc: Acc) -> str:
+    """``+1.20*``: the difference to the reference, marked when significant after Holm."""
+    return "–" if acc.delta is None else f"{acc.delta:+.2f}" + ("*" if acc.significant else "")
 
 
 def acc_text(acc: Acc, pm: str = "±") -> str:
-    """``72.60 ± 0.30 (n=2) (+0.40)``; seeds whose file is absent are named, never filled."""
+    """``72.60 ± 0.30 (n=2) (+0.40*)``; seeds whose file is absent are named, never filled."""
     if not acc.n:
         return missing_text(acc.variant, acc.missing)
     text = f"{acc.mean:.2f}" + (f" {pm} {acc.std:.2f}" if acc.std is not None else "") + f" (n={acc.n})"
     if acc.delta is not None:
-        text += f" ({acc.delta:+.2f})"
+        text += f" ({delta_text(acc)})"
     if acc.missing:
         text += f"; {missing_text(acc.variant, acc.missing)}"
     return text
+
+
+def _detail_header(name: str, reference: str) -> list[str]:
+    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "p (Welch)", "p (Holm)"]
+
+
+def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
+    if not acc.n:
+        return ["0", missing_text(acc.variant, acc.missing), "–", "–", "–", "–"]
+    s = acc.summary
+    mean = f"{s.mean:.2f}" + (f" {pm} {s.std:.2f}" if s.std is not None else "")
+    if acc.missing:
+        mean += f"; {missing_text(acc.variant, acc.missing)}"
+    ci = "–" if s.ci_low is None else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
+    return [str(s.n), mean, ci, delta_text(acc), _p(acc.test.p if acc.test else None), _p(acc.p_holm)]
 
 
 def _plain(cell, fmt: str) -> str:
@@ -66,13 +127,12 @@ def _md_escape(text: str) -> str:
     return text.replace("|", r"\|")
 
 
-def _md_acc(acc: Acc, link: RunLink | None) -> str:
-    text = acc_text(acc)
+def _run_refs(acc: Acc, link: RunLink | None) -> str:
     refs = []
     for seed, run_id in sorted(acc.run_ids.items()):
         url = link(run_id) if link else None
         refs.append(f"[s{seed}]({url})" if url else f"`{run_id[:8]}`")
-    return text + (" " + " ".join(refs) if refs else "")
+    return " ".join(refs)
 
 
 def _numeric_columns(table: Table) -> list[bool]:
@@ -82,36 +142,91 @@ def _numeric_columns(table: Table) -> list[bool]:
             for i in range(len(table.header))]
 
 
-def to_markdown(table: Table, link: RunLink | None = None) -> str:
-    lines = [f"## {table.title}", "", table.caption, "",
-             "| " + " | ".join(map(_md_escape, table.header)) + " |",
-             "|" + "|".join("---:" if right else "---" for right in _numeric_columns(table)) + "|"]
+def _reference(table: Table, column: int) -> str:
+    refs = {row[column].reference for row in table.rows if isinstance(row[column], Acc) and row[column].reference}
+    return refs.pop() if len(refs) == 1 else ""
+
+
+def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tuple[list[str], list[bool], list[list[str]]]:
+    """Header, right-alignment and text cells, with accuracy columns expanded in a ``detail`` table;
+    ``runs``: name each cell's MLflow runs (linked where ``link`` knows them)."""
+    right, accs = _numeric_columns(table), set(table.acc_columns)
+    header, align = [], []
+    for i, name in enumerate(table.header):
+        if table.detail and i in accs:
+            header += _detail_header(name, _reference(table, i)) + (["MLflow runs"] if runs else [])
+            align += [True] * 6 + ([False] if runs else [])
+        else:
+            header.append(name)
+            align.append(right[i])
+    rows = []
     for row in table.rows:
-        cells = [_md_acc(c, link) if isinstance(c, Acc) else _md_escape(_plain(c, table.formats.get(i, ".2f")))
-                 for i, c in enumerate(row)]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = []
+        for i, c in enumerate(row):
+            if table.detail and i in accs:
+                acc = c if isinstance(c, Acc) else None
+                cells += _detail_cells(acc, pm) if acc else ["–"] * 6
+                if runs:
+                    cells.append(_run_refs(acc, link) if acc else "")
+            elif isinstance(c, Acc):
+                refs = _run_refs(c, link) if runs else ""
+                cells.append(acc_text(c, pm) + (" " + refs if refs else ""))
+            else:
+                cells.append(_plain(c, table.formats.get(i, ".2f")))
+        rows.append(cells)
+    return header, align, rows
+
+
+def to_markdown(table: Table, link: RunLink | None = None, level: int = 2) -> str:
+    """The table as a Markdown section; ``link`` turns run ids into MLflow UI links (without: short ids)."""
+    header, align, rows = _grid(table, "±", True, link)
+    lines = [f"{'#' * level} {table.title}", "", table.caption, "",
+             "| " + " | ".join(map(_md_escape, header)) + " |",
+             "|" + "|".join("---:" if right else "---" for right in align) + "|"]
+    lines += ["| " + " | ".join(map(_md_escape, cells)) + " |" for cells in rows]
     if table.notes:
         lines += [""] + [f"- {_md_escape(n)}" for n in table.notes]
     return "\n".join(lines) + "\n"
 
 
+def acc_csv_names(table: Table, column: int) -> list[str]:
+    """CSV columns of an accuracy column: the table's ``acc_csv`` names where it gives them (the
+    results table's contract), else ``<key>`` (the mean), then ``<key> std``, ``<key> n``,
+    ``<key> ci95_low``, ``<key> ci95_high``, ``<key> reference``, ``<key> delta``, ``<key> p``,
+    ``<key> p_holm``, ``<key> mlflow_run_ids`` and ``<key> missing``."""
+    if table.acc_csv:
+        return list(table.acc_csv)
+    key = (table.keys or table.header)[column]
+    return [key] + [f"{key} {f}" for f in ("std", "n", "ci95_low", "ci95_high", "reference", "delta", "p", "p_holm",
+                                           "mlflow_run_ids", "missing")]
+
+
+def _acc_csv_values(acc: Acc | None, order: tuple[str, ...]) -> list:
+    """The values of ``ACC_FIELDS`` for one cell, in ``order`` (a permutation of them)."""
+    if acc is None:
+        return [None] * len(order)
+    s = acc.summary
+    values = {"n_seeds": acc.n, "mean": s.mean if s else None, "std": s.std if s else None,
+              "ci95_low": s.ci_low if s else None, "ci95_high": s.ci_high if s else None, "reference": acc.reference,
+              "delta_vs_baseline": acc.delta, "p_vs_baseline": acc.test.p if acc.test else None, "p_holm": acc.p_holm,
+              "mlflow_run_ids": " ".join(acc.run_ids[k] for k in sorted(acc.run_ids)),
+              "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else ""}
+    return [values[f] for f in order]
+
+
 def to_csv(table: Table) -> str:
-    acc_cols = {i for row in table.rows for i, c in enumerate(row) if isinstance(c, Acc)}
+    accs = set(table.acc_columns)
     header = []
-    for i, name in enumerate(table.header):
-        header += ([name, f"{name} std", f"{name} n", f"{name} delta", f"{name} mlflow_run_ids", f"{name} missing"]
-                   if i in acc_cols else [name])
+    for i, name in enumerate(table.keys or table.header):
+        header += acc_csv_names(table, i) if i in accs else [name]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
     for row in table.rows:
         out = []
         for i, c in enumerate(row):
-            if isinstance(c, Acc):
-                out += [c.mean, c.std, c.n, c.delta, " ".join(c.run_ids[s] for s in sorted(c.run_ids)),
-                        missing_text(c.variant, c.missing) if c.missing else ""]
-            elif i in acc_cols:  # an accuracy column with a non-accuracy cell (e.g. none in this row)
-                out += [None if c is None else str(c), None, None, None, None, None]
+            if i in accs:
+                out += _acc_csv_values(c if isinstance(c, Acc) else None, table.acc_fields)
             else:
                 out.append("yes" if c is True else "no" if c is False else str(c) if isinstance(c, Missing) else c)
         writer.writerow(["" if v is None else v for v in out])
@@ -120,7 +235,7 @@ def to_csv(table: Table) -> str:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
         "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "×": r"$\times$",
-        "–": "--", "✓": r"\checkmark{}", "✗": r"$\times$", "·": r"$\cdot$"}
+        "–": "--", "Δ": r"$\Delta$", "✓": r"\checkmark{}", "✗": r"$\times$", "·": r"$\cdot$"}
 
 
 def tex_escape(text: str) -> str:
@@ -128,14 +243,13 @@ def tex_escape(text: str) -> str:
 
 
 def to_latex(table: Table) -> str:
-    cols = "".join("r" if right else "l" for right in _numeric_columns(table))
+    header, align, rows = _grid(table, "±", False)
+    cols = "".join("r" if right else "l" for right in align)
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex_escape(table.title)}. {tex_escape(table.caption)}}}",
              rf"\label{{tab:{table.name.replace('_', '-')}}}", rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
-             " & ".join(tex_escape(h) for h in table.header) + r" \\", r"\midrule"]
-    for row in table.rows:
-        cells = [tex_escape(acc_text(c) if isinstance(c, Acc) else _plain(c, table.formats.get(i, ".2f")))
-                 for i, c in enumerate(row)]
-        lines.append(" & ".join(cells) + r" \\")
+             " & ".join(tex_escape(h) for h in header) + r" \\", r"\midrule"]
+    for cells in rows:
+        lines.append(" & ".join(tex_escape(c) for c in cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     if table.notes:
         lines += [r"\par\smallskip\footnotesize", r" \\ ".join(tex_escape(n) for n in table.notes)]

@@ -15,12 +15,12 @@ but is not valid JSON, or that names another run, is an error.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from locvit.config import run_config
 from locvit.io import read_json
+from locvit.report import stats
 
 FAMILY_NAMES = {"mait": "MaiT", "mait_cait": "Masked CaiT", "lsa": "LSA", "ibit": "IBiT", "deit": "DeiT",
                 "cait": "CaiT", "convit": "ConViT", "nest": "NesT", "other": "other"}
@@ -38,13 +38,6 @@ def guess_family(model: str) -> str:
     return "deit" if m.startswith(("deit", "vit_")) else "other"
 
 
-def mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None for a single value: one seed has no spread)."""
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None)
-
-
 def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
     """``missing: mait_soft seed 1`` / ``missing: lsa profile`` (what names a non-seed file)."""
     if what:
@@ -54,29 +47,50 @@ def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
 
 @dataclass
 class Acc:
-    """Test top-1 (%) of one variant over its seeds; ``delta`` is set by tables that compare."""
+    """Test top-1 (%) of one variant over its seeds, and (in tables that compare) its test against a reference.
+
+    ``test`` is Welch's test against the reference (:meth:`against`); ``p_holm`` is set by the
+    table that holds the cell (:class:`locvit.report.render.Table` corrects all its tests together).
+    """
 
     variant: str
     values: dict[int, float]   # seed -> test top-1 in %
     run_ids: dict[int, str]    # seed -> MLflow run id (of the runs found)
     missing: list[int]         # seeds the study defines whose evaluation file is absent
-    delta: float | None = None
+    reference: str | None = None   # the variant compared with
+    test: stats.Test | None = None
+    p_holm: float | None = None
 
     @property
     def n(self) -> int:
         return len(self.values)
 
     @property
+    def summary(self) -> stats.Summary | None:
+        return stats.describe(list(self.values.values())) if self.values else None
+
+    @property
     def mean(self) -> float | None:
-        return mean_std(list(self.values.values()))[0] if self.values else None
+        return self.summary.mean if self.values else None
 
     @property
     def std(self) -> float | None:
-        return mean_std(list(self.values.values()))[1] if self.values else None
+        return self.summary.std if self.values else None
 
-    def with_delta(self, base: Acc | None) -> Acc:
-        delta = self.mean - base.mean if base is not None and base.n and self.n else None
-        return Acc(self.variant, self.values, self.run_ids, self.missing, delta)
+    @property
+    def delta(self) -> float | None:
+        return self.test.delta if self.test else None
+
+    @property
+    def significant(self) -> bool | None:
+        """Significant at :data:`locvit.report.stats.ALPHA` after Holm's correction (None: not tested)."""
+        return None if self.p_holm is None else self.p_holm < stats.ALPHA
+
+    def against(self, base: Acc | None) -> Acc:
+        """This cell with Welch's test of its mean against ``base``'s (none when either has no values)."""
+        test = stats.welch(list(self.values.values()), list(base.values.values())) \
+            if base is not None and base.n and self.n and base.variant != self.variant else None
+        return replace(self, reference=base.variant if test else None, test=test, p_holm=None)
 
 
 @dataclass
@@ -135,6 +149,16 @@ class Study:
     @property
     def name(self) -> str:
         return self.params["study"]
+
+    @property
+    def baseline(self) -> str | None:
+        """The variant the others are compared with (params' ``baseline``), if the study has it."""
+        name = self.params.get("baseline")
+        return name if name in self.variants else None
+
+    def acc(self, v: Variant) -> Acc:
+        """``v``'s test top-1, tested against the baseline's (untested for the baseline itself)."""
+        return v.acc().against(self.variants[self.baseline].acc() if self.baseline else None)
 
     @property
     def train_fraction(self) -> float:

@@ -1,7 +1,19 @@
-"""The results table: one row per variant, test top-1 mean ± std over seeds.
+"""The results table: one row per variant, its test top-1 over seeds compared with the study's baseline.
 
-Written as Markdown, CSV and LaTeX. A run that the study defines but whose
-evaluation file is missing is named in the row, never filled with a number.
+Files (a stable interface for users' scripts)::
+
+    results.csv        variant, n_seeds, test_top1_mean, test_top1_std, test_top1_ci95_low,
+                       test_top1_ci95_high, reference, delta_vs_baseline, p_vs_baseline, p_holm,
+                       mlflow_run_ids, missing_seeds, val_top1_mean, model, params_m
+    results_seeds.csv  variant, seed, test_top1 (one row per evaluated run)
+    results.md/.tex    the same table for people, with a sentence per variant saying whether
+                       its difference to the baseline is significant
+    summary.json       the headline numbers per variant (what ``dvc metrics show`` lists)
+
+The baseline is the params' ``baseline`` (default: the first DeiT/ViT variant). Each other
+variant's mean is compared with it by Welch's t-test, and the p-values of all variants are
+corrected together with Holm's method (:mod:`locvit.report.stats`). A run that the study
+defines but whose evaluation file is missing is named, never filled with a number.
 """
 
 from __future__ import annotations
@@ -10,113 +22,76 @@ import csv
 import io
 from pathlib import Path
 
-from locvit.io import read_json, write_json, write_text
-from locvit.report.render import tex_escape
-from locvit.report.study import mean_std as study_mean_std
+from locvit.io import write_json, write_text
+from locvit.report import stats
+from locvit.report.render import RunLink, Table, to_csv, to_latex, to_markdown
+from locvit.report.study import Acc, Study, Variant
+
+KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
+# results.csv's accuracy columns (the contract) and the cell fields they hold.
+ACC_CSV = ("n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high", "reference",
+           "delta_vs_baseline", "p_vs_baseline", "p_holm", "mlflow_run_ids", "missing_seeds")
+ACC_FIELDS = ("n_seeds", "mean", "std", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "p_vs_baseline",
+              "p_holm", "mlflow_run_ids", "missing_seeds")
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value, as this table prints it)."""
-    mean, std = study_mean_std(values)
-    return mean, 0.0 if std is None else std
+def _val_mean(v: Variant) -> float | None:
+    vals = [100.0 * e["val_top1"] for e in v.evals.values()]
+    return sum(vals) / len(vals) if vals else None
 
 
-def collect_rows(params: dict, eval_files: list[Path]) -> list[dict]:
-    """Group evaluation results by variant, in the order of ``params['variants']``."""
-    results: dict[tuple[str, int], dict] = {}
-    for path in eval_files:
-        result = read_json(path, "evaluation file", "Re-run its evaluate step.")
-        results[(result["variant"], int(result["seed"]))] = result
-    rows = []
-    for name, spec in params["variants"].items():
-        found = [results[(name, s)] for s in params["seeds"] if (name, s) in results]
-        missing = [s for s in params["seeds"] if (name, s) not in results]
-        accs = [100.0 * r["test_top1"] for r in found]
-        row = {
-            "variant": name,
-            "model": spec["model"],
-            "params_m": found[0]["n_params"] / 1e6 if found else None,
-            "seeds": len(found),
-            "test_top1_mean": mean_std(accs)[0] if accs else None,
-            "test_top1_std": mean_std(accs)[1] if accs else None,
-            "val_top1_mean": mean_std([100.0 * r["val_top1"] for r in found])[0] if found else None,
-            "mlflow_run_ids": [r["mlflow_run_id"] for r in found],
-            "missing_seeds": missing,
-        }
-        rows.append(row)
-    return rows
+def results_table(study: Study) -> Table:
+    """The study's variants with their test top-1 against the baseline (Holm over all variants)."""
+    baseline = study.baseline
+    rows = [[v.name, study.acc(v), _val_mean(v), v.model, v.n_params() / 1e6 if v.n_params() else None]
+            for v in study.variants.values()]
+    table = Table("results", f"Results: {study.name}",
+                  f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % Student-t interval of the mean; the "
+                  f"difference of each variant's mean to the baseline's ({baseline or 'none'}), Welch's t-test of "
+                  "that difference and its p-value after Holm's correction over the variants. Validation top-1: "
+                  "mean over seeds; params in millions.",
+                  ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"], rows,
+                  keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV, acc_fields=ACC_FIELDS)
+    table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
+        "No baseline (no DeiT/ViT variant and no `baseline` key in params): differences are not tested."] + table.notes
+    return table
 
 
-def _acc_cell(row: dict, pm: str = "±") -> str:
-    if row["test_top1_mean"] is None:
-        return "missing"
-    cell = f"{row['test_top1_mean']:.2f}"
-    if row["seeds"] > 1:
-        cell += f" {pm} {row['test_top1_std']:.2f}"
-    return cell
+def _verdict(acc: Acc, baseline: str) -> str:
+    if not acc.n:
+        return f"{acc.variant}: no evaluated seed."
+    return stats.verdict(acc.variant, baseline, acc.test, acc.p_holm)
 
 
-def _missing_note(row: dict) -> str:
-    return f"missing seed(s) {', '.join(map(str, row['missing_seeds']))}" if row["missing_seeds"] else ""
-
-
-def to_markdown(rows: list[dict], study: str) -> str:
-    lines = [
-        f"# Results: {study}",
-        "",
-        "Test top-1 in %, mean ± sample std over seeds (n = seeds). Params in millions.",
-        "",
-        "| Variant | Model | Params (M) | Seeds | Test top-1 (%) | Val top-1 (%) | MLflow run ids | Notes |",
-        "|---|---|---:|---:|---:|---:|---|---|",
-    ]
-    for r in rows:
-        params = f"{r['params_m']:.3f}" if r["params_m"] is not None else "-"
-        val = f"{r['val_top1_mean']:.2f}" if r["val_top1_mean"] is not None else "-"
-        ids = ", ".join(f"`{i}`" for i in r["mlflow_run_ids"]) or "-"
-        lines.append(f"| {r['variant']} | `{r['model']}` | {params} | {r['seeds']} | {_acc_cell(r)} | {val} | {ids} | "
-                     f"{_missing_note(r)} |")
-    return "\n".join(lines) + "\n"
-
-
-def to_csv(rows: list[dict]) -> str:
+def seeds_csv(study: Study) -> str:
     buf = io.StringIO()
-    fields = ["variant", "model", "params_m", "seeds", "test_top1_mean", "test_top1_std", "val_top1_mean",
-              "mlflow_run_ids", "missing_seeds"]
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({**r, "mlflow_run_ids": " ".join(r["mlflow_run_ids"]),
-                         "missing_seeds": " ".join(map(str, r["missing_seeds"]))})
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["variant", "seed", "test_top1"])
+    for v in study.variants.values():
+        for seed, value in sorted(v.acc().values.items()):
+            writer.writerow([v.name, seed, value])
     return buf.getvalue()
 
 
-def to_latex(rows: list[dict], study: str) -> str:
-    lines = [
-        r"\begin{table}[t]", r"\centering",
-        rf"\caption{{Results of study \texttt{{{tex_escape(study)}}}: test top-1 (\%), mean $\pm$ std over seeds.}}",
-        r"\begin{tabular}{llrrr}", r"\toprule",
-        r"Variant & Model & Params (M) & Seeds & Top-1 (\%) \\", r"\midrule",
-    ]
-    pm = r"$\pm$"
-    for r in rows:
-        params = f"{r['params_m']:.3f}" if r["params_m"] is not None else "--"
-        acc = _acc_cell(r, pm)
-        lines.append(rf"{tex_escape(r['variant'])} & \texttt{{{tex_escape(r['model'])}}} & {params} & {r['seeds']} & {acc} \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
-    return "\n".join(lines) + "\n"
-
-
-def summary(rows: list[dict]) -> dict:
+def summary(table: Table) -> dict:
     """Test top-1 per variant as flat numbers (what ``dvc metrics show`` lists)."""
-    return {r["variant"]: {"test_top1_mean": r["test_top1_mean"], "test_top1_std": r["test_top1_std"],
-                           "seeds": r["seeds"]} for r in rows}
+    out = {}
+    for row in table.rows:
+        acc: Acc = row[1]
+        s = acc.summary
+        out[acc.variant] = {"test_top1_mean": s.mean if s else None, "test_top1_std": s.std if s else None,
+                            "test_top1_ci95_low": s.ci_low if s else None,
+                            "test_top1_ci95_high": s.ci_high if s else None, "seeds": acc.n,
+                            "delta_vs_baseline": acc.delta, "p_holm": acc.p_holm}
+    return out
 
 
-def write_tables(params: dict, eval_files: list[Path], out_md: Path, out_csv: Path, out_tex: Path,
-                 out_summary: Path) -> list[dict]:
-    rows = collect_rows(params, eval_files)
-    write_json(out_summary, summary(rows))
-    write_text(out_md, to_markdown(rows, params["study"]))
-    write_text(out_csv, to_csv(rows))
-    write_text(out_tex, to_latex(rows, params["study"]))
-    return rows
+def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> Table:
+    """results.md/.csv/.tex, results_seeds.csv and summary.json under ``out_dir``."""
+    table = results_table(study)
+    write_json(out_dir / "summary.json", summary(table))
+    write_text(out_dir / "results.md", to_markdown(table, link, level=1))
+    write_text(out_dir / "results.csv", to_csv(table))
+    write_text(out_dir / "results_seeds.csv", seeds_csv(study))
+    write_text(out_dir / "results.tex", to_latex(table))
+    return table
