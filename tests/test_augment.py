@@ -132,3 +132,62 @@ def test_repeated_aug_order_deals_copies_to_different_ranks(monkeypatch):
     # Together the ranks take the first n of the repeated permutation: ceil(n / 3) images, 3 copies each.
     together = np.concatenate(orders)
     assert len(together) == n and len(set(together.tolist())) == -(-n // 3)
+
+
+# --- MixUp / CutMix drawn from the run's seeded generator (timm's Mixup semantics, batch mode) ---
+
+def _mixup(mixup=0.8, cutmix=1.0, prob=1.0, switch=0.5, seed=0):
+    from locvit.data.augment import BatchMixup
+
+    return BatchMixup(mixup, cutmix, prob, switch, 0.1, 10, seed=seed)
+
+
+def test_mixup_draws_depend_on_seed_and_step_only():
+    x = torch.randn(8, 3, 16, 16)
+    y = torch.arange(8) % 10
+    a = _mixup()(x.clone(), y, step=5)
+    np.random.seed(123)  # numpy's global generator (FFCV's loader thread draws from it) plays no part
+    random.seed(7)
+    b = _mixup()(x.clone(), y, step=5)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    draws = {_mixup().draw(step, 16, 16)[0] for step in range(20)}
+    assert len(draws) > 15  # a new lam each step
+    assert _mixup(seed=1).draw(5, 16, 16) != _mixup(seed=0).draw(5, 16, 16)
+
+
+def test_mixup_alone_blends_with_the_reversed_batch():
+    x = torch.randn(6, 3, 8, 8)
+    y = torch.tensor([0, 1, 2, 3, 4, 5])
+    m = _mixup(cutmix=0.0)
+    lam, box = m.draw(3, 8, 8)
+    assert box is None and 0 < lam < 1
+    out, soft = m(x.clone(), y, 3)
+    assert torch.allclose(out, lam * x + (1 - lam) * x.flip(0), atol=1e-6)
+    # smoothed one-hot targets mixed with the same lam (0.1 smoothing over 10 classes: 0.91 / 0.01)
+    assert soft[0, 0].item() == pytest.approx(lam * 0.91 + (1 - lam) * 0.01)
+    assert soft[0, 5].item() == pytest.approx(lam * 0.01 + (1 - lam) * 0.91)
+    assert torch.allclose(soft.sum(1), torch.ones(6))
+
+
+def test_cutmix_pastes_one_box_and_weights_targets_by_its_area():
+    x = torch.randn(4, 3, 16, 16)
+    y = torch.tensor([1, 2, 3, 4])
+    m = _mixup(mixup=0.0)
+    for step in range(30):
+        lam, box = m.draw(step, 16, 16)
+        out, soft = m(x.clone(), y, step)
+        top, bottom, left, right = box
+        assert lam == pytest.approx(1 - (bottom - top) * (right - left) / 256)  # timm's correct_lam
+        inside = torch.zeros(16, 16, dtype=torch.bool)
+        inside[top:bottom, left:right] = True
+        assert torch.equal(out[:, :, inside], x.flip(0)[:, :, inside])
+        assert torch.equal(out[:, :, ~inside], x[:, :, ~inside])
+        assert soft[0, 1].item() == pytest.approx(lam * 0.91 + (1 - lam) * 0.01)
+
+
+def test_mixup_probability_and_switch_frequencies():
+    m = _mixup(prob=0.5, switch=0.25)
+    draws = [m.draw(step, 32, 32) for step in range(4000)]
+    mixed = [(lam, box) for lam, box in draws if lam < 1.0 or box is not None]
+    assert abs(len(mixed) / 4000 - 0.5) < 0.03
+    assert abs(sum(box is not None for _, box in mixed) / len(mixed) - 0.25) < 0.03

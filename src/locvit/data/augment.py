@@ -9,7 +9,8 @@ Where each augmentation of DeiT's recipe runs (key in parentheses):
 - repeated augmentation: FFCV's traversal order (train.repeated_aug)
 - RandAugment: here, on the uint8 batch before normalisation (train.randaugment)
 - random erasing: here, on the normalised batch (train.random_erasing)
-- MixUp / CutMix: timm's Mixup in the engine, after erasing (train.mixup, train.cutmix)
+- MixUp / CutMix: here (:class:`BatchMixup`, timm's Mixup in its batch mode), in the engine
+  after erasing (train.mixup, train.cutmix)
 
 Both augmentations here draw per image: each image gets its own ops, magnitudes and
 box. RandAugment is timm's (``rand_augment_transform``, so DeiT's spec strings mean what
@@ -23,7 +24,7 @@ core's load); at 32 px the work is Python overhead and threads do not help. On a
 run the batch goes to the CPU for it and back.
 
 Randomness: every draw comes from a numpy Generator seeded by (run seed, rank, step,
-which augmentation), so a seeded run repeats exactly, a resumed run continues as the
+which augmentation: 0 RandAugment, 1 random erasing, 2 MixUp/CutMix), so a seeded run repeats exactly, a resumed run continues as the
 uninterrupted one would (the engine passes the global step), the result does not depend
 on the thread count, and the global generators keep their streams. Two draws are not
 ours to route: timm's level functions pick signs with Python's ``random``, and timm's
@@ -172,6 +173,69 @@ class TrainAugment:
                 with torch.cuda.device(cuda[0]):
                     torch.cuda.manual_seed(seed)
             return self._erasers[x.device](x)
+
+
+class BatchMixup:
+    """MixUp / CutMix of a batch with soft targets: timm's ``Mixup`` in its default batch mode, drawing
+    from the run's seeded Generator (seed, rank, step) instead of numpy's global one.
+
+    timm's ``Mixup`` draws from numpy's global generator, which FFCV's loader thread draws
+    from at the same time (its translation and flip, with ``loader_jit: false``), so a run
+    with it did not repeat even on one machine. Here each step's draws come from its own
+    Generator, in timm's order and with timm's meaning: with probability ``prob`` the batch is
+    mixed; with both alphas on, CutMix is chosen with ``switch_prob``; lam ~ Beta(alpha, alpha);
+    CutMix pastes a box of side ``sqrt(1 - lam)`` times the image's, centred uniformly and
+    clipped at the border, and lam is corrected to the pasted area (timm's ``correct_lam``);
+    each image is mixed with the batch reversed. The targets are timm's ``mixup_target``
+    (label smoothing included).
+    """
+
+    def __init__(self, mixup_alpha: float, cutmix_alpha: float, prob: float, switch_prob: float,
+                 label_smoothing: float, num_classes: int, seed: int = 0, rank: int = 0):
+        self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
+        self.prob, self.switch_prob, self.smoothing = float(prob), float(switch_prob), float(label_smoothing)
+        self.num_classes, self.seed, self.rank = int(num_classes), int(seed), int(rank)
+
+    def draw(self, step: int, h: int, w: int) -> tuple[float, tuple[int, int, int, int] | None]:
+        """lam and the CutMix box (top, bottom, left, right), or None for MixUp / no mixing (lam 1)."""
+        rng = np.random.default_rng([self.seed, self.rank, int(step), 2])
+        if rng.random() >= self.prob:
+            return 1.0, None
+        if self.mixup_alpha > 0 and self.cutmix_alpha > 0:
+            cutmix = bool(rng.random() < self.switch_prob)
+        else:
+            cutmix = self.cutmix_alpha > 0
+        alpha = self.cutmix_alpha if cutmix else self.mixup_alpha
+        lam = float(rng.beta(alpha, alpha))
+        if not cutmix:
+            return lam, None
+        ratio = math.sqrt(1.0 - lam)
+        cut_h, cut_w = int(h * ratio), int(w * ratio)
+        cy, cx = int(rng.integers(0, h)), int(rng.integers(0, w))
+        top, bottom = min(max(cy - cut_h // 2, 0), h), min(max(cy + cut_h // 2, 0), h)
+        left, right = min(max(cx - cut_w // 2, 0), w), min(max(cx + cut_w // 2, 0), w)
+        return 1.0 - (bottom - top) * (right - left) / float(h * w), (top, bottom, left, right)
+
+    def __call__(self, x: torch.Tensor, target: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mix ``x`` (B, C, H, W) in place; return it and the soft targets (B, num_classes)."""
+        from timm.data.mixup import mixup_target
+
+        lam, box = self.draw(step, x.shape[-2], x.shape[-1])
+        if box is not None:
+            top, bottom, left, right = box
+            x[:, :, top:bottom, left:right] = x.flip(0)[:, :, top:bottom, left:right]
+        elif lam < 1.0:
+            flipped = x.flip(0).mul_(1.0 - lam)  # a copy, taken before x is scaled in place
+            x.mul_(lam).add_(flipped)
+        return x, mixup_target(target, self.num_classes, lam, self.smoothing)
+
+
+def make_mixup(recipe: dict, num_classes: int, seed: int, rank: int = 0) -> BatchMixup | None:
+    """The recipe's MixUp/CutMix for a run, or None when both are off."""
+    if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
+        return None
+    return BatchMixup(recipe["mixup"], recipe["cutmix"], recipe["mixup_prob"], recipe["mixup_switch_prob"],
+                      recipe["label_smoothing"], num_classes, seed=seed, rank=rank)
 
 
 def make_train_augment(recipe: dict, mean: Sequence[float], std: Sequence[float], seed: int,

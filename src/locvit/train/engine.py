@@ -60,8 +60,9 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     bad_steps_before: int = 0, fault_where: str | Path = "") -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
-    ``mixup`` (timm's ``Mixup``, which also applies the label smoothing) mixes each batch
-    and turns the labels into soft targets; accuracy is still counted on the true labels.
+    ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
+    smoothing) mixes each batch with draws seeded by the step and turns the labels into
+    soft targets; accuracy is still counted on the true labels.
     ``on_step(step)`` runs after every optimiser step (the EMA update), with the steps done.
     ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
     uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
@@ -90,7 +91,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
             x = augment.after_normalise(x, step)  # random erasing, per image
         soft = None
         if mixup is not None:
-            x, soft = mixup(x, labels)  # soft: (B, num_classes), smoothing included
+            x, soft = mixup(x, labels, step)  # soft: (B, num_classes), smoothing included; drawn from the step
         with compute.autocast(x.device):
             logits = model(x).float()  # (B, num_classes); fp32 for the loss under bf16 autocast
         if soft is not None:

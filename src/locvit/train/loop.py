@@ -23,7 +23,7 @@ import torch
 
 from locvit import tracking
 from locvit.config import flatten
-from locvit.data.augment import make_train_augment
+from locvit.data.augment import make_mixup, make_train_augment
 from locvit.faults import hold_point, kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
@@ -62,17 +62,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             continue
         (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_mixup(recipe: dict, num_classes: int):
-    """timm's batch MixUp/CutMix for the recipe, or None when both are off."""
-    if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
-        return None
-    from timm.data import Mixup
-
-    return Mixup(mixup_alpha=recipe["mixup"], cutmix_alpha=recipe["cutmix"], prob=recipe["mixup_prob"],
-                 switch_prob=recipe["mixup_switch_prob"], label_smoothing=recipe["label_smoothing"],
-                 num_classes=num_classes)
 
 
 def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
@@ -172,7 +161,8 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
     augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
     return Run(cfg, key, out_dir, dist, device, model, net, ema, optimizer, train_loader, val_loader,
-               make_mixup(recipe, num_classes), augment, compute, lr_at, mean, std, show_progress and dist.main)
+               make_mixup(recipe, num_classes, cfg["seed"], dist.rank), augment, compute, lr_at, mean, std,
+               show_progress and dist.main)
 
 
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
