@@ -14,7 +14,7 @@ CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-cluster lint bench clean
+.PHONY: install system-deps cluster-deps demo test test-cluster lint bench sweep efficiency clean
 
 install: $(STAMP)
 
@@ -51,6 +51,22 @@ demo: install
 	$(BIN)/locvit validate
 	$(BIN)/snakemake --cores all all
 	@$(BIN)/locvit results
+
+# The recipe sweep that chose the demo's recipe, and the data-efficiency study; each copies its
+# measured table and figure into docs/ (docs/recipe.md and docs/data_efficiency.md discuss them).
+sweep: install
+	$(BIN)/snakemake --cores all all --config params=presets/recipe_sweep.yaml
+	$(call publish,recipe_sweep,recipe,figures/curves.png)
+
+efficiency: install
+	$(BIN)/snakemake --cores all all --config params=presets/data_efficiency.yaml
+	$(call publish,data_efficiency,data_efficiency,figures/accuracy_vs_fraction.png tables/data_efficiency.md)
+
+# $(call publish,<study>,<docs folder>,<more report files>): the study's results table (and the files named)
+define publish
+mkdir -p docs/$(2)
+cd results/$(1)/report && cp results.md results.csv results_seeds.csv $(3) $(CURDIR)/docs/$(2)/
+endef
 
 test: install
 	$(BIN)/python -m pytest -q -m "not cluster"

@@ -99,3 +99,17 @@ def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params
     manifest = load_manifest(out / "manifest.json", files)
     for split, path in files.items():
         assert manifest["splits"][split]["file_sha256"] == sha256_file(path)
+
+
+def test_atomic_writes_get_the_mode_a_plain_write_gets(tmp_path):
+    """The temporary file of an atomic write is created 0600; the result must be readable as any file the
+    process writes (a results folder shared on a cluster), and no temporary file stays behind."""
+    import os
+
+    from locvit.io import write_text
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    write_text(tmp_path / "atomic.txt", "x")
+    assert oct((tmp_path / "atomic.txt").stat().st_mode & 0o777) == oct(plain.stat().st_mode & 0o777)
+    assert sorted(os.listdir(tmp_path)) == ["atomic.txt", "plain.txt"]

@@ -119,6 +119,17 @@ def test_results_table_matches_the_evaluations(study, params):
     assert "±" in md and r"\toprule" in tex
 
 
+def test_locvit_results_prints_the_statistics(study, params):
+    out = subprocess.run([str(BIN / "locvit"), "results", "--params", TINY], cwd=study, capture_output=True,
+                         text=True, env=env_with_venv())
+    assert out.returncode == 0, out.stderr
+    rows = {r["variant"]: r for r in csv.DictReader((study / "results" / "tiny" / "report" / "results.csv").open())}
+    assert "Δ vs deit_a" in out.stdout and "p (Holm)" in out.stdout
+    line = next(x for x in out.stdout.splitlines() if x.startswith("mait_b "))
+    assert f"{float(rows['mait_b']['test_top1_mean']):.2f} ± {float(rows['mait_b']['test_top1_std']):.2f}" in line
+    assert "deit_a is the baseline." in out.stdout and "mait_b vs deit_a:" in out.stdout
+
+
 def test_rerun_with_nothing_changed_does_nothing(study):
     out = snakemake(study, "--cores", "2", "all", "--config", f"params={TINY}")
     assert "Nothing to be done" in out.stdout + out.stderr
@@ -136,8 +147,7 @@ def test_changing_one_variant_retrains_only_that_variant(study):
     changed["variants"]["mait_b"]["train"] = {"lr": 0.001}
     (study / "changed.yaml").write_text(yaml.safe_dump(changed))
     out = snakemake(study, "-n", "all", "--config", "params=changed.yaml")
-    assert sorted(_planned(out.stdout, "train")) == ["wildcards: variant=mait_b, seed=0",
-                                                     "wildcards: variant=mait_b, seed=1"]
+    assert sorted(_planned(out.stdout, "train")) == ["wildcards: variant=mait_b"]  # train_jobs: per_variant
     # (search_* jobs reuse these rules; the search re-runs too: mait_b is its base variant)
     assert [w for w in _planned(out.stdout, "evaluate") if "variant=" in w] == ["wildcards: variant=mait_b"]
     assert [w for w in _planned(out.stdout, "analyse") if "variant=" in w] == ["wildcards: variant=mait_b"]
@@ -180,7 +190,41 @@ def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
     out = snakemake(work, "-n", "--profile", "cluster", "all", "--config", f"params=presets/{preset}")
     stats = out.stdout.split("Job stats:")[1]
     train_jobs = next(int(line.split()[1]) for line in stats.splitlines() if line.startswith("train "))
-    assert train_jobs == len(params["variants"]) * len(params["seeds"])
+    per_run = params["train_jobs"] == "per_run"
+    assert train_jobs == len(params["variants"]) * (len(params["seeds"]) if per_run else 1)
+
+
+def test_training_jobs_per_run_or_per_variant(repo, tmp_path, raw_tiny):
+    """train_jobs: a variant's seeds in one job (one process), or a job per run; the same commands otherwise."""
+    work = copy_workflow(tmp_path)
+    planned = {}
+    for mode in ("per_run", "per_variant"):
+        (work / f"{mode}.yaml").write_text(yaml.safe_dump({**raw_tiny, "train_jobs": mode}))
+        out = snakemake(work, "-n", "-p", "all", "--config", f"params={mode}.yaml")
+        planned[mode] = sorted(_planned(out.stdout, "train"))
+        if mode == "per_run":
+            assert out.stdout.count("--out-dir results/tiny/runs/deit_a/seed") == 2
+        else:  # one process trains both seeds, restoring (not retraining) finished ones when re-run
+            assert out.stdout.count("--out-dir results/tiny/runs/deit_a/seed0 results/tiny/runs/deit_a/seed1 ") == 1
+            assert "--keep-finished" in out.stdout
+    assert planned["per_run"] == [f"wildcards: variant={v}, seed={s}" for v in ("deit_a", "mait_b") for s in (0, 1)]
+    assert planned["per_variant"] == ["wildcards: variant=deit_a", "wildcards: variant=mait_b"]
+
+
+def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_path):
+    from locvit.config import load_params
+
+    params = load_params(repo / "presets" / "data_efficiency.yaml")
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "-n", "all", "--config", "params=presets/data_efficiency.yaml")
+    prepared = sorted(line.split("output: ")[1].split("/")[2] for line in out.stdout.splitlines()
+                      if "output: results/data_efficiency/data" in line and "manifest.json" in line)
+    assert prepared == ["data", "data_10pct", "data_25pct", "data_50pct"]
+    # deit_25pct trains on the 25 % file and its run configs say so; deit on the whole split
+    job = next(j for j in out.stdout.split("\nrule ") if j.startswith("train:") and "variant=deit_25pct" in j)
+    assert "results/data_efficiency/data_25pct/train.beton" in job
+    assert params["variants"]["deit_25pct"]["train_fraction"] == 0.25
+    assert params["variants"]["deit"]["train_fraction"] == 1.0
 
 
 def test_mask_search_follows_the_previous_rounds_als(study, params):

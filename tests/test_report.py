@@ -338,6 +338,30 @@ def test_fraction_figure_from_several_studies(built, tmp_path):
     assert (tmp_path / "report" / fig["pdf"]).read_bytes()[:4] == b"%PDF" and "frac25, frac50" in fig["caption"]
 
 
+def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
+    """train_fractions: each variant at each fraction in one study; cells are tested against the baseline
+    at the same fraction, and the figure draws one line per base variant."""
+    raw = {"study": "eff", "data": {"source": "digits", "image_size": 32}, "train": {"epochs": 3, "batch_size": 32},
+           "seeds": SEEDS, "train_fractions": [0.25, 1.0],
+           "variants": {v: copy.deepcopy(VARIANTS[v]) for v in ("deit", "lsa")}}
+    params = validate_params(raw, check_models=False)
+    assert list(params["variants"]) == ["deit", "deit_25pct", "lsa", "lsa_25pct"]
+    top1 = {"deit": [0.90, 0.92], "deit_25pct": [0.50, 0.54], "lsa": [0.99, 0.98], "lsa_25pct": [0.90, 0.91]}
+    make_study(tmp_path, params, top1=top1, analysed={})
+    report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    rows = {r["Variant"]: r for r in read_csv(tmp_path / "report" / "tables" / "data_efficiency.csv")}
+    assert list(rows) == ["deit", "lsa"]
+    assert float(rows["lsa"]["25% of train"]) == pytest.approx(90.5)
+    assert rows["lsa"]["25% of train reference"] == "deit_25pct"  # the baseline at the same fraction
+    assert float(rows["lsa"]["25% of train delta"]) == pytest.approx(90.5 - 52.0)
+    assert rows["lsa"]["100% of train reference"] == "deit"
+    results = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
+    assert results["lsa_25pct"]["reference"] == "deit_25pct" and results["deit_25pct"]["p_vs_baseline"] == ""
+    fig = report["figures"]["accuracy_vs_fraction"]
+    assert (tmp_path / "report" / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "95 % Student-t interval" in fig["caption"]
+
+
 def test_mlflow_links_and_artifacts(tmp_path, monkeypatch):
     import mlflow
 

@@ -116,8 +116,30 @@ def test_what_a_run_folder_decides(runs, cfg, prepared, tmp_path):
     (folder / "metrics.json").unlink()  # what Snakemake does before re-running a finished job
     plan = plan_run(cfg, data_hash, folder)
     assert plan.action == "fresh" and "finished run" in plan.message
+    # A job of several runs (train_jobs: per_variant) that Snakemake re-runs keeps its finished runs.
+    plan = plan_run(cfg, data_hash, folder, keep_finished=True)
+    assert plan.action == "resume" and "not retraining" in plan.message
 
     state = load_checkpoint(folder / "last.pt")
     save_checkpoint(folder / "last.pt", {**state, "finished": False})  # killed before metrics.json
     plan = plan_run(cfg, data_hash, folder)
     assert plan.action == "resume" and plan.state["epoch"] == EPOCHS - 1
+
+
+def test_a_finished_run_is_restored_not_retrained_when_asked(runs, cfg, prepared, tmp_path):
+    """Snakemake removed best.pt and metrics.json (it re-runs a variant's job): --keep-finished puts them back
+    from last.pt, with the weights, history and MLflow run of the finished run, and trains nothing."""
+    from locvit.train.loop import train_run
+
+    folder = tmp_path / "run"
+    shutil.copytree(runs["whole"], folder)
+    shutil.copy2(runs["root"] / "whole.db", tmp_path / "mlflow.db")  # its MLflow run, to be closed again
+    before = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").unlink()
+    (folder / "best.pt").unlink()
+    after = train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], folder,
+                      tmp_path / "mlflow.db", show_progress=False, threads=1, keep_finished=True)
+    for key in ("history", "rank_weights_sha256", "best_epoch", "train_time_s", "mlflow_run_id"):
+        assert after[key] == before[key], key
+    assert json.loads((folder / "metrics.json").read_text())["history"] == before["history"]
+    assert load_checkpoint(folder / "best.pt")["epoch"] == before["best_epoch"]

@@ -42,20 +42,26 @@ def cmd_train(args) -> None:
     from locvit.train.loop import train_run
 
     if args.run_config:
-        cfg = validate_run_config(json.loads(args.run_config))
+        given = json.loads(args.run_config)
+        cfgs = [validate_run_config(c) for c in (given if isinstance(given, list) else [given])]
+        out_dirs = args.out_dir or []
+        if len(out_dirs) != len(cfgs):
+            raise ConfigError([f"--out-dir: {len(out_dirs)} folder(s) for {len(cfgs)} run config(s); give one per "
+                               "run, in the same order"], "--run-config")
         if args.search_spec:
             from locvit.analysis.search import search_run_config
             from locvit.io import read_json
 
-            cfg = search_run_config(cfg, read_json(args.search_spec, "search spec", "Re-run the mask search."))
-        jobs = [(cfg, args.out_dir)]
+            spec = read_json(args.search_spec, "search spec", "Re-run the mask search.")
+            cfgs = [search_run_config(cfg, spec) for cfg in cfgs]
+        jobs = list(zip(cfgs, out_dirs))
     else:
         params = load_params(args.params)
         jobs = [(run_config(params, args.variant, s), args.runs_dir / f"seed{s}") for s in params["seeds"]]
     with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
         for cfg, out_dir in jobs:
             train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
-                      show_progress=args.progress, threads=args.threads)
+                      show_progress=args.progress, threads=args.threads, keep_finished=args.keep_finished)
 
 
 def cmd_evaluate(args) -> None:
@@ -155,12 +161,29 @@ def cmd_sync_tracking(args) -> None:
 
 
 def cmd_results(args) -> None:
+    import csv
+
     params = load_params(args.params, check_models=False)
     table = Path(params["results_dir"]) / params["study"] / "report" / "results.md"
     if not table.is_file():
         raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
-    print(table.read_text())
-    print(f"Results table: {table} (also .csv and .tex beside it)")
+    rows = list(csv.DictReader(table.with_suffix(".csv").open()))
+
+    def num(value: str, fmt: str = ".2f") -> str:
+        return format(float(value), fmt) if value else "–"
+
+    lines = [["variant", "n", "test top-1 (%)", "95% CI", f"Δ vs {params['baseline'] or '–'}", "p (Holm)"]]
+    for r in rows:
+        ci = f"[{num(r['test_top1_ci95_low'])}, {num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
+        lines.append([r["variant"], r["n_seeds"], f"{num(r['test_top1_mean'])} ± {num(r['test_top1_std'])}", ci,
+                      num(r["delta_vs_baseline"], "+.2f"), num(r["p_holm"], ".3g")])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    print(f"Results of study {params['study']!r}: test top-1 over seeds (mean ± std, Student-t interval, Welch's "
+          "test against the baseline, Holm-corrected)")
+    for line in lines:
+        print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+    print("\n".join(line for line in table.read_text().splitlines() if line.startswith("- ")))
+    print(f"Results table: {table} (also .csv and .tex beside it, per-seed values in results_seeds.csv)")
     print(f"Every table and figure: {table.parent / 'index.md'}; one HTML page: snakemake --report report.html")
 
 
@@ -195,22 +218,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
 
-    p = add("train", cmd_train, "train one run (--run-config) or every seed of a variant (--variant); "
-                                "resumes an interrupted run, skips a finished one; under torchrun, one process per GPU")
+    p = add("train", cmd_train, "train runs one after another in one process (--run-config: one or a list; "
+                                "--variant: every seed of a variant); resumes an interrupted run, skips a finished "
+                                "one; under torchrun, one process per GPU")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--run-config", help="one run's resolved config as JSON (written by Snakemake)")
+    g.add_argument("--run-config", help="a run's resolved config as JSON, or a JSON list of them (written by Snakemake)")
     g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")
     p.add_argument("--train-data", type=Path, required=True)
     p.add_argument("--val-data", type=Path, required=True)
     p.add_argument("--manifest", type=Path, required=True)
     p.add_argument("--search-spec", type=Path,
                    help="with --run-config: a mask-search round's spec.json; trains the run with its masks")
-    p.add_argument("--out-dir", type=Path, help="with --run-config: where last.pt, best.pt and metrics.json go")
+    p.add_argument("--out-dir", type=Path, nargs="+",
+                   help="with --run-config: where each run's last.pt, best.pt and metrics.json go (one per config)")
     p.add_argument("--runs-dir", type=Path, help="with --variant: parent of the seed<k> folders")
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")
+    p.add_argument("--keep-finished", action="store_true",
+                   help="a finished run (last.pt says so) whose metrics.json is gone is restored, not retrained "
+                        "(a job of several runs that Snakemake re-runs; delete last.pt to retrain one)")
 
     p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
     g = p.add_mutually_exclusive_group(required=True)

@@ -90,6 +90,43 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
     return out
 
 
+def fraction_name(variant: str, fraction: float) -> str:
+    """``deit_25pct``: the name train_fractions gives a variant's copy at another fraction."""
+    return f"{variant}_{round(100 * fraction)}pct"
+
+
+def _expand_fractions(params: dict) -> list[str]:
+    """train_fractions: each variant at each fraction (in place); the problems found, if any."""
+    fractions = params.get("train_fractions")
+    if not fractions:
+        return []
+    default = params["data"]["train_fraction"]
+    problems = [f"train_fractions: {f} is not a whole percent (e.g. 0.1, 0.25)" for f in fractions
+                if abs(100 * f - round(100 * f)) > 1e-9]
+    if default not in fractions:
+        problems.append(f"train_fractions: {fractions} must include data.train_fraction ({default}), the fraction "
+                        "whose runs keep the variants' own names")
+    if problems:
+        return problems
+    expanded = {}
+    for name, spec in params["variants"].items():
+        for f in sorted(fractions, reverse=True):
+            new = name if f == default else fraction_name(name, f)
+            if len(new) > 64:
+                problems.append(f"train_fractions: variant {name!r} at {f} would be named {new!r}, longer than 64 "
+                                "characters; shorten the variant's name")
+            if new in expanded or (new != name and new in params["variants"]):
+                problems.append(f"train_fractions: variant {name!r} at {f} would be named {new!r}, which is taken")
+            expanded[new] = {**spec, "train_fraction": f, "base": name}
+    params["variants"] = expanded
+    return problems
+
+
+def variant_fraction(params: dict, variant: str) -> float:
+    """The fraction of the training split a variant trains on (its own, else data.train_fraction)."""
+    return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
+
+
 def default_baseline(variants: dict) -> str | None:
     """The variant the results table compares every other one with when ``baseline`` is not given:
     the first plain DeiT/ViT of the study (its model name starts with deit or vit_), else none."""
@@ -234,6 +271,9 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     if problems:
         raise ConfigError(problems, source)
     params = _fill_defaults(params, schema)
+    problems = _expand_fractions(params)
+    if problems:
+        raise ConfigError(problems, source)
     problems = _check_baseline(params) + (_check_semantics(params) if check_models else [])
     if problems:
         raise ConfigError(problems, source)
@@ -311,7 +351,7 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "seed": int(seed),
         "model": spec["model"],
         "model_kwargs": kwargs,
-        "data": copy.deepcopy(params["data"]),
+        "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
         "train": {**params["train"], **spec["train"]},
     }
 

@@ -10,6 +10,7 @@ process at ``before_rename_<file name>``: written in full, not yet renamed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -19,6 +20,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from locvit.faults import kill_point
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask (read once: setting it to read it is not thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -39,6 +48,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(fd)  # the bytes on disk before the name: a crash leaves the old file or the whole new one
         finally:
             os.close(fd)
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600; the file gets the mode open() would give
         kill_point(f"before_rename_{path.name}", path)  # fault injection for the tests, else nothing
         os.replace(tmp_path, path)
     finally:

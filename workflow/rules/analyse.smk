@@ -1,8 +1,7 @@
 rule analyse:
     input:
+        unpack(test_data),
         checkpoints=variant_checkpoints,
-        test=rules.prepare.output.test,
-        manifest=rules.prepare.output.manifest,
     output:
         json=[f"{ANALYSIS_DIR}/{{variant}}/seed{seed}.json" for seed in SEEDS],
         npz=[f"{MAPS_DIR}/{{variant}}/seed{seed}.npz" for seed in SEEDS],

@@ -5,10 +5,10 @@ import re
 import shlex
 import sys
 
-from locvit.config import run_config
+from locvit.config import run_config, variant_fraction
 
 STUDY_DIR = f"{P['results_dir']}/{P['study']}"
-DATA_DIR = f"{STUDY_DIR}/data"
+DATA_DIR = f"{STUDY_DIR}/data"  # the FFCV files at data.train_fraction; other fractions: data_<percent>pct
 RUNS_DIR = f"{STUDY_DIR}/runs"
 EVAL_DIR = f"{STUDY_DIR}/eval"
 ANALYSIS_DIR = f"{STUDY_DIR}/analysis"  # JSON: DVC metrics
@@ -29,6 +29,7 @@ ENV = "../envs/locvit.yaml"
 
 wildcard_constraints:
     variant="|".join(re.escape(v) for v in VARIANTS),
+    datadir=r"data(_\d+pct)?",
     seed=r"\d+",
     round=r"\d+",
 
@@ -71,9 +72,32 @@ def variant_checkpoints(wildcards):
     return expand(f"{RUNS_DIR}/{wildcards.variant}/seed{{seed}}/best.pt", seed=SEEDS)
 
 
+def data_dir(fraction):
+    """The folder of the FFCV files a run at this training fraction reads (train_fractions)."""
+    return DATA_DIR if fraction == P["data"]["train_fraction"] else f"{STUDY_DIR}/data_{round(100 * fraction)}pct"
+
+
+def variant_data(wildcards):
+    """The prepared files of the variant's training fraction: train, val, test, manifest (for unpack)."""
+    folder = data_dir(variant_fraction(P, wildcards.variant))
+    return {split: f"{folder}/{split}.beton" for split in ("train", "val", "test")} | {
+        "manifest": f"{folder}/manifest.json"}
+
+
+def train_data(wildcards):
+    return {k: v for k, v in variant_data(wildcards).items() if k != "test"}
+
+
+def test_data(wildcards):
+    return {k: v for k, v in variant_data(wildcards).items() if k in ("test", "manifest")}
+
+
 def data_config(wildcards):
-    """The data section: a params trigger, so changing it re-runs prepare and all after it."""
-    return json.dumps(P["data"], sort_keys=True)
+    """The data section at the folder's training fraction: a params trigger, so changing it re-runs prepare
+    and all after it."""
+    match = re.fullmatch(r"data_(\d+)pct", wildcards.datadir)
+    fraction = int(match.group(1)) / 100 if match else P["data"]["train_fraction"]
+    return json.dumps({**P["data"], "train_fraction": fraction}, sort_keys=True)
 
 
 def analysis_config(wildcards):
@@ -132,7 +156,33 @@ def train_threads(wildcards, threads, resources):
     return max(1, threads // max(1, int(resources.get("gpu", 0) or 0)))
 
 
+# train_jobs: one training job per run (variant, seed), or per variant (its seeds one after another in one process).
+TRAIN_PER_VARIANT = P["train_jobs"] == "per_variant"
+
+
+def train_outputs(name):
+    """A training job's outputs: one run's file, or every seed's of a variant (train_jobs: per_variant)."""
+    if TRAIN_PER_VARIANT:
+        return [f"{RUNS_DIR}/{{variant}}/seed{s}/{name}" for s in SEEDS]
+    return f"{RUNS_DIR}/{{variant}}/seed{{seed}}/{name}"
+
+
+def job_seeds(wildcards):
+    return SEEDS if TRAIN_PER_VARIANT else [int(wildcards.seed)]
+
+
 def run_config_json(wildcards):
-    """The resolved config of one run: a params trigger, so a changed variant re-trains only itself."""
-    return json.dumps(run_config(P, wildcards.variant, int(wildcards.seed)), sort_keys=True)
+    """The resolved configs of the job's runs (a JSON list): a params trigger, so a changed variant re-trains
+    only itself."""
+    return json.dumps([run_config(P, wildcards.variant, s) for s in job_seeds(wildcards)], sort_keys=True)
+
+
+def keep_finished(wildcards):
+    """A variant's job re-run (a seed added, one of its runs cut) restores its finished runs, never retrains them."""
+    return "--keep-finished" if TRAIN_PER_VARIANT else ""
+
+
+def run_dirs(wildcards):
+    """The job's run folders, in the order of run_config_json."""
+    return [f"{RUNS_DIR}/{wildcards.variant}/seed{s}" for s in job_seeds(wildcards)]
 

@@ -23,9 +23,9 @@ checkpoint search_spec:
 
 rule search_train:
     input:
-        train=rules.prepare.output.train,
-        val=rules.prepare.output.val,
-        manifest=rules.prepare.output.manifest,
+        train=f"{DATA_DIR}/train.beton",
+        val=f"{DATA_DIR}/val.beton",
+        manifest=f"{DATA_DIR}/manifest.json",
         spec=search_spec_file,
     # (last.pt is not an output, as in rule train: a re-run resumes from it)
     output:
@@ -53,8 +53,8 @@ rule search_train:
 use rule analyse as search_analyse with:
     input:
         checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        test=rules.prepare.output.test,
-        manifest=rules.prepare.output.manifest,
+        test=f"{DATA_DIR}/test.beton",
+        manifest=f"{DATA_DIR}/manifest.json",
     output:
         json=f"{SEARCH_DIR}/round{{round}}/analysis.json",
         npz=f"{SEARCH_DIR}/round{{round}}/analysis.npz",
@@ -66,8 +66,8 @@ use rule analyse as search_analyse with:
 use rule evaluate as search_evaluate with:
     input:
         checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        test=rules.prepare.output.test,
-        manifest=rules.prepare.output.manifest,
+        test=f"{DATA_DIR}/test.beton",
+        manifest=f"{DATA_DIR}/manifest.json",
     output:
         f"{SEARCH_DIR}/round{{round}}/eval.json",
     log:

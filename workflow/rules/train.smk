@@ -1,17 +1,17 @@
 rule train:
     input:
-        train=rules.prepare.output.train,
-        val=rules.prepare.output.val,
-        manifest=rules.prepare.output.manifest,
+        unpack(train_data),  # train, val, manifest of the variant's training fraction
     # last.pt (written every epoch) is deliberately not an output: Snakemake deletes a job's outputs
     # before re-running it, and a re-run (after a kill, a preemption, --rerun-incomplete) resumes from it.
+    # One run per job, or a variant's seeds one after another (train_jobs: per_variant).
     output:
-        best=f"{RUNS_DIR}/{{variant}}/seed{{seed}}/best.pt",
-        metrics=f"{RUNS_DIR}/{{variant}}/seed{{seed}}/metrics.json",
+        best=train_outputs("best.pt"),
+        metrics=train_outputs("metrics.json"),
     params:
         launch=train_launcher,
         run=run_config_json,
-        out_dir=f"{RUNS_DIR}/{{variant}}/seed{{seed}}",
+        out_dirs=run_dirs,
+        keep=keep_finished,
         tracking_db=TRACKING_DB,
         threads=train_threads,
     threads: 1
@@ -20,17 +20,16 @@ rule train:
     conda:
         ENV
     log:
-        f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
+        f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
     shell:
         "{params.launch} train --run-config {params.run:q} --train-data {input.train:q}"
-        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
+        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
 
 
 rule evaluate:
     input:
+        unpack(test_data),
         checkpoints=variant_checkpoints,
-        test=rules.prepare.output.test,
-        manifest=rules.prepare.output.manifest,
     output:
         [f"{EVAL_DIR}/{{variant}}/seed{seed}.json" for seed in SEEDS],
     params:

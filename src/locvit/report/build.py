@@ -46,8 +46,8 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
         out_dir: where the report goes (``results/<study>/report/``).
         log_to_mlflow: link runs in the tables and log per-variant figures to their runs.
         extra_studies: (params, study_dir) of other studies for the accuracy-against-training-
-            fraction figure (data.train_fraction is a study-level key, so one study has
-            one fraction); without them that figure is skipped and report.json says so.
+            fraction figure, besides the study's own train_fractions; without either that
+            figure is skipped and report.json says so.
         tracking_db: the SQLite backend (default ``study_dir/mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
         ui_base: the MLflow UI address the links point to.
     """
@@ -99,7 +99,8 @@ def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[
             ("accuracy_vs_depth", lambda: plots.accuracy_vs_depth(study, out_dir),
              "needs one family at two or more depths (with profiles and evaluations)"),
             ("accuracy_vs_fraction", lambda: plots.accuracy_vs_fraction(studies, out_dir),
-             "needs results at two or more data.train_fraction values: pass the other studies as extra_studies")):
+             "needs a variant trained on two or more fractions of the training split (train_fractions, or other "
+             "studies' data.train_fraction passed as extra_studies)")):
         fig = draw()
         if fig:
             figures.append(fig)

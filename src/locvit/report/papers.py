@@ -13,6 +13,7 @@ need only the family (IBiT's) fall back to the model name.
 - LSA Table 3: params, inference throughput, accuracy on the study's dataset.
 - LSA Table 5: the ablation: shifts, shift mode, positional embedding, local block.
 - IBiT Table 3: IBiT vs DeiT vs ConViT; IBiT Table 4: learned masks x CutMix.
+- Data efficiency: top-1 by training fraction (IBiT's data-fraction runs), from train_fractions.
 """
 
 from __future__ import annotations
@@ -259,9 +260,28 @@ def ibit_table4(study: Study) -> Table | str:
                  [f"{ACC_NOTE}."])
 
 
+def data_efficiency(study: Study) -> Table | str:
+    """Test top-1 by training fraction (IBiT's data-fraction runs, MaiT's motivation): one row per
+    base variant, one column per fraction, each cell tested against the baseline at that fraction."""
+    fractions = study.fractions
+    if len(fractions) < 2:
+        return "needs variants trained on two or more fractions of the training split (train_fractions)"
+    cells = {(v.base, v.fraction): v for v in study.variants.values()}
+    bases = list(dict.fromkeys(v.base for v in study.variants.values()))
+    rows = [[b] + [study.acc(cells[(b, f)]) if (b, f) in cells else None for f in fractions] for b in bases]
+    ref = study.variants[study.baseline].base if study.baseline else None
+    caption = ("Test top-1 (%) of every variant at each fraction of the training split (the same epochs at every "
+               "fraction), compared with the baseline at the same fraction.")
+    return Table("data_efficiency", f"Data efficiency on {study.dataset}: top-1 by training fraction", caption,
+                 ["Variant"] + [f"{100 * f:g}% of train" for f in fractions], rows,
+                 ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference to "
+                  f"{ref or 'the baseline'} at the same fraction."])
+
+
 PAPER_TABLES: dict[str, Callable[[Study], "Table | str"]] = {
     "mait_table2": mait_table2, "mait_table3": mait_table3, "mait_table4": mait_table4,
     "lsa_table3": lsa_table3, "lsa_table5": lsa_table5, "ibit_table3": ibit_table3, "ibit_table4": ibit_table4,
+    "data_efficiency": data_efficiency,
 }
 
 

@@ -284,28 +284,30 @@ def accuracy_vs_depth(study: Study, out_dir: Path) -> FigureFile | None:
 
 
 def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | None:
-    """Top-1 against the training-set fraction (IBiT Fig. 4), one line per variant name across studies."""
-    if len({s.train_fraction for s in studies}) < 2:
-        return None
-    series = defaultdict(list)
+    """Top-1 against the training-set fraction (IBiT Fig. 4): one line per base variant, over the
+    fractions its copies trained on (train_fractions) and over other studies' data.train_fraction."""
+    series = defaultdict(dict)
     for s in studies:
         for v in s.variants.values():
             if (acc := v.acc()).n:
-                series[v.name].append((100 * s.train_fraction, acc))
-    series = {k: sorted(p, key=lambda p: p[0]) for k, p in series.items() if len({x for x, _ in p}) > 1}
+                series[v.base].setdefault(100 * v.fraction, acc)
+    series = {k: sorted(p.items()) for k, p in series.items() if len(p) > 1}
     if not series:
         return None
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
-    for name, pts in sorted(series.items()):
-        ax.errorbar([x for x, _ in pts], [a.mean for _, a in pts], yerr=[a.std or 0.0 for _, a in pts],
-                    marker="o", capsize=3, label=name)
+    for name, pts in series.items():
+        summaries = [a.summary for _, a in pts]
+        err = [(s.ci_high - s.mean) if s.ci_high is not None else 0.0 for s in summaries]
+        ax.errorbar([x for x, _ in pts], [s.mean for s in summaries], yerr=err, marker="o", capsize=3,
+                    label=f"{name} (n={min(s.n for s in summaries)})")
     ax.set(xlabel="training images (% of the training split)", ylabel="test top-1 (%)",
            title="Top-1 against training-set fraction")
     ax.legend(fontsize=8)
-    caption = ("Test top-1 against the fraction of training images kept (data.train_fraction; IBiT Fig. 4), one "
-               "line per variant name found in several studies (" + ", ".join(s.name for s in studies) + "); "
-               "mean ± std over seeds.")
+    names = ", ".join(s.name for s in studies)
+    caption = ("Test top-1 against the fraction of training images kept (IBiT Fig. 4), one line per variant: mean "
+               "over seeds with its 95 % Student-t interval as error bars (n = seeds). Every fraction trains for the "
+               f"same epochs, so smaller fractions also take fewer optimiser steps. Studies: {names}.")
     return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)
 
 

@@ -102,6 +102,8 @@ class Variant:
     description: str
     recipe: dict                 # the resolved training recipe (config.run_config's "train")
     seeds: list[int]
+    fraction: float = 1.0        # the fraction of the training split it trained on
+    base: str = ""               # the variant it is a training-fraction copy of (itself when not)
     evals: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict] = field(default_factory=dict)
     analyses: dict[int, dict] = field(default_factory=dict)
@@ -156,9 +158,23 @@ class Study:
         name = self.params.get("baseline")
         return name if name in self.variants else None
 
+    def reference(self, v: Variant) -> Variant | None:
+        """What ``v`` is compared with: the baseline trained on ``v``'s fraction of the data (a
+        data-efficiency study), else the baseline."""
+        if not self.baseline:
+            return None
+        base = self.variants[self.baseline].base
+        same = [u for u in self.variants.values() if u.base == base and u.fraction == v.fraction]
+        return same[0] if same else self.variants[self.baseline]
+
     def acc(self, v: Variant) -> Acc:
-        """``v``'s test top-1, tested against the baseline's (untested for the baseline itself)."""
-        return v.acc().against(self.variants[self.baseline].acc() if self.baseline else None)
+        """``v``'s test top-1, tested against its reference's (untested for the reference itself)."""
+        ref = self.reference(v)
+        return v.acc().against(ref.acc() if ref else None)
+
+    @property
+    def fractions(self) -> list[float]:
+        return sorted({v.fraction for v in self.variants.values()})
 
     @property
     def train_fraction(self) -> float:
@@ -188,8 +204,9 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
     variants = {}
     for name, spec in params["variants"].items():
         seeds = list(params["seeds"])
-        v = Variant(name, spec["model"], spec.get("description", ""),
-                    run_config(params, name, seeds[0])["train"], seeds)
+        cfg = run_config(params, name, seeds[0])
+        v = Variant(name, spec["model"], spec.get("description", ""), cfg["train"], seeds,
+                    cfg["data"]["train_fraction"], spec.get("base", name))
         for seed in seeds:
             if (e := _read_run_file(study_dir / "eval" / name / f"seed{seed}.json", "evaluation file", name, seed)):
                 v.evals[seed] = e

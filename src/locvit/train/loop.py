@@ -166,15 +166,17 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
 
 
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
-              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None) -> dict:
+              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None,
+              keep_finished: bool = False) -> dict:
     """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json.
 
-    Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`).
+    Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
+    ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).
     """
     dist = distributed.current()
     out_dir = Path(out_dir)
     manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
-    plan = plan_run(cfg, manifest["data_hash"], out_dir)
+    plan = plan_run(cfg, manifest["data_hash"], out_dir, keep_finished)
     distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
     if dist.main and plan.message:
         print(plan.message, flush=True)

@@ -6,9 +6,13 @@
   **skip**, the run is finished.
 * ``last.pt`` exists, its run key is this run's and it is not marked finished:
   **resume** after its epoch, into the same MLflow run.
+* ``last.pt`` is this run's and marked finished, but ``metrics.json`` is gone (Snakemake
+  removes a job's outputs before re-running it): with ``keep_finished`` (a job that
+  trains a variant's seeds, re-run because another of its runs was cut or added),
+  **resume** into zero epochs, which writes best.pt and metrics.json back; without it,
+  train from scratch (that is how ``--forcerun`` asks for a one-run job's re-training).
 * anything else: **train from scratch** (and say why when files were there: another
-  config or data; or a finished run whose metrics.json is gone, which is how
-  Snakemake asks for a re-run, e.g. ``--forcerun``). Rank 0 then overwrites the folder.
+  config or data). Rank 0 then overwrites the folder.
   A run killed before its first last.pt starts over into the MLflow run it had
   created (recorded in ``mlflow_run.json`` with the run key, :data:`RUN_RECORD`), so a
   run keeps one MLflow run however often it is killed.
@@ -85,7 +89,7 @@ def _differences(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys[:6]) + (" ..." if len(keys) > 6 else "")
 
 
-def plan_run(cfg: dict, data_hash: str, out_dir: Path) -> Plan:
+def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = False) -> Plan:
     """Skip, resume or start over: see the module docstring. Reads files, writes nothing."""
     key = run_key(cfg, data_hash)
     metrics_path, last_path = out_dir / "metrics.json", out_dir / "last.pt"
@@ -115,6 +119,9 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path) -> Plan:
             why = "was trained on other data (the manifest's data_hash differs)"
         stale = None if state.get("finished") else state.get("mlflow_run_id")
         return Plan("fresh", key, f"{last_path} {why}; training from scratch", stale_run_id=stale)
+    if state.get("finished") and keep_finished:
+        return Plan("resume", key, f"{out_dir}: finished run without metrics.json (removed by a re-run of its "
+                                   "job); restoring best.pt and metrics.json from last.pt, not retraining", state=state)
     if state.get("finished"):
         return Plan("fresh", key, f"{out_dir}: finished run without metrics.json (removed for a re-run); "
                              "training from scratch")
