@@ -60,7 +60,7 @@ sweep: install
 
 efficiency: install
 	$(BIN)/snakemake --cores all all --config params=presets/data_efficiency.yaml
-	$(call publish,data_efficiency,data_efficiency,figures/accuracy_vs_fraction.png tables/data_efficiency.md)
+	$(call publish,data_efficiency,data_efficiency,figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
 
 # $(call publish,<study>,<docs folder>,<more report files>): the study's results table (and the files named)
 define publish
