@@ -17,6 +17,17 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+@pytest.fixture(autouse=True)
+def no_tracking_uri_from_another_test():
+    """mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI in this process, and locvit lets that variable win over
+    a run's --tracking-db: without this, a test that trains in-process would log to the last test's backend."""
+    before = os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    if before is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -36,11 +36,12 @@ def test_hostile_strings_reach_every_job_quoted(tmp_path):
     seen = 0
     for command in commands:
         words = shlex.split(command)  # what the shell hands the program, redirections aside
-        assert not any("PWNED" in w and not w.startswith("{") for w in words), command
+        assert not any("PWNED" in w and not w.startswith(("{", "[")) for w in words), command
         for flag in ("--data-config", "--run-config"):
             if flag in words:
-                cfg = json.loads(words[words.index(flag) + 1])
-                assert (cfg.get("data") or cfg)["root"] == HOSTILE
+                given = json.loads(words[words.index(flag) + 1])
+                for cfg in given if isinstance(given, list) else [given]:  # a job's run configs: a list
+                    assert (cfg.get("data") or cfg)["root"] == HOSTILE
                 seen += 1
     assert seen >= 5
     assert not (work / "PWNED").exists()
