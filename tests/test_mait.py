@@ -176,3 +176,26 @@ def test_every_entrypoint_trains_on_a_small_input(name):
     out.sum().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_random_restrict_masks_keep_every_row_finite():
+    """A random mask at a low keep rate would leave some rows with no key: each keeps at least itself."""
+    keep = neighbourhood_mask((8, 8), (1, 1), 1)  # itself only: keep rate 1/65 per patch row
+    for seed in range(20):
+        rnd = random_mask(keep, 1, seed=seed)
+        assert rnd[1:].any(dim=1).all() and rnd.diagonal()[1:].all()
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads="all", mask_type="random",
+                              mask_mode="restrict", mask_kernel=(1, 1), **SMALL).eval()
+    assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
+
+
+def test_a_callers_attention_mask_is_refused_not_silently_dropped():
+    model = timm.create_model("mait_tiny_patch16_224", masked_heads="sch1", mask_type="hard", **SMALL).eval()
+    attn = model.blocks[0].attn
+    x = torch.randn(1, 65, attn.qkv.in_features)
+    with pytest.raises(ValueError, match="masked_heads='none'"):
+        attn(x, attn_mask=torch.zeros(65, 65, dtype=torch.bool))
+    with pytest.raises(ValueError, match="is_causal"):
+        attn(x, is_causal=True)
+    plain = timm.create_model("mait_tiny_patch16_224", masked_heads="none", **SMALL).eval()
+    assert plain.blocks[0].attn(x, attn_mask=torch.ones(65, 65, dtype=torch.bool)).shape == x.shape

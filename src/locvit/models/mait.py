@@ -73,12 +73,18 @@ def neighbourhood_mask(grid: tuple[int, int], kernel: tuple[int, int] = (3, 3), 
 
 
 def random_mask(like: torch.Tensor, num_prefix: int, seed: int) -> torch.Tensor:
-    """A fixed random mask with the same keep rate on the patch rows as ``like`` (Sec. 5.5 control)."""
+    """A fixed random mask with the same keep rate on the patch rows as ``like`` (Sec. 5.5 control).
+
+    Every patch row keeps at least itself (as a neighbourhood does): with ``restrict``
+    masks a row with no key left would be all -inf and its softmax NaN.
+    """
     gen = torch.Generator().manual_seed(seed)
     patch_rows = like[num_prefix:]
     rate = patch_rows.float().mean().item()
     mask = like.clone()
     mask[num_prefix:] = torch.rand(patch_rows.shape, generator=gen, device="cpu") < rate
+    rows = torch.arange(num_prefix, like.shape[0])
+    mask[rows, rows] = True
     return mask
 
 
@@ -184,8 +190,12 @@ class MaskedAttention(Attention):
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if not self.masks.active or attn_mask is not None or is_causal:
+        if not self.masks.active:
             return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        if attn_mask is not None or is_causal:
+            # Passing it on to timm's attention would silently drop MaiT's masks.
+            raise ValueError("MaiT's masked attention does not take a caller's attn_mask or is_causal: its heads "
+                             "are masked by masked_heads; build the model with masked_heads='none' to use them")
         B, N, _ = x.shape
         n_masked = self.masks.heads.numel()
         restrict_fused = self.masks.mode == "restrict" and self.fused_attn
