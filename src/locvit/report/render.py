@@ -56,10 +56,8 @@ class Table:
     formats: dict[int, str] = field(default_factory=dict)   # column -> float format (default ".2f")
     keys: list[str] | None = None  # CSV column names (default: the header)
     detail: bool = False           # accuracy cells as six columns (n, mean ± std, CI, delta, p, Holm p)
-    # With one accuracy column: its CSV column names and the ACC_FIELDS they hold, in order (default:
-    # acc_csv_names' and ACC_FIELDS' order).
-    acc_csv: tuple[str, ...] | None = None
-    acc_fields: tuple[str, ...] = ACC_FIELDS
+    # With one accuracy column: ACC_FIELDS -> CSV column name, in the CSV's order (default: acc_csv_names).
+    acc_csv: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         """Holm's correction over every tested accuracy cell of the table."""
@@ -189,20 +187,21 @@ def to_markdown(table: Table, link: RunLink | None = None, level: int = 2) -> st
     return "\n".join(lines) + "\n"
 
 
-def acc_csv_names(table: Table, column: int) -> list[str]:
-    """CSV columns of an accuracy column: the table's ``acc_csv`` names where it gives them (the
-    results table's contract), else ``<key>`` (the mean), then ``<key> std``, ``<key> n``,
-    ``<key> ci95_low``, ``<key> ci95_high``, ``<key> reference``, ``<key> delta``, ``<key> p``,
-    ``<key> p_holm``, ``<key> mlflow_run_ids`` and ``<key> missing``."""
+def acc_csv_names(table: Table, column: int) -> dict[str, str]:
+    """ACC_FIELDS -> CSV column of an accuracy column, in CSV order: the table's ``acc_csv`` where it
+    gives one (the results table's contract), else ``<key>`` (the mean), then ``<key> std``,
+    ``<key> n``, ``<key> ci95_low``, ``<key> ci95_high``, ``<key> reference``, ``<key> delta``,
+    ``<key> p``, ``<key> p_holm``, ``<key> mlflow_run_ids`` and ``<key> missing``."""
     if table.acc_csv:
-        return list(table.acc_csv)
+        return dict(table.acc_csv)
     key = (table.keys or table.header)[column]
-    return [key] + [f"{key} {f}" for f in ("std", "n", "ci95_low", "ci95_high", "reference", "delta", "p", "p_holm",
-                                           "mlflow_run_ids", "missing")]
+    suffixes = ("", " std", " n", " ci95_low", " ci95_high", " reference", " delta", " p", " p_holm",
+                " mlflow_run_ids", " missing")
+    return {field: key + suffix for field, suffix in zip(ACC_FIELDS, suffixes)}
 
 
-def _acc_csv_values(acc: Acc | None, order: tuple[str, ...]) -> list:
-    """The values of ``ACC_FIELDS`` for one cell, in ``order`` (a permutation of them)."""
+def _acc_csv_values(acc: Acc | None, order) -> list:
+    """The values of ``ACC_FIELDS`` for one cell, in ``order`` (the fields in CSV order)."""
     if acc is None:
         return [None] * len(order)
     s = acc.summary
@@ -216,9 +215,13 @@ def _acc_csv_values(acc: Acc | None, order: tuple[str, ...]) -> list:
 
 def to_csv(table: Table) -> str:
     accs = set(table.acc_columns)
-    header = []
+    header, fields = [], {}
     for i, name in enumerate(table.keys or table.header):
-        header += acc_csv_names(table, i) if i in accs else [name]
+        if i in accs:
+            fields[i] = acc_csv_names(table, i)
+            header += fields[i].values()
+        else:
+            header.append(name)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
@@ -226,7 +229,7 @@ def to_csv(table: Table) -> str:
         out = []
         for i, c in enumerate(row):
             if i in accs:
-                out += _acc_csv_values(c if isinstance(c, Acc) else None, table.acc_fields)
+                out += _acc_csv_values(c if isinstance(c, Acc) else None, fields[i])
             else:
                 out.append("yes" if c is True else "no" if c is False else str(c) if isinstance(c, Missing) else c)
         writer.writerow(["" if v is None else v for v in out])

@@ -28,11 +28,11 @@ from locvit.report.render import RunLink, Table, to_csv, to_latex, to_markdown
 from locvit.report.study import Acc, Study, Variant
 
 KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
-# results.csv's accuracy columns (the contract) and the cell fields they hold.
-ACC_CSV = ("n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high", "reference",
-           "delta_vs_baseline", "p_vs_baseline", "p_holm", "mlflow_run_ids", "missing_seeds")
-ACC_FIELDS = ("n_seeds", "mean", "std", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "p_vs_baseline",
-              "p_holm", "mlflow_run_ids", "missing_seeds")
+# results.csv's accuracy columns (the contract): the cell's field -> column, in order.
+ACC_CSV = {"n_seeds": "n_seeds", "mean": "test_top1_mean", "std": "test_top1_std", "ci95_low": "test_top1_ci95_low",
+           "ci95_high": "test_top1_ci95_high", "reference": "reference", "delta_vs_baseline": "delta_vs_baseline",
+           "p_vs_baseline": "p_vs_baseline", "p_holm": "p_holm", "mlflow_run_ids": "mlflow_run_ids",
+           "missing_seeds": "missing_seeds"}
 
 
 def _val_mean(v: Variant) -> float | None:
@@ -51,7 +51,7 @@ def results_table(study: Study) -> Table:
                   "that difference and its p-value after Holm's correction over the variants. Validation top-1: "
                   "mean over seeds; params in millions.",
                   ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"], rows,
-                  keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV, acc_fields=ACC_FIELDS)
+                  keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV)
     table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
         "No baseline (no DeiT/ViT variant and no `baseline` key in params): differences are not tested."] + table.notes
     return table
