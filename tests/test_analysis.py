@@ -1,5 +1,6 @@
 """Analysis: attention maps of every family (exact, and harmless to the model), MaiT's ALS
-(Eq. 3) and cross-layer similarity (App. A.3), attention rollout, learned masks."""
+(Eq. 3), the mean attention distance (ViT Fig. 7), cross-layer similarity (App. A.3),
+attention rollout, the families' extras (learned masks, soft-mask alphas)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import torch.nn as nn
 
 import locvit.models  # noqa: F401
 from locvit.analysis import (ROW_STOCHASTIC, AttentionMap, attention_locality_score, attention_rollout,
-                             collect_attention, cross_layer_similarity, learned_masks, neighbourhood_mask,
-                             soft_mask_alphas)
+                             collect_attention, cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
+from locvit.analysis.analyse import distances
+from locvit.models.ibit import learned_masks
+from locvit.models.mait import soft_mask_alphas
 
 VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=5)  # 4 x 4 grid
 CAIT = dict(VIT, depth_token_only=1)
@@ -145,12 +148,85 @@ def test_a_mait_hard_head_is_softmax_of_mask_times_logits():
 
 
 def test_unknown_models_and_layers_are_named():
-    with pytest.raises(ValueError, match="Sequential has no attention layer"):
+    with pytest.raises(ValueError, match="Sequential belongs to no registered model family"):
         collect_attention(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2)), torch.randn(1, 3, 32, 32))
     model = timm.create_model("vit_tiny_patch16_224", **VIT)
     model.blocks[0].attn = nn.MultiheadAttention(24, 3)
-    with pytest.raises(ValueError, match=r"blocks\.0\.attn is a MultiheadAttention"):
+    with pytest.raises(ValueError, match="MultiheadAttention is an attention layer no reader of its family knows"):
         collect_attention(model, torch.randn(1, 3, 32, 32))
+
+
+# --- Mean attention distance (ViT Fig. 7) ---------------------------------------------------
+
+
+def _with_prefix(patches: torch.Tensor, prefix: int) -> torch.Tensor:
+    """(N, N) patch-to-patch weights -> (T, T) with ``prefix`` class rows/columns holding junk weight."""
+    n = patches.shape[-1]
+    full = torch.full((prefix + n, prefix + n), 0.5)
+    full[prefix:, prefix:] = patches
+    return full
+
+
+def test_mean_attention_distance_of_uniform_attention_is_the_mean_pairwise_distance():
+    # A 2 x 2 grid: from any patch the distances are 0, 1, 1 and sqrt(2) patches.
+    uniform = torch.full((4, 4), 0.25)
+    expected = (2 + math.sqrt(2)) / 4
+    assert mean_attention_distance(uniform, (2, 2), num_prefix=0).item() == pytest.approx(expected)
+    # Class-token weight is left out (rows renormalised over the patches); spacing scales to pixels.
+    assert mean_attention_distance(_with_prefix(uniform, 1), (2, 2), num_prefix=1, spacing=8.0).item() == \
+        pytest.approx(8 * expected)
+
+
+def test_mean_attention_distance_of_self_attention_only_is_zero():
+    assert mean_attention_distance(_with_prefix(torch.eye(9), 1), (3, 3), num_prefix=1).item() == 0.0
+
+
+def test_mean_attention_distance_to_the_farthest_patch():
+    # A 1 x 3 row: the farthest patch of 0 is 2 (2 away), of 1 is 0 (1 away), of 2 is 0 (2 away).
+    farthest = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    assert mean_attention_distance(farthest, (1, 3), num_prefix=0).item() == pytest.approx(5 / 3)
+    # 3 x 3: corners reach the opposite corner (2 sqrt 2), edges the far corners (sqrt 5), the centre a corner.
+    grid = [(y, x) for y in range(3) for x in range(3)]
+    far = torch.zeros(9, 9)
+    for i, (y, x) in enumerate(grid):
+        far[i, max(range(9), key=lambda j: (grid[j][0] - y) ** 2 + (grid[j][1] - x) ** 2)] = 1.0
+    expected = (4 * 2 * math.sqrt(2) + 4 * math.sqrt(5) + math.sqrt(2)) / 9
+    assert mean_attention_distance(far, (3, 3), num_prefix=0).item() == pytest.approx(expected)
+
+
+def test_mean_attention_distance_keeps_leading_dims_and_checks_the_grid():
+    maps = torch.stack([torch.eye(4), torch.full((4, 4), 0.25)]).expand(5, 2, 4, 4)  # (B, H, N, N)
+    out = mean_attention_distance(maps, (2, 2), num_prefix=0)
+    assert out.shape == (5, 2) and out[:, 0].eq(0).all()
+    with pytest.raises(ValueError, match="do not have 1 prefix"):
+        mean_attention_distance(maps, (2, 2), num_prefix=1)
+
+
+@pytest.mark.parametrize("family", ["deit", "mait_hard", "ibit", "cait", "convit", "lsa", "nest"])
+def test_mean_attention_distance_of_real_models_is_in_pixels(family):
+    """Per layer and head, within [0, the image's diagonal]; None exactly where a layer has no patch grid."""
+    images = _images(family)
+    _, maps = collect_attention(_build(family), images)
+    mad = distances(maps, images.shape[-1], len(images))
+    assert len(mad) == len(maps)
+    for m, heads in zip(maps, mad):
+        assert (heads is None) == (m.kind in ("shift", "class"))
+        if heads is not None:
+            assert len(heads) == m.probs.shape[1]
+            assert all(0 <= d <= images.shape[-1] * math.sqrt(2) for d in heads)
+
+
+def test_mean_attention_distance_of_a_vit_layer_by_hand():
+    """DeiT on a 4 x 4 grid of 8-pixel patches: the record equals the formula applied to the layer's map."""
+    images = _images("deit")
+    _, maps = collect_attention(_build("deit"), images)
+    m = maps[0]
+    n = 16
+    dist = torch.cdist(*(torch.tensor([[i // 4, i % 4] for i in range(n)], dtype=torch.float64),) * 2) * 8
+    a = m.probs[..., 1:, 1:].double()
+    a = a / a.sum(-1, keepdim=True)
+    expected = (a * dist).sum(-1).mean(-1).mean(0)  # (H,)
+    assert distances(maps, 32, len(images))[0] == pytest.approx(expected.tolist(), rel=1e-5)
 
 
 # --- MaiT's attention locality score (Eq. 3) ----------------------------------------------

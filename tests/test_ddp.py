@@ -10,9 +10,11 @@ import torch
 
 from conftest import BIN, copy_workflow, env_with_venv
 from locvit.config import run_config
-from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, weights_digest
+from locvit import models
+from locvit.train.checkpoint import load_checkpoint, weights_digest
 from locvit.train.distributed import Dist, shard_size
-from locvit.train.loop import peak_lr, per_process_batch
+from locvit.config import peak_lr
+from locvit.train.loop import per_process_batch
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_two_processes_end_with_equal_weights_in_one_mlflow_run(ddp_run):
 def test_a_ddp_checkpoint_loads_in_one_process(ddp_run, prepared):
     best = load_checkpoint(ddp_run["run"] / "best.pt")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in best["model"])
-    model = build_from_checkpoint(best).eval()
+    model = models.load(best, "cpu")
     with torch.no_grad():
         assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
 

@@ -21,8 +21,11 @@ import pytest
 import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv
+from locvit.layout import StudyLayout
 
 pytestmark = pytest.mark.e2e
+RESULTS_DIR = "studies"
+STUDY = StudyLayout(Path(RESULTS_DIR) / "tiny")
 
 
 def run(cwd: Path, *cmd: str) -> str:
@@ -40,9 +43,10 @@ def sha(path: Path) -> str:
 def repo_copy(tmp_path_factory, repo) -> Path:
     """A git repository holding the workflow, with a one-variant, one-seed study as params.yaml."""
     work = copy_workflow(tmp_path_factory.mktemp("dvcrepo"))
-    shutil.copy2(repo / ".gitignore", work / ".gitignore")
+    (work / ".gitignore").write_text((repo / ".gitignore").read_text() + f"/{RESULTS_DIR}/\n")
     params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
     params["seeds"] = [0]
+    params["results_dir"] = RESULTS_DIR  # not the default: dvc.yaml must follow it
     del params["variants"]["deit_a"]
     del params["mask_search"]  # a Snakemake-only part of the DAG (checkpoints); DVC has no stage for it
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -62,7 +66,7 @@ def test_repro_one_stage_push_remove_pull(repo_copy):
     dvc = str(BIN / "dvc")
     out = run(repo_copy, dvc, "repro", "train@mait_b")
     assert "Running stage 'prepare'" in out and "Running stage 'train@mait_b'" in out
-    best = repo_copy / "results" / "tiny" / "runs" / "mait_b" / "seed0" / "best.pt"
+    best = repo_copy / STUDY.run_dir("mait_b", 0) / "best.pt"
     digest = sha(best)
     lock = yaml.safe_load((repo_copy / "dvc.lock").read_text())
     assert {"prepare", "train@mait_b"} <= set(lock["stages"])
@@ -70,9 +74,9 @@ def test_repro_one_stage_push_remove_pull(repo_copy):
     run(repo_copy, dvc, "repro")  # evaluate@mait_b, analyse@mait_b and report
     metrics = json.loads(run(repo_copy, dvc, "metrics", "show", "--json").splitlines()[0])
     files = metrics[""]["data"]
-    assert "test_top1" in files["results/tiny/eval/mait_b/seed0.json"]["data"]
-    assert files["results/tiny/analysis/mait_b/profile.json"]["data"]["gmacs"] > 0
-    assert "test_top1_mean" in json.dumps(files["results/tiny/report/summary.json"])
+    assert "test_top1" in files[str(STUDY.eval_file("mait_b", 0))]["data"]
+    assert files[str(STUDY.profile_file("mait_b"))]["data"]["gmacs"] > 0
+    assert "test_top1_mean" in json.dumps(files[str(STUDY.report / "summary.json")])
     plots = json.loads(run(repo_copy, dvc, "plots", "show", "--json").splitlines()[0])  # (stderr follows)
     assert "errors" not in plots and "als_mait_b.png" in json.dumps(plots)
     run(repo_copy, dvc, "push", "-q")
@@ -80,12 +84,12 @@ def test_repro_one_stage_push_remove_pull(repo_copy):
 
     clone = repo_copy.parent / "clone"
     run(repo_copy.parent, "git", "clone", "-q", str(repo_copy), str(clone))
-    assert not (clone / "results").exists()
+    assert not (clone / RESULTS_DIR).exists()
     run(clone, dvc, "pull", "-q")
-    pulled = clone / "results" / "tiny" / "runs" / "mait_b" / "seed0" / "best.pt"
+    pulled = clone / STUDY.run_dir("mait_b", 0) / "best.pt"
     assert sha(pulled) == digest  # the checkpoint came back from the remote
     assert "up to date" in run(clone, dvc, "status")
-    summary = json.loads((clone / "results" / "tiny" / "report" / "summary.json").read_text())
+    summary = json.loads((clone / STUDY.report / "summary.json").read_text())
     assert summary["mait_b"]["seeds"] == 1
     run(clone, str(BIN / "snakemake"), "--touch", "--cores", "1", "all")
     out = run(clone, str(BIN / "snakemake"), "-n", "all")

@@ -35,11 +35,17 @@ def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.Completed
     return proc
 
 
+RESULTS_DIR = "out/studies"  # not the default: every path must follow params' results_dir
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
-    """A finished tiny study (the working directory of the run)."""
+    """A finished tiny study (the working directory of the run), its results under RESULTS_DIR."""
     work = copy_workflow(tmp_path_factory.mktemp("study"))
+    tiny = yaml.safe_load((work / TINY).read_text())
+    (work / TINY).write_text(yaml.safe_dump({**tiny, "results_dir": RESULTS_DIR}, sort_keys=False))
     snakemake(work, "--cores", "2", "all", "--config", f"params={TINY}")
+    assert not (work / "results").exists()
     return work
 
 
@@ -50,8 +56,16 @@ def params(study) -> dict:
     return load_params(study / TINY)
 
 
-def test_every_output_is_there(study, params):
-    root = study / "results" / "tiny"
+@pytest.fixture(scope="module")
+def layout(study, params):
+    """Where the study's files are (locvit.layout), as absolute paths."""
+    from locvit.layout import StudyLayout
+
+    return StudyLayout(study / StudyLayout.of(params).root)
+
+
+def test_every_output_is_there(study, params, layout):
+    root = layout.root
     for split in ("train", "val", "test"):
         assert (root / "data" / f"{split}.beton").stat().st_size > 0
     for variant in params["variants"]:
@@ -73,10 +87,10 @@ def test_every_output_is_there(study, params):
     assert not list(root.rglob("*.tmp"))  # no temporary file left behind
 
 
-def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params):
+def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout):
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study / 'results' / 'tiny' / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
     assert exp is not None
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
@@ -102,14 +116,14 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params):
     assert seen == {(v, s) for v in params["variants"] for s in params["seeds"]}
 
 
-def test_results_table_matches_the_evaluations(study, params):
-    report = study / "results" / "tiny" / "report"
+def test_results_table_matches_the_evaluations(study, params, layout):
+    report = layout.report
     rows = list(csv.DictReader((report / "results.csv").open()))
     assert [r["variant"] for r in rows] == list(params["variants"])
     md = (report / "results.md").read_text()
     tex = (report / "results.tex").read_text()
     for row in rows:
-        evals = [json.loads((study / "results" / "tiny" / "eval" / row["variant"] / f"seed{s}.json").read_text())
+        evals = [json.loads((layout.eval_file(row["variant"], s)).read_text())
                  for s in params["seeds"]]
         accs = [100 * e["test_top1"] for e in evals]
         assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
@@ -119,11 +133,11 @@ def test_results_table_matches_the_evaluations(study, params):
     assert "±" in md and r"\toprule" in tex
 
 
-def test_locvit_results_prints_the_statistics(study, params):
+def test_locvit_results_prints_the_statistics(study, params, layout):
     out = subprocess.run([str(BIN / "locvit"), "results", "--params", TINY], cwd=study, capture_output=True,
                          text=True, env=env_with_venv())
     assert out.returncode == 0, out.stderr
-    rows = {r["variant"]: r for r in csv.DictReader((study / "results" / "tiny" / "report" / "results.csv").open())}
+    rows = {r["variant"]: r for r in csv.DictReader((layout.report / "results.csv").open())}
     assert "Δ vs deit_a" in out.stdout and "p (Holm)" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("mait_b "))
     assert f"{float(rows['mait_b']['test_top1_mean']):.2f} ± {float(rows['mait_b']['test_top1_std']):.2f}" in line
@@ -227,10 +241,10 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
     assert params["variants"]["deit"]["train_fraction"] == 1.0
 
 
-def test_mask_search_follows_the_previous_rounds_als(study, params):
+def test_mask_search_follows_the_previous_rounds_als(study, params, layout):
     from locvit.analysis.search import next_spec
 
-    search = study / "results" / "tiny" / "search"
+    search = layout.search
     spec0 = json.loads((search / "round0" / "spec.json").read_text())
     als0 = json.loads((search / "round0" / "analysis.json").read_text())["als"]
     spec1 = json.loads((search / "round1" / "spec.json").read_text())
@@ -241,7 +255,7 @@ def test_mask_search_follows_the_previous_rounds_als(study, params):
 
     state = torch.load(search / "round1" / "best.pt", weights_only=True)
     assert state["config"]["model_kwargs"]["masked_heads"] == spec1["masked_heads"]
-    table = json.loads((study / "results" / "tiny" / "report" / "mask_search.json").read_text())
+    table = json.loads((layout.report / "mask_search.json").read_text())
     assert [r["round"] for r in table["rounds"]] == [0, 1]
     assert table["searched_masked_heads"] == spec1["masked_heads"]
 
@@ -254,12 +268,12 @@ def test_html_report_has_every_figure_with_its_caption(study):
         assert name in html
 
 
-def test_report_names_a_missing_run(study, params, tmp_path):
+def test_report_names_a_missing_run(study, params, tmp_path, layout):
     """Re-run the report on a copy of the study with one evaluation removed."""
     import shutil
 
     copy = tmp_path / "tiny"
-    shutil.copytree(study / "results" / "tiny", copy, ignore=shutil.ignore_patterns("data", "mlartifacts"))
+    shutil.copytree(layout.root, copy, ignore=shutil.ignore_patterns("data", "mlartifacts"))
     (copy / "eval" / "mait_b" / "seed1.json").unlink()
     out = subprocess.run([str(BIN / "locvit"), "report", "--params", str(study / TINY), "--study-dir", str(copy),
                           "--out-dir", str(copy / "report"), "--tracking-db", str(copy / "mlflow.db"),
@@ -327,7 +341,7 @@ def _stop_ui(proc: subprocess.Popen) -> None:
 
 
 def test_mlflow_ui_command_binds_locally_and_names_what_is_missing(tmp_path, monkeypatch):
-    from locvit.ui import ui_command
+    from locvit.tracking.ui import ui_command
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = subprocess.run([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(tmp_path)], capture_output=True,
@@ -362,9 +376,9 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def mlflow_ui(study, browser, tmp_path_factory):
+def mlflow_ui(layout, browser, tmp_path_factory):
     """The URL of `locvit mlflow-ui` serving the finished study; its processes are killed at the end."""
-    proc, url = _start_ui(study / "results" / "tiny", tmp_path_factory.mktemp("ui") / "mlflow-ui.log")
+    proc, url = _start_ui(layout.root, tmp_path_factory.mktemp("ui") / "mlflow-ui.log")
     try:
         yield url
     finally:
@@ -386,11 +400,11 @@ def page(browser, request):
     context.close()
 
 
-def _tracked_runs(study: Path, params: dict) -> tuple[str, dict, int]:
+def _tracked_runs(layout, params: dict) -> tuple[str, dict, int]:
     """The experiment id, its variant runs {run name: run} and its number of runs (mask search included)."""
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study / 'results' / 'tiny' / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
     every = client.search_runs([exp.experiment_id])
     return exp.experiment_id, {r.info.run_name: r for r in every if r.data.tags.get("variant") in params["variants"]}, \
@@ -420,10 +434,10 @@ def _close_assistant(page) -> None:
         pass
 
 
-def test_mlflow_ui_lists_every_run_with_its_metrics(study, params, mlflow_ui, page):
+def test_mlflow_ui_lists_every_run_with_its_metrics(layout, params, mlflow_ui, page):
     from playwright.sync_api import expect
 
-    exp_id, runs, n_runs = _tracked_runs(study, params)
+    exp_id, runs, n_runs = _tracked_runs(layout, params)
     expected = {f"{v}-seed{s}" for v in params["variants"] for s in params["seeds"]}
     assert set(runs) == expected
 
@@ -455,10 +469,10 @@ def test_mlflow_ui_lists_every_run_with_its_metrics(study, params, mlflow_ui, pa
             assert float(text) == pytest.approx(run.data.metrics[metric], abs=1e-6), (name, metric, text)
 
 
-def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(study, params, mlflow_ui, page):
+def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(layout, params, mlflow_ui, page):
     from playwright.sync_api import expect
 
-    exp_id, runs, _ = _tracked_runs(study, params)
+    exp_id, runs, _ = _tracked_runs(layout, params)
     variant, seed = next(iter(params["variants"])), params["seeds"][0]
     run = runs[f"{variant}-seed{seed}"]
 

@@ -16,7 +16,8 @@ import torch
 from locvit.config import run_config, validate_params
 from locvit.data import sources
 from locvit.data.prepare import prepare
-from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint
+from locvit import models
+from locvit.train.checkpoint import load_checkpoint
 from locvit.train.loop import train_run
 from test_data import _cifar10_archive, _fake_imagefolder
 
@@ -48,7 +49,7 @@ def test_cifar_archive_trains_with_the_full_recipe(tmp_path, monkeypatch):
     assert row["lr"] <= 0.001 * 8 / 512  # the peak lr scaled by the global batch
     state = load_checkpoint(tmp_path / "run" / "best.pt")
     assert state["weights"] == "ema"  # best.pt holds the EMA weights when EMA is on
-    model = build_from_checkpoint(state)
+    model = models.load(state, "cpu")
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 

@@ -8,11 +8,12 @@ import pytest
 import timm
 import torch
 
+from locvit import models
 from locvit.config import run_config
 from locvit.data.ffcv_io import make_loader
-from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint, save_checkpoint
+from locvit.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from locvit.train.engine import Compute, NonFiniteLoss, cosine_schedule, evaluate, train_one_epoch
-from locvit.train.loop import amp_dtype, build_model, normalisation, param_groups, seed_everything
+from locvit.train.loop import amp_dtype, param_groups
 
 
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
@@ -38,8 +39,8 @@ def test_a_few_batches_bring_the_loss_down(prepared, tiny_params):
     seed_everything(0)
     torch.set_num_threads(2)
     cfg = run_config(tiny_params, "deit_a", 0)
-    model = build_model(cfg)
-    mean, std = normalisation(model)
+    model = models.create(cfg)
+    mean, std = models.normalisation(model)
     loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
     val_loader = make_loader(prepared["val"], 256, False, torch.device("cpu"))
     before = evaluate(model, val_loader, mean, std)["loss"]
@@ -55,7 +56,7 @@ def test_a_few_batches_bring_the_loss_down(prepared, tiny_params):
 
 
 def test_non_finite_loss_stops_training(prepared, tiny_params):
-    model = build_model(run_config(tiny_params, "deit_a", 0))
+    model = models.create(run_config(tiny_params, "deit_a", 0))
     with torch.no_grad():
         model.head.weight.fill_(math.nan)
     loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
@@ -69,13 +70,13 @@ def test_non_finite_loss_stops_training(prepared, tiny_params):
 def test_checkpoint_round_trip_gives_the_same_logits(tmp_path, tiny_params):
     cfg = run_config(tiny_params, "deit_a", 0)
     seed_everything(1)
-    model = build_model(cfg).eval()
+    model = models.create(cfg).eval()
     path = tmp_path / "ckpt" / "best.pt"
     save_checkpoint(path, {"model": model.state_dict(), "config": cfg, "epoch": 3, "val_top1": 0.5,
                            "mlflow_run_id": "abc"})
     assert [p.name for p in path.parent.iterdir()] == ["best.pt"]  # no temporary file left behind
     state = load_checkpoint(path)
-    rebuilt = build_from_checkpoint(state).eval()
+    rebuilt = models.load(state, "cpu")
     x = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
         assert torch.equal(model(x), rebuilt(x))
@@ -131,7 +132,7 @@ def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
     """FFCV's random translation draws from numpy's seeded generator when not compiled."""
     def one_epoch():
         seed_everything(0)
-        model = build_model(run_config(tiny_params, "deit_a", 0))
+        model = models.create(run_config(tiny_params, "deit_a", 0))
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0, translate=2, jit=False)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
@@ -148,12 +149,12 @@ def test_bf16_autocast_and_channels_last(prepared, tiny_params):
     assert amp_dtype("bf16", cpu) is torch.bfloat16
     assert amp_dtype("off", cuda) is None and amp_dtype(False, cuda) is None  # YAML's unquoted off
     seed_everything(0)
-    model = build_model(run_config(tiny_params, "deit_a", 0)).to(memory_format=torch.channels_last)
+    model = models.create(run_config(tiny_params, "deit_a", 0)).to(memory_format=torch.channels_last)
     seen = []
     model.patch_embed.proj.register_forward_hook(
         lambda m, args, out: seen.append((args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
     compute = Compute(torch.bfloat16, channels_last=True)
-    mean, std = normalisation(model)
+    mean, std = models.normalisation(model)
     loader = make_loader(prepared["train"], 64, True, cpu, seed=0, jit=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, mean, std, show_progress=False, compute=compute)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section
+from locvit.layout import StudyLayout, per_seed
 
 
 def cmd_validate(args) -> None:
@@ -57,7 +58,8 @@ def cmd_train(args) -> None:
         jobs = list(zip(cfgs, out_dirs))
     else:
         params = load_params(args.params)
-        jobs = [(run_config(params, args.variant, s), args.runs_dir / f"seed{s}") for s in params["seeds"]]
+        jobs = list(zip([run_config(params, args.variant, s) for s in params["seeds"]],
+                        per_seed(args.runs_dir, params["seeds"], "")))
     with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
         for cfg, out_dir in jobs:
             train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
@@ -69,8 +71,8 @@ def cmd_evaluate(args) -> None:
 
     if args.all_seeds:
         seeds = load_params(args.params, check_models=False)["seeds"]
-        checkpoints = [args.runs_dir / f"seed{s}" / "best.pt" for s in seeds]
-        outs = [args.eval_dir / f"seed{s}.json" for s in seeds]
+        checkpoints = [run / "best.pt" for run in per_seed(args.runs_dir, seeds, "")]
+        outs = per_seed(args.eval_dir, seeds, ".json")
     else:
         checkpoints, outs = args.checkpoint, args.out
     for result in evaluate_checkpoints(checkpoints, outs, args.data, args.manifest, args.tracking_db,
@@ -85,9 +87,8 @@ def cmd_analyse(args) -> None:
     if args.all_seeds:
         params = load_params(args.params, check_models=False)
         seeds, cfg = params["seeds"], params["analysis"]
-        checkpoints = [args.runs_dir / f"seed{s}" / "best.pt" for s in seeds]
-        out_json = [args.out_dir / f"seed{s}.json" for s in seeds]
-        out_npz = [args.maps_dir / f"seed{s}.npz" for s in seeds]
+        checkpoints = [run / "best.pt" for run in per_seed(args.runs_dir, seeds, "")]
+        out_json, out_npz = per_seed(args.out_dir, seeds, ".json"), per_seed(args.maps_dir, seeds, ".npz")
         profile_out = args.out_dir / "profile.json"
     else:
         cfg = validate_section("analysis", json.loads(args.analysis_config), "--analysis-config")
@@ -164,7 +165,7 @@ def cmd_results(args) -> None:
     import csv
 
     params = load_params(args.params, check_models=False)
-    table = Path(params["results_dir"]) / params["study"] / "report" / "results.md"
+    table = StudyLayout.of(params).report / "results.md"
     if not table.is_file():
         raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
     rows = list(csv.DictReader(table.with_suffix(".csv").open()))
@@ -188,11 +189,11 @@ def cmd_results(args) -> None:
 
 
 def cmd_mlflow_ui(args) -> None:
-    from locvit.ui import serve
+    from locvit.tracking.ui import serve
 
     if args.study_dir is None:
         params = load_params(args.params, check_models=False)
-        args.study_dir = Path(params["results_dir"]) / params["study"]
+        args.study_dir = StudyLayout.of(params).root
     serve(args.study_dir, args.host, args.port, args.workers)
 
 

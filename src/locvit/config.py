@@ -175,7 +175,8 @@ def _check_semantics(params: dict) -> list[str]:
         problems.extend(f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
                         f"(data.image_size / the dataset's classes); remove it from the variant" for key in owned)
         if not owned:
-            problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes))
+            problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes,
+                                        params["model_modules"]))
     return problems
 
 
@@ -196,7 +197,7 @@ def _check_search(params: dict) -> list[str]:
     return problems
 
 
-def _model_check_stamp(variant: dict, image_size: int, num_classes: int) -> Path:
+def _model_check_stamp(variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> Path:
     """The cache file that says this model built before, with this timm, torch and locvit.models code.
 
     Importing timm (and torch, torchvision) costs 5-10 s, paid by every ``snakemake -n``
@@ -209,23 +210,37 @@ def _model_check_stamp(variant: dict, image_size: int, num_classes: int) -> Path
 
     from locvit.io import cache_dir
 
+    import importlib.util
+    import os
+    import sys
+
     h = hashlib.sha256(json.dumps([variant["model"], variant["kwargs"], image_size, num_classes,
-                                   version("timm"), version("torch")], sort_keys=True).encode())
+                                   version("timm"), version("torch"), list(modules)], sort_keys=True).encode())
     for code in sorted((Path(__file__).parent / "models").glob("*.py")):
         h.update(code.read_bytes())
+    for module in modules:  # a module outside locvit: its code too
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        finally:
+            sys.path.remove(os.getcwd())
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            h.update(Path(spec.origin).read_bytes())
     return cache_dir("model-checks") / h.hexdigest()
 
 
-def check_model(name: str, variant: dict, image_size: int, num_classes: int) -> list[str]:
+def check_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
     """Build the variant's model on the meta device (no memory, no compute) to check it.
 
-    A passing check is remembered (:func:`_model_check_stamp`), so timm is imported only
-    for models not checked before.
+    ``modules``: params' ``model_modules``, imported first. A passing check is remembered
+    (:func:`_model_check_stamp`), so timm is imported only for models not checked before.
     """
-    stamp = _model_check_stamp(variant, image_size, num_classes)
+    stamp = _model_check_stamp(variant, image_size, num_classes, modules)
     if stamp.exists():
         return []
-    problems = _build_model(name, variant, image_size, num_classes)
+    problems = _build_model(name, variant, image_size, num_classes, modules)
     if not problems:
         from locvit.io import write_text
 
@@ -236,12 +251,16 @@ def check_model(name: str, variant: dict, image_size: int, num_classes: int) -> 
     return problems
 
 
-def _build_model(name: str, variant: dict, image_size: int, num_classes: int) -> list[str]:
+def _build_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
     import timm
     import torch
 
-    import locvit.models  # noqa: F401  registers locvit's families
+    from locvit import models  # registers locvit's families
 
+    try:
+        models.import_modules(modules)
+    except ImportError as err:
+        return [f"model_modules: {err}"]
     model = variant["model"]
     if not timm.is_model(model):
         close = difflib.get_close_matches(model, timm.list_models(), n=3)
@@ -249,8 +268,8 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int) ->
         return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
     try:
         with torch.device("meta"):
-            built = timm.create_model(model, pretrained=False, img_size=image_size, num_classes=num_classes,
-                                      **variant["kwargs"])
+            built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
+                                                                   "num_classes": num_classes, **variant["kwargs"]}})
     except Exception as err:  # any build failure is a config problem of this variant
         return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
     # timm's patch embedding builds with any patch size and fails only at the first forward.
@@ -317,12 +336,13 @@ def validate_section(name: str, section: dict, source: str) -> dict:
 
 
 RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
+OPTIONAL_RUN_CONFIG_KEYS = ("model_modules",)  # present only when params set them
 
 
 def validate_run_config(cfg: dict) -> dict:
     """Check a resolved run config (from :func:`run_config`) handed to a job as JSON."""
     missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
-    extra = [k for k in cfg if k not in RUN_CONFIG_KEYS]
+    extra = [k for k in cfg if k not in RUN_CONFIG_KEYS + OPTIONAL_RUN_CONFIG_KEYS]
     if missing or extra:
         raise ConfigError([f"run config: missing keys {missing}, unknown keys {extra}; "
                            f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"], "--run-config")
@@ -345,7 +365,9 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
     spec = params["variants"][variant]
     source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
     kwargs = dict(spec["kwargs"], img_size=params["data"]["image_size"], num_classes=source.num_classes)
+    modules = {"model_modules": list(params["model_modules"])} if params.get("model_modules") else {}
     return {
+        **modules,
         "study": params["study"],
         "variant": variant,
         "seed": int(seed),
@@ -354,6 +376,12 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
         "train": {**params["train"], **spec["train"]},
     }
+
+
+def peak_lr(recipe: dict) -> float:
+    """The lr as given, or scaled by the global batch when lr_scale_batch is set (DeiT: lr x batch / 512)."""
+    base = recipe["lr_scale_batch"]
+    return recipe["lr"] * recipe["batch_size"] / base if base else recipe["lr"]
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -3,9 +3,9 @@ rule analyse:
         unpack(test_data),
         checkpoints=variant_checkpoints,
     output:
-        json=[f"{ANALYSIS_DIR}/{{variant}}/seed{seed}.json" for seed in SEEDS],
-        npz=[f"{MAPS_DIR}/{{variant}}/seed{seed}.npz" for seed in SEEDS],
-        profile=f"{ANALYSIS_DIR}/{{variant}}/profile.json",
+        json=expand(ANALYSIS_FILE, seed=SEEDS, allow_missing=True),
+        npz=expand(MAPS_FILE, seed=SEEDS, allow_missing=True),
+        profile=PROFILE_FILE,
     params:
         locvit=LOCVIT,
         analysis=analysis_config,

@@ -6,20 +6,26 @@ import shlex
 import sys
 
 from locvit.config import run_config, variant_fraction
+from locvit.layout import StudyLayout
 
-STUDY_DIR = f"{P['results_dir']}/{P['study']}"
-DATA_DIR = f"{STUDY_DIR}/data"  # the FFCV files at data.train_fraction; other fractions: data_<percent>pct
-RUNS_DIR = f"{STUDY_DIR}/runs"
-EVAL_DIR = f"{STUDY_DIR}/eval"
-ANALYSIS_DIR = f"{STUDY_DIR}/analysis"  # JSON: DVC metrics
-MAPS_DIR = f"{STUDY_DIR}/maps"  # arrays (npz) the plots are drawn from
-SEARCH_DIR = f"{STUDY_DIR}/search"
-REPORT_DIR = f"{STUDY_DIR}/report"
-LOG_DIR = f"{STUDY_DIR}/logs"
+# Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
+LAYOUT = StudyLayout.of(P)
+DATA_FILES = {k: str(v) for k, v in LAYOUT.data_files(name="{datadir}").items()}  # data/ or data_<pct>pct/
+MAIN_DATA = {k: str(v) for k, v in LAYOUT.data_files().items()}  # at data.train_fraction (the mask search's)
+RUN_DIR = str(LAYOUT.run_dir("{variant}", "{seed}"))
+EVAL_FILE = str(LAYOUT.eval_file("{variant}", "{seed}"))
+ANALYSIS_FILE = str(LAYOUT.analysis_file("{variant}", "{seed}"))  # JSON: DVC metrics
+PROFILE_FILE = str(LAYOUT.profile_file("{variant}"))
+MAPS_FILE = str(LAYOUT.maps_file("{variant}", "{seed}"))  # arrays (npz) the plots are drawn from
+ROUND_DIR = str(LAYOUT.search_round("{round}"))
+REPORT_DIR = str(LAYOUT.report)
+LOG_DIR = str(LAYOUT.logs)
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
-TRACKING_DB = f"{STUDY_DIR}/mlflow.db"
+TRACKING_DB = str(LAYOUT.tracking_db)
 VARIANTS = list(P["variants"])
 SEEDS = P["seeds"]
+# Each data folder of the study and the training fraction it is prepared at (train_fractions).
+DATA_FRACTIONS = {LAYOUT.data_name(f): f for f in {variant_fraction(P, v) for v in VARIANTS}}
 SEARCH = P.get("mask_search")  # None: the study runs no mask search
 SEARCH_ROUNDS = list(range(SEARCH["rounds"])) if SEARCH else []
 # The same interpreter that runs Snakemake runs the jobs (works without an activated venv).
@@ -29,7 +35,7 @@ ENV = "../envs/locvit.yaml"
 
 wildcard_constraints:
     variant="|".join(re.escape(v) for v in VARIANTS),
-    datadir=r"data(_\d+pct)?",
+    datadir="|".join(re.escape(d) for d in DATA_FRACTIONS),
     seed=r"\d+",
     round=r"\d+",
 
@@ -45,43 +51,35 @@ def search_files():
 
 
 def analysis_files(wildcards):
-    return expand(f"{ANALYSIS_DIR}/{{variant}}/seed{{seed}}.json", variant=VARIANTS, seed=SEEDS) + expand(
-        f"{ANALYSIS_DIR}/{{variant}}/profile.json", variant=VARIANTS)
+    return expand(ANALYSIS_FILE, variant=VARIANTS, seed=SEEDS) + expand(PROFILE_FILE, variant=VARIANTS)
 
 
 def report_dir(wildcards, output):
-    """The report folder, from the report's own output (results/<study>/report)."""
+    """The report folder, from the report's own output (a prefix param, as Snakemake's lint asks)."""
     return os.path.dirname(output.md)
 
 
 def study_dir(wildcards, output):
-    """results/<study>, the folder the report reads (eval/, runs/, analysis/, maps/)."""
+    """The study's folder, the report folder's parent (it holds eval/, runs/, analysis/, maps/)."""
     return os.path.dirname(os.path.dirname(output.md))
 
 
 def metrics_files(wildcards):
-    return expand(f"{RUNS_DIR}/{{variant}}/seed{{seed}}/metrics.json", variant=VARIANTS, seed=SEEDS)
+    return expand(f"{RUN_DIR}/metrics.json", variant=VARIANTS, seed=SEEDS)
 
 
 def eval_files(wildcards):
-    return expand(f"{EVAL_DIR}/{{variant}}/seed{{seed}}.json", variant=VARIANTS, seed=SEEDS)
+    return expand(EVAL_FILE, variant=VARIANTS, seed=SEEDS)
 
 
 def variant_checkpoints(wildcards):
     """The best checkpoint of every seed of one variant (scored together by one evaluate job)."""
-    return expand(f"{RUNS_DIR}/{wildcards.variant}/seed{{seed}}/best.pt", seed=SEEDS)
-
-
-def data_dir(fraction):
-    """The folder of the FFCV files a run at this training fraction reads (train_fractions)."""
-    return DATA_DIR if fraction == P["data"]["train_fraction"] else f"{STUDY_DIR}/data_{round(100 * fraction)}pct"
+    return expand(f"{RUN_DIR}/best.pt", variant=wildcards.variant, seed=SEEDS)
 
 
 def variant_data(wildcards):
     """The prepared files of the variant's training fraction: train, val, test, manifest (for unpack)."""
-    folder = data_dir(variant_fraction(P, wildcards.variant))
-    return {split: f"{folder}/{split}.beton" for split in ("train", "val", "test")} | {
-        "manifest": f"{folder}/manifest.json"}
+    return {k: str(v) for k, v in LAYOUT.data_files(variant_fraction(P, wildcards.variant)).items()}
 
 
 def train_data(wildcards):
@@ -95,9 +93,7 @@ def test_data(wildcards):
 def data_config(wildcards):
     """The data section at the folder's training fraction: a params trigger, so changing it re-runs prepare
     and all after it."""
-    match = re.fullmatch(r"data_(\d+)pct", wildcards.datadir)
-    fraction = int(match.group(1)) / 100 if match else P["data"]["train_fraction"]
-    return json.dumps({**P["data"], "train_fraction": fraction}, sort_keys=True)
+    return json.dumps({**P["data"], "train_fraction": DATA_FRACTIONS[wildcards.datadir]}, sort_keys=True)
 
 
 def analysis_config(wildcards):
@@ -114,7 +110,7 @@ def search_previous(wildcards):
     r = int(wildcards.round)
     if r == 0:
         return {}
-    return {"spec": f"{SEARCH_DIR}/round{r - 1}/spec.json", "analysis": f"{SEARCH_DIR}/round{r - 1}/analysis.json"}
+    return {name: str(LAYOUT.search_round(r - 1) / f"{name}.json") for name in ("spec", "analysis")}
 
 
 def search_previous_args(wildcards, input):
@@ -135,7 +131,7 @@ def search_spec_file(wildcards):
 
 
 def search_round_files(name):
-    return [f"{SEARCH_DIR}/round{r}/{name}" for r in SEARCH_ROUNDS]
+    return expand(f"{ROUND_DIR}/{name}", round=SEARCH_ROUNDS)
 
 
 def train_launcher(wildcards, resources):
@@ -163,8 +159,8 @@ TRAIN_PER_VARIANT = P["train_jobs"] == "per_variant"
 def train_outputs(name):
     """A training job's outputs: one run's file, or every seed's of a variant (train_jobs: per_variant)."""
     if TRAIN_PER_VARIANT:
-        return [f"{RUNS_DIR}/{{variant}}/seed{s}/{name}" for s in SEEDS]
-    return f"{RUNS_DIR}/{{variant}}/seed{{seed}}/{name}"
+        return expand(f"{RUN_DIR}/{name}", seed=SEEDS, allow_missing=True)
+    return f"{RUN_DIR}/{name}"
 
 
 def job_seeds(wildcards):
@@ -184,5 +180,5 @@ def keep_finished(wildcards):
 
 def run_dirs(wildcards):
     """The job's run folders, in the order of run_config_json."""
-    return [f"{RUNS_DIR}/{wildcards.variant}/seed{s}" for s in job_seeds(wildcards)]
+    return expand(RUN_DIR, variant=wildcards.variant, seed=job_seeds(wildcards))
 

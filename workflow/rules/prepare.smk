@@ -1,9 +1,9 @@
 rule prepare:
     output:
-        train=f"{STUDY_DIR}/{{datadir}}/train.beton",
-        val=f"{STUDY_DIR}/{{datadir}}/val.beton",
-        test=f"{STUDY_DIR}/{{datadir}}/test.beton",
-        manifest=f"{STUDY_DIR}/{{datadir}}/manifest.json",
+        train=DATA_FILES["train"],
+        val=DATA_FILES["val"],
+        test=DATA_FILES["test"],
+        manifest=DATA_FILES["manifest"],
     params:
         locvit=LOCVIT,
         data=data_config,

@@ -7,7 +7,7 @@ checkpoint search_spec:
     input:
         unpack(search_previous),
     output:
-        spec=f"{SEARCH_DIR}/round{{round}}/spec.json",
+        spec=f"{ROUND_DIR}/spec.json",
     params:
         locvit=LOCVIT,
         search=search_config,
@@ -23,18 +23,18 @@ checkpoint search_spec:
 
 rule search_train:
     input:
-        train=f"{DATA_DIR}/train.beton",
-        val=f"{DATA_DIR}/val.beton",
-        manifest=f"{DATA_DIR}/manifest.json",
+        train=MAIN_DATA["train"],
+        val=MAIN_DATA["val"],
+        manifest=MAIN_DATA["manifest"],
         spec=search_spec_file,
     # (last.pt is not an output, as in rule train: a re-run resumes from it)
     output:
-        best=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        metrics=f"{SEARCH_DIR}/round{{round}}/metrics.json",
+        best=f"{ROUND_DIR}/best.pt",
+        metrics=f"{ROUND_DIR}/metrics.json",
     params:
         launch=train_launcher,
         base=search_base_config,
-        out_dir=f"{SEARCH_DIR}/round{{round}}",
+        out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
         threads=train_threads,
     threads: 1
@@ -52,24 +52,24 @@ rule search_train:
 
 use rule analyse as search_analyse with:
     input:
-        checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        test=f"{DATA_DIR}/test.beton",
-        manifest=f"{DATA_DIR}/manifest.json",
+        checkpoints=f"{ROUND_DIR}/best.pt",
+        test=MAIN_DATA["test"],
+        manifest=MAIN_DATA["manifest"],
     output:
-        json=f"{SEARCH_DIR}/round{{round}}/analysis.json",
-        npz=f"{SEARCH_DIR}/round{{round}}/analysis.npz",
-        profile=f"{SEARCH_DIR}/round{{round}}/profile.json",
+        json=f"{ROUND_DIR}/analysis.json",
+        npz=f"{ROUND_DIR}/analysis.npz",
+        profile=f"{ROUND_DIR}/profile.json",
     log:
         f"{LOG_DIR}/search/round{{round}}_analyse.log",
 
 
 use rule evaluate as search_evaluate with:
     input:
-        checkpoints=f"{SEARCH_DIR}/round{{round}}/best.pt",
-        test=f"{DATA_DIR}/test.beton",
-        manifest=f"{DATA_DIR}/manifest.json",
+        checkpoints=f"{ROUND_DIR}/best.pt",
+        test=MAIN_DATA["test"],
+        manifest=MAIN_DATA["manifest"],
     output:
-        f"{SEARCH_DIR}/round{{round}}/eval.json",
+        f"{ROUND_DIR}/eval.json",
     log:
         f"{LOG_DIR}/search/round{{round}}_evaluate.log",
 

@@ -31,7 +31,7 @@ rule evaluate:
         unpack(test_data),
         checkpoints=variant_checkpoints,
     output:
-        [f"{EVAL_DIR}/{{variant}}/seed{seed}.json" for seed in SEEDS],
+        expand(EVAL_FILE, seed=SEEDS, allow_missing=True),
     params:
         locvit=LOCVIT,
         tracking_db=TRACKING_DB,

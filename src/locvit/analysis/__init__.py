@@ -1,13 +1,13 @@
-"""Analysis of trained models: attention maps of every family, and what MaiT, IBiT and
-DeepViT measure on them (locality score, cross-layer similarity, rollout, learned masks).
+"""Analysis of trained models: attention maps of every family, and what is measured on them
+(locality score, mean attention distance, cross-layer similarity, rollout).
 
-Record kinds and shapes: :mod:`locvit.analysis.attention`.
+Record kinds and shapes: :mod:`locvit.models.family`; family-specific outputs (IBiT's
+learned masks, MaiT's soft-mask alphas) come from each family's ``extras``.
 """
 
 from locvit.analysis.attention import KINDS, ROW_STOCHASTIC, AttentionMap, collect_attention
-from locvit.analysis.masks import learned_masks, soft_mask_alphas
 from locvit.analysis.metrics import (HEAD_FUSIONS, attention_locality_score, attention_rollout,
-                                     cross_layer_similarity, neighbourhood_mask)
+                                     cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
 
 __all__ = ["AttentionMap", "HEAD_FUSIONS", "KINDS", "ROW_STOCHASTIC", "attention_locality_score", "attention_rollout",
-           "collect_attention", "cross_layer_similarity", "learned_masks", "neighbourhood_mask", "soft_mask_alphas"]
+           "collect_attention", "cross_layer_similarity", "mean_attention_distance", "neighbourhood_mask"]

@@ -6,14 +6,18 @@ them in evaluation) and writes
 
 * ``<seed>.json``: every attention layer (kind, heads, tokens, patch grid), the
   Attention Locality Score of every head of every layer that has a patch grid (MaiT
-  Eq. 3, over the ``als_kernel`` neighbourhood, mean over the batch), the cross-layer
-  similarity of those layers when they share one token count (MaiT App. A.3), and the
-  soft-mask alphas of a MaiT model with soft masks;
+  Eq. 3, over the ``als_kernel`` neighbourhood, mean over the batch), the mean attention
+  distance in pixels of the same heads (ViT Fig. 7), their means over layers and heads
+  (``als_mean``, ``mad_mean``: DVC metrics), the cross-layer similarity of those layers
+  when they share one token count (MaiT App. A.3), and the family's JSON extras (MaiT's
+  soft-mask ``alphas``; ``None`` for other families);
 * ``<seed>.npz``: the batch (uint8, H x W x 3), the class-token attention rollout for
-  models with a class token, and IBiT's learned masks around the centre patch.
+  models whose layers follow a class token over one grid, and the family's array extras
+  (IBiT's ``learned_masks`` around the centre patch).
 
-ALS of maps that are not row-stochastic (IBiT's Frobenius-normalised maps, CaiT's
-talking-heads maps) is taken over |A| normalised per row: the share of attention magnitude inside the neighbourhood.
+Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
+here. ALS and distance of maps that are not row-stochastic (IBiT's Frobenius-normalised
+maps, CaiT's talking-heads maps) are taken over |A| normalised per row.
 The profile (params, GMACs, images/s on this machine, the model's facts) is written
 once per variant, from the first checkpoint. The report step reads all three files.
 """
@@ -25,19 +29,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from locvit.analysis import (ROW_STOCHASTIC, attention_locality_score, attention_rollout, collect_attention, cross_layer_similarity,
-                             learned_masks, neighbourhood_mask, soft_mask_alphas)
-from locvit.analysis.profile import describe, profile
+from locvit import models
+from locvit.analysis import (attention_locality_score, attention_rollout, collect_attention, cross_layer_similarity,
+                             mean_attention_distance, neighbourhood_mask)
+from locvit.analysis.metrics import rollout_applies
+from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
 from locvit.io import atomic_path, remove_temporaries, write_json
-from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint
-from locvit.train.loop import normalisation, resolve_device
-
-# Kinds of square token-by-token maps over a patch grid: ALS and similarity apply.
-GRID_KINDS = ("softmax", "frobenius", "talking", "gpsa", "block")
-# Models without a class token: no class-token rollout.
-NO_CLASS_TOKEN = ("lsa", "nest")
+from locvit.models.family import GRID_KINDS, ROW_STOCHASTIC, family_of
+from locvit.train.checkpoint import load_checkpoint
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -67,6 +68,30 @@ def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list
     return als, layers, similarity
 
 
+def distances(maps: list, image_size: int, images: int) -> list:
+    """Mean attention distance in pixels per layer and head (None for layers without a patch grid).
+
+    The pixels between neighbouring tokens are the image width over the layer's full grid:
+    the patch size for a ViT, more at a pyramid's later levels; NesT's block maps hold
+    ``images * K`` blocks of one level, whose full grid is ``sqrt(K)`` blocks wide.
+    """
+    out = []
+    for m in maps:
+        if m.kind not in GRID_KINDS or m.probs.shape[-1] != m.probs.shape[-2]:
+            out.append(None)
+            continue
+        blocks = m.probs.shape[0] // images  # 1, or NesT's blocks per image
+        spacing = image_size / (m.grid[1] * blocks ** 0.5)
+        out.append(mean_attention_distance(_row_mass(m.probs, m.kind), tuple(m.grid), m.num_prefix, spacing)
+                   .mean(0).tolist())
+    return out
+
+
+def _mean(per_layer: list) -> float | None:
+    values = [v for heads in per_layer if heads is not None for v in heads]
+    return float(np.mean(values)) if values else None
+
+
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -90,33 +115,31 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
     records = []
     for i, (state, json_path, npz_path) in enumerate(zip(states, out_json, out_npz)):
         cfg = state["config"]
-        device = resolve_device(cfg["train"]["device"])  # the profile's images/s are this device's
-        model = build_from_checkpoint(state).to(device).eval()
-        x = to_model_input(torch.from_numpy(batch).permute(0, 3, 1, 2).to(device), *normalisation(model))
+        device = models.device_for(cfg["train"]["device"])  # the profile's images/s are this device's
+        model = models.load(state, device)
+        x = to_model_input(torch.from_numpy(batch).permute(0, 3, 1, 2).to(device), *models.normalisation(model))
         _, maps = collect_attention(model, x)
-        arch = describe(model)
+        image_size = int(cfg["model_kwargs"]["img_size"])
         als, als_layers, similarity = locality(maps, tuple(als_kernel))
-        alphas = None
-        if arch["mask"] and arch["mask"]["type"] == "soft":
-            alphas = [[None if np.isnan(a) else a for a in row] for row in soft_mask_alphas(model).tolist()]
+        mad = distances(maps, image_size, len(batch))
+        extras = family_of(model).extras(model)
         record = {
             "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "mlflow_run_id": state["mlflow_run_id"], "images": int(len(batch)), "als_kernel": list(als_kernel),
             "layers": [{"name": m.name, "layer": m.layer, "kind": m.kind, "heads": int(m.probs.shape[1]),
                         "tokens": int(m.probs.shape[-1]), "grid": list(m.grid),
                         "num_prefix": m.num_prefix} for m in maps],
-            "als": als, "als_layers": als_layers, "cross_layer_similarity": similarity, "alphas": alphas,
+            "als": als, "als_layers": als_layers, "als_mean": _mean(als), "mad": mad, "mad_mean": _mean(mad),
+            "cross_layer_similarity": similarity, "alphas": None,
+            **{k: v for k, v in extras.items() if not isinstance(v, np.ndarray)},
         }
-        arrays = {"images": batch}
-        if arch["family"] not in NO_CLASS_TOKEN:
+        arrays = {"images": batch, **{k: v for k, v in extras.items() if isinstance(v, np.ndarray)}}
+        if rollout_applies(maps):
             arrays["rollout"] = attention_rollout(maps).float().numpy()
-        if arch["family"] == "ibit":
-            arrays["learned_masks"] = learned_masks(model).float().numpy()
         _save_npz(npz_path, arrays)
         write_json(json_path, record)
         records.append(record)
         if i == 0 and profile_out is not None:
-            image_size = int(cfg["model_kwargs"]["img_size"])
             write_json(profile_out, {"variant": cfg["variant"], "model": cfg["model"],
                                      **profile(model, image_size, profile_batch, profile_repeats)})
     return records

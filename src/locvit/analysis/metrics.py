@@ -3,6 +3,9 @@
 * :func:`attention_locality_score`: MaiT's ALS (Eq. 3), the attention mass each patch
   row puts inside its spatial neighbourhood (the mask of :func:`neighbourhood_mask`,
   MaiT's own builder).
+* :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
+  et al. 2021), the attention-weighted mean distance between a query patch and the patches
+  it attends to: the locality measure of any family, read from the same maps.
 * :func:`cross_layer_similarity`: MaiT App. A.3 (DeepViT's metric), the cosine similarity
   of a head's attention rows in two layers, averaged over tokens.
 * :func:`attention_rollout`: Abnar & Zuidema (2020), as the IBiT paper's Fig. 5 uses it.
@@ -15,13 +18,14 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from locvit.analysis.attention import ROW_STOCHASTIC, AttentionMap
+from locvit.models.family import ROW_STOCHASTIC, AttentionMap
 from locvit.models.mait import neighbourhood_mask
 
 _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
 HEAD_FUSIONS = tuple(_FUSE)
 
-__all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "neighbourhood_mask"]
+__all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "mean_attention_distance",
+           "neighbourhood_mask", "patch_distances"]
 
 
 def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
@@ -37,6 +41,38 @@ def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix:
         raise ValueError(f"mask {tuple(mask.shape)} does not match the maps' last two dims {tuple(attn.shape[-2:])}")
     inside = (attn * mask.to(attn.device, attn.dtype)).sum(dim=-1)  # (..., T): mass inside each row's neighbourhood
     return inside[..., num_prefix:].mean(dim=-1)
+
+
+def patch_distances(grid: tuple[int, int]) -> torch.Tensor:
+    """Euclidean distances between the patches of a ``(gh, gw)`` grid, row-major: (N, N), in patches."""
+    gh, gw = grid
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                            indexing="ij")
+    pos = torch.stack([ys.flatten(), xs.flatten()], dim=-1)  # (N, 2)
+    return torch.cdist(pos, pos)
+
+
+def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1,
+                            spacing: float = 1.0) -> torch.Tensor:
+    """Mean attention distance (ViT paper Fig. 7): (..., T, T) maps -> (...) distances in pixels.
+
+    For each patch query n, ``d_n = sum_m A[n, m] |p_n - p_m| / sum_m A[n, m]`` over the N
+    patch keys m on ``grid`` (``|.|``: Euclidean distance between patch centres, times
+    ``spacing``, the pixels between neighbouring patches); the result is the mean over the
+    N patch queries. The ``num_prefix`` class/distillation tokens have no position: their
+    rows are left out and the patch rows renormalised over the patch keys (the weight a
+    patch gives a class token says nothing about distance). Maps that are not row-stochastic
+    (IBiT's Frobenius-normalised maps, CaiT's talking heads) should be passed as ``|A|``.
+    Uniform attention gives the grid's mean pairwise distance; attention to self only, 0.
+    """
+    n = grid[0] * grid[1]
+    if attn.shape[-1] != num_prefix + n or attn.shape[-2] != num_prefix + n:
+        raise ValueError(f"maps of shape {tuple(attn.shape)} do not have {num_prefix} prefix + {n} patch tokens "
+                         f"(grid {grid})")
+    a = attn[..., num_prefix:, num_prefix:].double()  # (..., N, N): patch queries over patch keys
+    a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    dist = patch_distances(grid).to(a.device) * spacing
+    return (a * dist).sum(dim=-1).mean(dim=-1).to(attn.dtype)
 
 
 def cross_layer_similarity(attn: torch.Tensor) -> torch.Tensor:
@@ -72,6 +108,12 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
     return 0.5 * full + 0.5 * torch.eye(t)
 
 
+def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
+    """Whether the layers follow a class token over one patch grid (what rollout needs)."""
+    return bool(maps) and max(m.num_prefix for m in maps) > 0 and len({m.grid for m in maps}) == 1 and \
+        not any(m.kind in ("shift", "block") for m in maps)
+
+
 def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020; IBiT Fig. 5): records -> (B, gh, gw) in [0, 1].
 
@@ -91,7 +133,7 @@ def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -
         raise ValueError("attention_rollout: no attention maps given")
     prefix = max(m.num_prefix for m in maps)
     grids = {m.grid for m in maps}
-    if prefix == 0 or len(grids) != 1 or any(m.kind in ("shift", "block") for m in maps):
+    if not rollout_applies(maps):
         raise ValueError(f"attention_rollout follows a class token over one patch grid; these maps have "
                          f"{prefix} prefix tokens, grids {sorted(grids)} and kinds {sorted({m.kind for m in maps})}")
     rollout = None

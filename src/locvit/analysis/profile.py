@@ -18,6 +18,8 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from locvit.models.family import summary
+
 
 @contextlib.contextmanager
 def eager_attention(model: torch.nn.Module):
@@ -96,58 +98,6 @@ def throughput(model: torch.nn.Module, image_size: int, batch: int, repeats: int
     return {"infer_images_per_s": infer_rate, "train_images_per_s": _median_rate(train_step, batch, repeats, device)}
 
 
-def _attention_blocks(model: torch.nn.Module, family: str) -> list[torch.nn.Module]:
-    """Every block with an ``attn`` in forward order (CaiT: self-attention, then class-attention)."""
-    if family == "lsa":
-        return [b for level in model.levels for b in level]
-    if family == "nest":
-        return [b for level in model.levels for b in level.transformer_encoder]
-    return list(getattr(model, "blocks", [])) + list(getattr(model, "blocks_token_only", []))
-
-
-def describe(model: torch.nn.Module) -> dict:
-    """The facts the report groups variants by: family, sizes, and each family's options."""
-    from timm.models.cait import Cait
-    from timm.models.convit import ConVit
-    from timm.models.nest import Nest
-    from timm.models.vision_transformer import VisionTransformer
-
-    from locvit.models.ibit import IBiT
-    from locvit.models.lsa import LSA
-    from locvit.models.mait import MaiT, MaskedCait, scheme_heads
-
-    families = ((MaskedCait, "mait_cait"), (MaiT, "mait"), (IBiT, "ibit"), (LSA, "lsa"), (Cait, "cait"),
-                (ConVit, "convit"), (Nest, "nest"), (VisionTransformer, "deit"))
-    family = next((name for cls, name in families if isinstance(model, cls)), "other")
-    blocks = _attention_blocks(model, family)
-    embed = getattr(model, "patch_embed", None)
-    patch = getattr(embed, "patch_size", None) or getattr(getattr(embed, "proj", None), "stride", None)
-    arch = {
-        "family": family,
-        "embed_dim": int(blocks[0].norm1.normalized_shape[0]) if blocks else 0,  # first level's width
-        "depth": len(blocks),
-        "num_heads": int(blocks[0].attn.num_heads) if blocks else 0,
-        "patch_size": int(patch[0]) if isinstance(patch, (tuple, list)) else patch,
-        "layer_scale": any(n.split(".")[-1] in ("gamma", "gamma_1", "gamma1") or ".ls1." in n
-                           for n, _ in model.named_parameters()),
-        "mask": None, "lsa": None, "ibit": None,
-    }
-    if family in ("mait", "mait_cait"):
-        opts = model.mask_options
-        heads = scheme_heads(opts["masked_heads"], len(model.blocks), model.blocks[0].attn.num_heads)
-        arch["mask"] = {"masked_heads": opts["masked_heads"], "heads_per_layer": [len(h) for h in heads],
-                        "kernel": list(opts["mask_kernel"]), "mode": opts["mask_mode"], "type": opts["mask_type"],
-                        "alpha_init": opts["alpha_init"]}
-    elif family == "lsa":
-        arch["lsa"] = {"num_shifts": len(model.shifts), "shift_mode": embed.shift_mode,
-                       "pos_embed": "per_variant" if embed.pos_embed.shape[0] > 1 else "shared",
-                       "local_block": bool(model.local_block)}
-    elif family == "ibit":
-        opts = model.mask_options
-        arch["ibit"] = {"rank": opts["mask_rank"], "normalize": opts["normalize"], "mask_kernel": opts["mask_kernel"]}
-    return arch
-
-
 def profile(model: torch.nn.Module, image_size: int, batch: int = 32, repeats: int = 5) -> dict:
     """Everything the analyse step records about a model (see the module docstring)."""
     device = next(model.parameters()).device
@@ -158,5 +108,5 @@ def profile(model: torch.nn.Module, image_size: int, batch: int = 32, repeats: i
         "device": device_name(device),
         "batch_size": batch,
         **throughput(model, image_size, batch, repeats),
-        "arch": {**describe(model), "img_size": image_size},
+        "arch": {**summary(model), "img_size": image_size},
     }

@@ -1,12 +1,75 @@
-"""locvit's model families, registered with timm on import.
+"""locvit's model families, registered with timm on import, and the one way to make a model.
 
-Every model is then built by name: ``timm.create_model("<name>", **kwargs)``.
-The families (MaiT, LSA, IBiT) live in their own modules; the baselines (DeiT,
-CaiT, ConViT, NesT) come straight from timm, with their 32x32 settings (and the
-NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in ``baselines``.
+Every model is a timm model built by name. The families (MaiT, LSA, IBiT) live in
+their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
+with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
+``baselines``. Training, evaluation, analysis and profiling make models only through
+:func:`create` (from a run config) and :func:`load` (from a checkpoint).
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
 
 from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
 from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
 from locvit.models import baselines  # noqa: F401  (registers nest_tiny_cifar)
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def import_modules(modules) -> None:
+    """Import params' ``model_modules`` (families outside locvit), from PYTHONPATH or the working directory."""
+    import importlib
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    for module in modules:
+        sys.path.insert(0, cwd)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ImportError(f"cannot import {module!r} (looked in the working directory {cwd} and on PYTHONPATH): "
+                              f"{err}; put {module.replace('.', '/')}.py there or fix the name") from err
+        finally:
+            sys.path.remove(cwd)  # the first occurrence: the one inserted here
+
+
+def create(cfg: dict) -> torch.nn.Module:
+    """The model of a run config (:func:`locvit.config.run_config`): ``model`` built with ``model_kwargs``,
+    after importing the config's ``model_modules`` (families outside locvit)."""
+    import timm
+
+    import_modules(cfg.get("model_modules", ()))
+    return timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
+
+
+def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:
+    """The model a checkpoint (a path, or the state :func:`locvit.train.checkpoint.load_checkpoint` read)
+    was trained as, with its weights, in eval mode, on ``device`` (default: its run's ``train.device``)."""
+    from locvit.train.checkpoint import load_checkpoint
+
+    state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
+    model = create(state["config"])
+    model.load_state_dict(state["model"])
+    return model.to(device_for(state["config"]["train"]["device"]) if device is None else device).eval()
+
+
+def device_for(name: str, local_rank: int = 0) -> torch.device:
+    """The device of ``train.device`` (``auto``: CUDA when there is one); ``local_rank`` picks the GPU."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+
+
+def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
+    """The mean and std the model's inputs are normalised with (its timm config; ImageNet's otherwise)."""
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    return tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))

@@ -26,10 +26,18 @@ from __future__ import annotations
 
 import timm
 import torch.nn as nn
+from timm.layers import Attention
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
+from timm.models.cait import Cait, ClassAttn, TalkingHeadAttn
+from timm.models.convit import GPSA, MHSA, ConVit
+from timm.models.nest import Attention as NestAttention
 from timm.models.nest import Nest, checkpoint_filter_fn
+from timm.models.vision_transformer import VisionTransformer
+
+from locvit.models.family import (AttentionSite, Family, exact_reader, read_vit, register_family, softmax_map, split_qk,
+                                  vit_blocks, vit_sites)
 
 BASELINES = ("deit_tiny_patch16_224", "deit_small_patch16_224", "cait_xxs24_224", "convit_tiny", "nest_tiny")
 
@@ -80,3 +88,66 @@ def nest_tiny_cifar(pretrained=False, **kwargs) -> Nest:
         raise ValueError("nest_tiny_cifar: no pretrained weights; use pretrained=False")
     return build_model_with_cfg(Nest, "nest_tiny_cifar", pretrained=False, pretrained_filter_fn=checkpoint_filter_fn,
                                 **{**NEST_TINY_CIFAR, **kwargs})
+
+
+# The baselines' families, as analysis, profile and report see them (locvit.models.family) ------------
+
+def read_talking(attn: nn.Module, x, mask_logits=None):
+    """CaiT's talking-heads self-attention: the map after the post-softmax head mix; ``mask_logits``
+    (masked CaiT) acts on the mixed logits before the softmax, as in forward."""
+    q, k = split_qk(attn, x)
+    logits = attn.proj_l(((q * attn.scale) @ k.transpose(-2, -1)).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    if mask_logits is not None:
+        logits = mask_logits(logits)
+    return "talking", attn.proj_w(logits.softmax(dim=-1).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def read_class(attn: ClassAttn, x):
+    q = attn.q(x[:, :1]).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)  # (B, H, 1, hd)
+    k = attn.k(x).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)  # (B, H, 1 + N, hd)
+    return "class", softmax_map(q, k, attn.scale)
+
+
+def cait_blocks(model: Cait) -> list[nn.Module]:
+    return list(model.blocks) + list(model.blocks_token_only or [])
+
+
+def cait_sites(model: Cait, self_attention: dict) -> list[AttentionSite]:
+    """Self-attention layers (readers by class: ``self_attention``), then class attention."""
+    grid = tuple(model.patch_embed.grid_size)
+    readers = {**self_attention, ClassAttn: read_class}
+    return [AttentionSite(b.attn, grid, exact_reader(b.attn, readers)) for b in cait_blocks(model)]
+
+
+def _read_mhsa(attn: MHSA, x):
+    return "softmax", softmax_map(*split_qk(attn, x), attn.scale)
+
+
+def _read_gpsa(attn: GPSA, x):
+    return "gpsa", attn.get_attention(x)  # timm's own function, the one forward uses
+
+
+def _read_nest(attn: NestAttention, x):
+    probs = softmax_map(*split_qk(attn, x), attn.scale)  # x (B, K, n, C) -> (B, K, H, n, n)
+    return "block", probs.flatten(0, 1)  # (B * K, H, n, n)
+
+
+def _nest_blocks(model: Nest) -> list[nn.Module]:
+    return [layer for level in model.levels for layer in level.transformer_encoder]
+
+
+def _nest_sites(model: Nest) -> list[AttentionSite]:
+    return [AttentionSite(layer.attn, (level.block_size, level.block_size),
+                          exact_reader(layer.attn, {NestAttention: _read_nest}))
+            for level in model.levels for layer in level.transformer_encoder]
+
+
+register_family(Family("deit", "DeiT", VisionTransformer, "none: global attention from the first layer",
+                       vit_blocks, lambda m: vit_sites(m, {Attention: read_vit})))
+register_family(Family("cait", "CaiT", Cait, "none: global self-attention, then class attention",
+                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking})))
+register_family(Family("convit", "ConViT", ConVit, "gated positional self-attention, initialised local "
+                       "(a soft convolutional prior the gates can leave)", vit_blocks,
+                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa})))
+register_family(Family("nest", "NesT", Nest, "attention within non-overlapping blocks, aggregated "
+                       "hierarchically", _nest_blocks, _nest_sites))

@@ -89,6 +89,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from locvit import io
 from locvit.io import atomic_path
+from locvit.models.family import Family, register_family, vit_blocks, vit_sites
 
 _logger = logging.getLogger(__name__)
 
@@ -478,3 +479,40 @@ def ibit_tiny_patch16_224(pretrained=False, **kwargs) -> IBiT:
     """IBiT-Tiny (Table 1: DeiT-Tiny's shape, 12 layers, 3 heads, 192-d; rank-9 masks; 5.84M)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, mask_rank=9)
     return _create("ibit_tiny_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+# The family, as analysis, profile and report see it (locvit.models.family) ------------------------
+
+
+def _read_learned(attn: LearnedMaskAttention, x: torch.Tensor):
+    return ("frobenius" if attn.normalize == "frobenius" else "softmax"), attn.attention_maps(x)
+
+
+@torch.no_grad()
+def learned_masks(model: nn.Module) -> torch.Tensor:
+    """IBiT's learned masks as images: (L, H, gh, gw) float32 on the CPU.
+
+    Per layer and head, the row of the mask ``M`` (``full_mask()``, before the 1/sqrt(d)
+    scale) that belongs to the centre patch ``(gh // 2, gw // 2)``, over the patch keys:
+    at initialisation the radial kernel ``exp(-0.5 d)`` around that patch (IBiT Sec. 3.3).
+    """
+    attns = [m for m in model.modules() if isinstance(m, LearnedMaskAttention)]
+    if not attns:
+        raise ValueError(f"learned_masks: {type(model).__name__} has no IBiT learned-mask attention layer")
+    images = []
+    for attn in attns:
+        (gh, gw), p = attn.fit.grid, attn.num_prefix
+        centre = p + (gh // 2) * gw + gw // 2  # the centre patch's token
+        images.append(attn.full_mask()[:, centre, p:].reshape(-1, gh, gw))  # (H, gh, gw)
+    return torch.stack(images).float().cpu()
+
+
+def _summary(model: IBiT) -> dict:
+    opts = model.mask_options
+    return {"ibit": {"rank": opts["mask_rank"], "normalize": opts["normalize"], "mask_kernel": opts["mask_kernel"]}}
+
+
+register_family(Family("ibit", "IBiT", IBiT, "learned low-rank multiplicative attention masks, initialised as a "
+                       "local radial kernel", vit_blocks,
+                       lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}), _summary,
+                       lambda m: {"learned_masks": learned_masks(m).numpy()}))

@@ -62,6 +62,8 @@ from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
 
+from locvit.models.family import AttentionSite, Family, exact_reader, register_family, softmax_map
+
 Shift = tuple[int, int]
 SHIFTS: dict[str, tuple[Shift, ...]] = {
     "none": ((0, 0),),
@@ -435,3 +437,37 @@ def lsa_small_224(pretrained=False, **kwargs) -> LSA:
 
 
 __all__ = ["LSA", "ShiftEmbed", "LocalShiftAttention", "LSAAttention", "SHIFTS", "resolve_shifts", "shift_image"]
+
+
+# The family, as analysis, profile and report see it (locvit.models.family) ------------------------
+
+
+def _read_global(attn: LSAAttention, x: torch.Tensor):
+    q = attn.q(x).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)  # (B, H, N, hd)
+    k = attn.kv(x).unflatten(-1, (2, attn.kv_heads, attn.head_dim))[:, :, 0].transpose(1, 2)  # (B, h_kv, N, hd)
+    return "softmax", softmax_map(q, k, attn.head_dim ** -0.5)  # a shared K (h_kv = 1) broadcasts over heads
+
+
+def _read_local(attn: LocalShiftAttention, x: torch.Tensor, z: torch.Tensor):
+    return "shift", attn.weights(x, z).permute(0, 3, 2, 1)  # (B, S, N, H) -> (B, H, N, S)
+
+
+def _blocks(model: LSA) -> list[nn.Module]:
+    return [b for level in model.levels for b in level]
+
+
+def _sites(model: LSA) -> list[AttentionSite]:
+    readers = {LSAAttention: _read_global, LocalShiftAttention: _read_local}
+    return [AttentionSite(b.attn, tuple(grid), exact_reader(b.attn, readers))
+            for blocks, grid in zip(model.levels, model.grids) for b in blocks]
+
+
+def _summary(model: LSA) -> dict:
+    embed = model.patch_embed
+    return {"lsa": {"num_shifts": len(model.shifts), "shift_mode": embed.shift_mode,
+                    "pos_embed": "per_variant" if embed.pos_embed.shape[0] > 1 else "shared",
+                    "local_block": bool(model.local_block)}}
+
+
+register_family(Family("lsa", "LSA", LSA, "locally shifted attention over each patch's shifted copies, then "
+                       "global attention in a pyramid", _blocks, _sites, _summary))

@@ -45,6 +45,9 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.cait import Cait, TalkingHeadAttn
 from timm.models.vision_transformer import VisionTransformer, _cfg
 
+from locvit.models.baselines import cait_blocks, cait_sites, read_talking
+from locvit.models.family import Family, read_vit, register_family, vit_blocks, vit_sites
+
 MASK_MODES = ("multiply", "restrict")
 MASK_TYPES = ("hard", "soft", "random")
 SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
@@ -422,3 +425,65 @@ def mait_cait_s24_224(pretrained=False, **kwargs) -> MaskedCait:
     """Masked CaiT-S24 (Table 4 "Masked CaiT-S"): one hard 3x3 masked head per self-attention layer."""
     args = dict(patch_size=16, embed_dim=384, depth=24, num_heads=8, init_values=1e-5, masked_heads="sch1")
     return _create(MaskedCait, "mait_cait_s24_224", pretrained, **dict(args, **kwargs))
+
+
+# The family, as analysis, profile and report see it (locvit.models.family) ------------------------
+
+
+def _read_masked(attn: MaskedAttention, x: torch.Tensor):
+    return "softmax", attn.attention_maps(x)  # masked heads: softmax(M * logits), as in forward
+
+
+def _read_masked_talking(attn: MaskedTalkingHeadAttn, x: torch.Tensor):
+    masks = attn.masks  # the mask acts on the head-mixed logits (after proj_l), as in forward
+
+    def mask_logits(logits: torch.Tensor) -> torch.Tensor:
+        if not masks.active:
+            return logits
+        return logits.index_copy(1, masks.heads, masks.mask_logits(logits.index_select(1, masks.heads)))
+
+    return read_talking(attn, x, mask_logits)
+
+
+def _mask_summary(model: nn.Module) -> dict:
+    opts = model.mask_options
+    heads = scheme_heads(opts["masked_heads"], len(model.blocks), model.blocks[0].attn.num_heads)
+    return {"mask": {"masked_heads": opts["masked_heads"], "heads_per_layer": [len(h) for h in heads],
+                     "kernel": list(opts["mask_kernel"]), "mode": opts["mask_mode"], "type": opts["mask_type"],
+                     "alpha_init": opts["alpha_init"]}}
+
+
+@torch.no_grad()
+def soft_mask_alphas(model: nn.Module) -> torch.Tensor:
+    """MaiT's soft-mask alphas (Sec. 4.3): (L, H) float32 on the CPU, NaN for heads without one.
+
+    ``alpha = sigmoid(a)`` scales a soft-masked head's logits outside the neighbourhood; L
+    counts MaiT's (or masked CaiT's self-attention) layers, soft-masked or not.
+    """
+    attns = [m for m in model.modules() if isinstance(m, (MaskedAttention, MaskedTalkingHeadAttn))]
+    if not any(attn.masks.alpha() is not None for attn in attns):
+        raise ValueError(f"soft_mask_alphas: {type(model).__name__} has no MaiT soft mask "
+                         f"(build it with mask_type='soft')")
+    alphas = torch.full((len(attns), attns[0].num_heads), float("nan"))
+    for layer, attn in enumerate(attns):
+        alpha = attn.masks.alpha()
+        if alpha is not None:
+            alphas[layer, attn.masks.heads.cpu()] = alpha.float().cpu()
+    return alphas
+
+
+def _alphas(model: nn.Module) -> dict:
+    """The learned soft-mask alphas (a JSON list per layer, None for unmasked heads), for soft masks only."""
+    if model.mask_options["mask_type"] != "soft":
+        return {}
+    return {"alphas": [[None if math.isnan(a) else a for a in row] for row in soft_mask_alphas(model).tolist()]}
+
+
+PRIOR = "hard, soft or random 2D-neighbourhood masks on chosen heads (the others global)"
+register_family(Family("mait", "MaiT", MaiT, PRIOR, vit_blocks,
+                       lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}), _mask_summary,
+                       _alphas))
+register_family(Family("mait_cait", "Masked CaiT", MaskedCait, PRIOR, cait_blocks,
+                       lambda m: cait_sites(m, {MaskedTalkingHeadAttn: _read_masked_talking,
+                                                TalkingHeadAttn: read_talking}), _mask_summary,
+                       _alphas))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from locvit.io import write_json, write_text
+from locvit.layout import StudyLayout
 from locvit.report import plots
 from locvit.report.papers import PAPER_TABLES
 from locvit.report.render import RunLink, to_csv, to_latex, to_markdown
@@ -42,18 +43,18 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
 
     Args:
         params: the validated params of the study (config.load_params).
-        study_dir: ``results/<study>/`` holding eval/, runs/ and analysis/.
+        study_dir: the study's folder (``<results_dir>/<study>``, :mod:`locvit.layout`).
         out_dir: where the report goes (``results/<study>/report/``).
         log_to_mlflow: link runs in the tables and log per-variant figures to their runs.
         extra_studies: (params, study_dir) of other studies for the accuracy-against-training-
             fraction figure, besides the study's own train_fractions; without either that
             figure is skipped and report.json says so.
-        tracking_db: the SQLite backend (default ``study_dir/mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
+        tracking_db: the SQLite backend (default: the study's ``mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
         ui_base: the MLflow UI address the links point to.
     """
     study_dir, out_dir = Path(study_dir), Path(out_dir)
     study = load_study(params, study_dir)
-    client = _tracking_client(study, Path(tracking_db or study_dir / "mlflow.db")) if log_to_mlflow else None
+    client = _tracking_client(study, Path(tracking_db or StudyLayout(study_dir).tracking_db)) if log_to_mlflow else None
     link = _run_links(client, study, ui_base) if client else None
     previous = _previous_files(out_dir)
     for sub in ("tables", "figures", "pdf"):  # declared outputs of the step, so present even when empty
@@ -96,6 +97,8 @@ def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[
     studies = [study] + [load_study(p, d) for p, d in extra_studies]
     for name, draw, why in (
             ("curves", lambda: plots.curves(study, out_dir), "no training history (runs/*/metrics.json)"),
+            ("attention_distance", lambda: plots.attention_distance(study, out_dir),
+             "no analysis with a mean attention distance (analysis/*/seed*.json)"),
             ("accuracy_vs_depth", lambda: plots.accuracy_vs_depth(study, out_dir),
              "needs one family at two or more depths (with profiles and evaluations)"),
             ("accuracy_vs_fraction", lambda: plots.accuracy_vs_fraction(studies, out_dir),
@@ -135,13 +138,11 @@ def _remove_stale(out_dir: Path, previous: set[str], report: dict) -> None:
 
 def _tracking_client(study: Study, db: Path):
     """An MlflowClient on the study's backend, or None (with a warning) when it cannot be reached."""
+    from locvit import tracking
+
     try:
-        import mlflow
-
-        from locvit import tracking
-
-        tracking.setup(study.name, db)
-        return mlflow.MlflowClient()
+        with tracking.bounded_http():
+            return tracking.connect(study.name, db)
     except Exception as err:  # any backend problem: the report is still written
         warnings.warn(f"MLflow backend not reachable ({err}); tables without run links, figures not logged",
                       stacklevel=3)
@@ -152,34 +153,30 @@ def _run_links(client, study: Study, ui_base: str) -> RunLink:
     """Run id -> ``<ui>/#/experiments/<experiment id>/runs/<run id>``, the experiment read from the run."""
     from locvit import tracking
 
-    urls, unknown = {}, []
-    for v in study.variants.values():
-        for run_id in v.run_ids().values():
-            try:
-                exp = tracking.retry(client.get_run, run_id).info.experiment_id
-                urls[run_id] = f"{ui_base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
-            except Exception:
-                unknown.append(run_id)
+    run_ids = [run_id for v in study.variants.values() for run_id in v.run_ids().values()]
+    with tracking.bounded_http():
+        experiments, unknown = tracking.experiments_of(client, run_ids)
     if unknown:
         warnings.warn(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
                       "their tables show the run id without a link", stacklevel=3)
-    return urls.get
+    return {run_id: f"{ui_base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+            for run_id, exp in experiments.items()}.get
 
 
 def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:
+    """Each variant's figures, logged to every run of the variant (under ``report/``)."""
     from locvit import tracking
 
     logged, failed = 0, []
-    for fig in figures:
-        if fig.variant is None:
-            continue
-        for seed, run_id in sorted(study.variants[fig.variant].run_ids().items()):
-            for path in filter(None, (fig.png, fig.pdf)):
-                try:
-                    tracking.retry(client.log_artifact, run_id, str(path), "report")
-                    logged += 1
-                except Exception as err:
-                    failed.append(f"{fig.name} -> {fig.variant} seed {seed} ({run_id}): {str(err).splitlines()[0]}")
+    with tracking.bounded_http():
+        for fig in figures:
+            if fig.variant is None:
+                continue
+            paths = [p for p in (fig.png, fig.pdf) if p]
+            for seed, run_id in sorted(study.variants[fig.variant].run_ids().items()):
+                errors = tracking.log_files(client, run_id, paths, "report")
+                logged += len(paths) - len(errors)
+                failed += [f"{fig.variant} seed {seed}: {e}" for e in errors]
     if failed:
         warnings.warn(f"{len(failed)} figure(s) not logged to MLflow (kept on disk): " + "; ".join(failed[:3]),
                       stacklevel=3)

@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Callable
 
 from locvit.report.render import Missing, Table
-from locvit.report.study import FAMILY_NAMES, Acc, Study, Variant, missing_text
+from locvit.report.study import Acc, Study, Variant, missing_text
 
 ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference of the mean to the "
             "study's baseline variant")
@@ -178,7 +178,7 @@ def mait_table4(study: Study) -> Table | str:
     for v in sorted(variants, key=lambda v: (v.n_params() is None, v.n_params() or 0)):
         star = "*" if v.arch and v.family.startswith("mait") and v.arch.get("layer_scale") else ""
         profile = v.profile
-        rows.append([v.name + star, FAMILY_NAMES.get(v.family, v.family),
+        rows.append([v.name + star, v.display,
                      v.arch["depth"] if v.arch else Missing(f"{v.name} profile"), _params_m(v),
                      profile["gmacs"] if profile else Missing(f"{v.name} profile"), study.acc(v)])
     if any(row[0].endswith("*") for row in rows):
@@ -204,7 +204,7 @@ def lsa_table3(study: Study) -> Table | str:
         p = v.profile
         through = (Missing(f"{v.name} profile") if not p else p["infer_images_per_s"] if one
                    else f"{p['infer_images_per_s']:.1f} ({p['device']}, batch {p['batch_size']})")
-        rows.append([v.name, FAMILY_NAMES.get(v.family, v.family), _params_m(v), through, study.acc(v)])
+        rows.append([v.name, v.display, _params_m(v), through, study.acc(v)])
     head = (f"Throughput (img/s, {devices[0][0]}, batch {devices[0][1]})" if one else "Throughput (img/s)")
     caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
                "baselines of the study.")
@@ -240,7 +240,7 @@ def ibit_table3(study: Study) -> Table | str:
     chosen = sorted((v for v in study.variants.values() if v.family in order), key=lambda v: order[v.family])
     if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
         return "needs an IBiT variant and a DeiT or ConViT variant"
-    rows = [[FAMILY_NAMES[v.family], v.name, study.acc(v), _params_m(v)] for v in chosen]
+    rows = [[v.display, v.name, study.acc(v), _params_m(v)] for v in chosen]
     caption = "IBiT against DeiT and ConViT: test top-1 and parameters."
     return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption,
                  ["Model type", "Variant", "Top-1 (%)", "#Params (M)"], rows, [f"{ACC_NOTE}."], {3: ".3f"})
@@ -251,7 +251,7 @@ def ibit_table4(study: Study) -> Table | str:
     if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
         return "needs an IBiT variant and a second IBiT or DeiT variant"
     chosen.sort(key=lambda v: (v.family != "ibit", v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0))
-    rows = [[f"{chr(ord('A') + i)} ({FAMILY_NAMES[v.family]})", v.name, v.family == "ibit",
+    rows = [[f"{chr(ord('A') + i)} ({v.display})", v.name, v.family == "ibit",
              v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, study.acc(v)] for i, v in enumerate(chosen)]
     caption = ("The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
                "CutMix (and MixUp), from each variant's resolved recipe.")
@@ -278,7 +278,36 @@ def data_efficiency(study: Study) -> Table | str:
                   f"{ref or 'the baseline'} at the same fraction."])
 
 
+def _over_seeds(v: Variant, key: str):
+    """``mean ± std`` over seeds of an analysis file's scalar (``als_mean``, ``mad_mean``), or Missing."""
+    values = [a[key] for a in v.analyses.values() if a.get(key) is not None]
+    if not values:
+        return Missing(f"{v.name} analysis")
+    mean = sum(values) / len(values)
+    std = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return f"{mean:.3f} ± {std:.3f}" if key == "als_mean" else f"{mean:.2f} ± {std:.2f}"
+
+
+def locality(study: Study) -> Table | str:
+    """Every variant's locality prior, how local its attention is, and its top-1 (any family)."""
+    variants = list(study.variants.values())
+    if not any(v.analyses for v in variants):
+        return "needs analysis files (the analyse step)"
+    kernels = sorted({"x".join(map(str, a["als_kernel"])) for v in variants for a in v.analyses.values()})
+    rows = [[v.name, v.display, v.arch["prior"] if v.arch and "prior" in v.arch else Missing(f"{v.name} profile"),
+             _over_seeds(v, "als_mean"), _over_seeds(v, "mad_mean"), study.acc(v)] for v in variants]
+    caption = ("How local each variant's attention is: the Attention Locality Score (MaiT Eq. 3, the share of "
+               "a patch's attention inside its neighbourhood) and the mean attention distance in pixels (ViT Fig. 7), "
+               "both averaged over the layers with a patch grid and their heads.")
+    return Table("locality", "Locality: ALS and mean attention distance", caption,
+                 ["Variant", "Family", "Locality prior", f"ALS ({', '.join(kernels)})", "Mean attention distance (px)",
+                  "Top-1 (%)"], rows,
+                 ["ALS and distance: mean ± sample std over seeds of each run's mean over layers and heads, on the "
+                  "analysis images.", f"{ACC_NOTE}."])
+
+
 PAPER_TABLES: dict[str, Callable[[Study], "Table | str"]] = {
+    "locality": locality,
     "mait_table2": mait_table2, "mait_table3": mait_table3, "mait_table4": mait_table4,
     "lsa_table3": lsa_table3, "lsa_table5": lsa_table5, "ibit_table3": ibit_table3, "ibit_table4": ibit_table4,
     "data_efficiency": data_efficiency,

@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 
 from locvit.io import atomic_path
 from locvit.report.papers import scheme_label
-from locvit.report.study import FAMILY_NAMES, Study, Variant, missing_text
+from locvit.report.study import Study, Variant, missing_text
 
 
 @dataclass
@@ -246,8 +246,45 @@ def alphas(v: Variant, out_dir: Path) -> FigureFile | None:
     return save(fig, out_dir, f"alphas_{v.name}", caption, pdf=False, variant=v.name)
 
 
+def attention_distance(study: Study, out_dir: Path) -> FigureFile | None:
+    """Mean attention distance per layer (ViT Fig. 7), one line per variant: mean over heads, then seeds."""
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    drawn = []
+    for v in study.variants.values():
+        per_seed = {}
+        for seed, a in sorted(v.analyses.items()):
+            layers = {i: float(np.mean(heads)) for i, heads in enumerate(a.get("mad") or []) if heads is not None}
+            if layers:
+                per_seed[seed] = layers
+        if not per_seed:
+            continue
+        layers = sorted(set.intersection(*(set(d) for d in per_seed.values())))
+        values = np.array([[d[i] for i in layers] for d in per_seed.values()])  # (seeds, layers)
+        mean = values.mean(0)
+        ax.plot(layers, mean, marker="o", markersize=3, label=f"{v.name} ({v.display})")
+        if len(values) > 1:
+            std = values.std(0, ddof=1)
+            ax.fill_between(layers, mean - std, mean + std, alpha=0.15)
+        drawn.append(v.name)
+    if not drawn:
+        return None
+    ax.set(xlabel="attention layer (forward order)", ylabel="mean attention distance (px)",
+           title=f"Mean attention distance per layer: {study.name}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    left = [v.name for v in study.variants.values() if v.name not in drawn]
+    caption = (f"Mean attention distance per layer in study {study.name} (ViT Fig. 7; Raghu et al. 2021): the "
+               "attention-weighted mean distance in pixels between a query patch and the patches it attends to, "
+               "mean over heads and analysis images, then over seeds (band: ± sample std over seeds). Layers "
+               "without a patch grid (class attention, LSA's shift blocks) are left out.")
+    if left:
+        caption += " No analysis: " + ", ".join(left) + "."
+    return save(fig, out_dir, "attention_distance", caption, pdf=True)
+
+
 def _series(v: Variant) -> str:
-    label = FAMILY_NAMES.get(v.family, v.family)
+    label = v.display
     mask = v.arch.get("mask")
     if v.family in ("mait", "mait_cait") and mask:
         label = scheme_label(mask)[0].replace("MaiT", label, 1)
@@ -261,6 +298,7 @@ def accuracy_vs_depth(study: Study, out_dir: Path) -> FigureFile | None:
     for v, _ in points:
         depths[v.family].add(v.arch["depth"])
     families = {f for f, d in depths.items() if len(d) > 1}
+    names = {v.family: v.display for v, _ in points}
     if not families:
         return None
     series = defaultdict(list)
@@ -278,7 +316,7 @@ def accuracy_vs_depth(study: Study, out_dir: Path) -> FigureFile | None:
     ax.legend(fontsize=8)
     caption = (f"Test top-1 against depth in study {study.name} (MaiT Fig. 4): mean ± std over seeds, one line "
                "per family, masking scheme and width, for the families run at several depths ("
-               + ", ".join(FAMILY_NAMES.get(f, f) for f in sorted(families)) + "). Variants without a profile or "
+               + ", ".join(names[f] for f in sorted(families)) + "). Variants without a profile or "
                "an evaluation are left out.")
     return save(fig, out_dir, "accuracy_vs_depth", caption, pdf=True)
 

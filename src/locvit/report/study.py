@@ -1,12 +1,8 @@
 """What the report reads from one finished study, keyed by the params' variants and seeds.
 
-Layout (the producers' contract, relative to ``results/<study>/``)::
-
-    eval/<variant>/seed<s>.json            test top-1 of one run (evaluate)
-    runs/<variant>/seed<s>/metrics.json    per-epoch history (train)
-    analysis/<variant>/profile.json        params, GMACs, throughput, arch (analyse, one per variant)
-    analysis/<variant>/seed<s>.json        ALS, cross-layer similarity, alphas (analyse, per seed)
-    maps/<variant>/seed<s>.npz             images, rollout, learned masks (analyse, per seed)
+The files (where they are: :mod:`locvit.layout`): each run's test score (evaluate), its
+per-epoch history (train's metrics.json), its attention analysis and maps (analyse, per
+seed) and each variant's profile (params, GMACs, throughput, architecture).
 
 Only the variants and seeds of the params are read. A file the study defines but that
 is absent is recorded as missing (it is never replaced by a number); a file that exists
@@ -15,27 +11,41 @@ but is not valid JSON, or that names another run, is an error.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from locvit.config import run_config
 from locvit.io import read_json
+from locvit.layout import StudyLayout
 from locvit.report import stats
 
-FAMILY_NAMES = {"mait": "MaiT", "mait_cait": "Masked CaiT", "lsa": "LSA", "ibit": "IBiT", "deit": "DeiT",
-                "cait": "CaiT", "convit": "ConViT", "nest": "NesT", "other": "other"}
 DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
 
 
-def guess_family(model: str) -> str:
-    """The family of a timm model name, for a variant whose profile (and so its arch) is missing."""
-    m = model.lower()
-    if m.startswith("mait"):
-        return "mait_cait" if "cait" in m else "mait"
-    for prefix in ("lsa", "ibit", "convit", "cait", "nest"):
-        if m.startswith(prefix):
-            return prefix
-    return "deit" if m.startswith(("deit", "vit_")) else "other"
+def _display(family: str) -> str:
+    """A registered family's display name (a profile written before profiles carried it), else its name."""
+    from locvit import models  # noqa: F401  registers locvit's families
+    from locvit.models.family import family_named
+
+    known = family_named(family)
+    return known.display if known else family
+
+
+@functools.lru_cache(maxsize=None)
+def _family_of(model: str, kwargs_json: str, modules: tuple[str, ...]) -> tuple[str, str]:
+    """(name, display name) of a model's family, built on the meta device (no memory, no compute)."""
+    import torch
+
+    from locvit import models
+    from locvit.models.family import family_of
+
+    with torch.device("meta"):
+        built = models.create({"model": model, "model_kwargs": json.loads(kwargs_json),
+                               "model_modules": list(modules)})
+    family = family_of(built)
+    return family.name, family.display
 
 
 def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
@@ -104,6 +114,8 @@ class Variant:
     seeds: list[int]
     fraction: float = 1.0        # the fraction of the training split it trained on
     base: str = ""               # the variant it is a training-fraction copy of (itself when not)
+    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (config.run_config's)
+    model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict] = field(default_factory=dict)
     analyses: dict[int, dict] = field(default_factory=dict)
@@ -116,7 +128,18 @@ class Variant:
 
     @property
     def family(self) -> str:
-        return self.arch["family"] if self.arch else guess_family(self.model)
+        """The family's name (:mod:`locvit.models.family`): from the profile, else from the model built on meta."""
+        return self.arch["family"] if self.arch else self._family()[0]
+
+    @property
+    def display(self) -> str:
+        """The family's display name (``MaiT``, ``DeiT``, ...)."""
+        if self.arch:
+            return self.arch.get("display") or _display(self.arch["family"])
+        return self._family()[1]
+
+    def _family(self) -> tuple[str, str]:
+        return _family_of(self.model, json.dumps(self.model_kwargs, sort_keys=True), tuple(self.model_modules))
 
     def acc(self) -> Acc:
         return Acc(self.name, {s: 100.0 * e["test_top1"] for s, e in self.evals.items()},
@@ -201,24 +224,24 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
 def load_study(params: dict, study_dir: str | Path) -> Study:
     """Read every result file of the study's variants and seeds that exists."""
     study_dir = Path(study_dir)
+    layout = StudyLayout(study_dir)
     variants = {}
     for name, spec in params["variants"].items():
         seeds = list(params["seeds"])
         cfg = run_config(params, name, seeds[0])
         v = Variant(name, spec["model"], spec.get("description", ""), cfg["train"], seeds,
-                    cfg["data"]["train_fraction"], spec.get("base", name))
+                    cfg["data"]["train_fraction"], spec.get("base", name), cfg["model_kwargs"],
+                    cfg.get("model_modules", []))
         for seed in seeds:
-            if (e := _read_run_file(study_dir / "eval" / name / f"seed{seed}.json", "evaluation file", name, seed)):
+            if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
                 v.evals[seed] = e
-            metrics = study_dir / "runs" / name / f"seed{seed}" / "metrics.json"
+            metrics = layout.run_dir(name, seed) / "metrics.json"
             if (m := _read_run_file(metrics, "training metrics", name, seed)):
                 v.metrics[seed] = m
-            analysis = study_dir / "analysis" / name / f"seed{seed}.json"
-            if (a := _read_run_file(analysis, "analysis file", name, seed)):
+            if (a := _read_run_file(layout.analysis_file(name, seed), "analysis file", name, seed)):
                 v.analyses[seed] = a
-            npz = study_dir / "maps" / name / f"seed{seed}.npz"
-            if npz.is_file():
+            if (npz := layout.maps_file(name, seed)).is_file():
                 v.npz[seed] = npz
-        v.profile = _read_run_file(study_dir / "analysis" / name / "profile.json", "profile", name, None)
+        v.profile = _read_run_file(layout.profile_file(name), "profile", name, None)
         variants[name] = v
     return Study(params, study_dir, variants)

@@ -63,18 +63,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return state
 
 
-def build_from_checkpoint(state: dict[str, Any]) -> torch.nn.Module:
-    """Rebuild the model a checkpoint was trained as and load its weights."""
-    import timm
-
-    import locvit.models  # noqa: F401  registers locvit's families
-
-    cfg = state["config"]
-    model = timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
-    model.load_state_dict(state["model"])
-    return model
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -7,19 +7,18 @@ scoring a small test split, so the compile is paid once per variant, not per see
 
 from __future__ import annotations
 
-import sys
 
 from pathlib import Path
 
 import torch
 
-from locvit import tracking
+from locvit import models
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import remove_temporaries, write_json
-from locvit.train.checkpoint import build_from_checkpoint, load_checkpoint
+from locvit.tracking import log_evaluation
+from locvit.train.checkpoint import load_checkpoint
 from locvit.train.engine import evaluate
-from locvit.train.loop import normalisation, resolve_device
 
 
 def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, manifest_path: Path,
@@ -33,14 +32,14 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
     results, loader = [], None
     for checkpoint, state, out in zip(checkpoints, states, outs):
         cfg = state["config"]
-        device = resolve_device(cfg["train"]["device"])
+        device = models.device_for(cfg["train"]["device"])
         if loader is None:
             loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"],
                                  jit=cfg["train"].get("loader_jit", True))
             if threads and device.type == "cpu":
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
-        model = build_from_checkpoint(state).to(device)
-        mean, std = normalisation(model)
+        model = models.load(state, device)
+        mean, std = models.normalisation(model)
         scores = evaluate(model, loader, mean, std, fault_where=out)
         result = {
             "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
@@ -54,27 +53,3 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
                                                                f"{split}_loss": scores["loss"]}, checkpoint.parent)
         results.append(result)
     return results
-
-
-def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float],
-                   run_dir: Path) -> None:
-    """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
-
-    As in training (:class:`locvit.tracking.TrainingTracker`): one short probe of a
-    server, bounded HTTP retries, and on failure a loud message with the command that
-    uploads the result later (``locvit sync-tracking`` of ``run_dir``, the checkpoint's
-    run folder, reading ``out``: ``<eval dir>/<variant>/seed<k>.json``).
-    """
-    uri = tracking.default_uri(tracking_db)
-    try:
-        with tracking.bounded_http():
-            tracking.check_reachable(uri)
-            tracking.setup(study, tracking_db)
-            tracking.log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"])
-    except Exception as err:  # any backend failure: the evaluation file is already written
-        print(tracking.failure_notice(
-            f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +
-            f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})", uri,
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-            "Upload it once the backend answers again",
-            tracking.sync_command(uri, run_dir, tracking_db, out.parent.parent)), file=sys.stderr, flush=True)

@@ -1,11 +1,12 @@
-"""One training run (a variant at a seed): data, model, optimiser, checkpoints, MLflow.
+"""One training run (a variant at a seed): data, model, optimiser, the epochs, checkpoints.
 
 Paths come from the caller (the CLI, called by a Snakemake rule or a DVC stage);
 nothing here re-derives where files live.
 
 One process or several (torchrun, one per GPU; :mod:`locvit.train.distributed`): the
 recipe's ``batch_size`` is the global batch, split evenly over the processes; the
-model is DDP-wrapped; only rank 0 writes files, logs to MLflow and prints. A run
+model is DDP-wrapped; only rank 0 writes files, logs to MLflow (:mod:`locvit.tracking`)
+and prints. A run
 that was stopped continues where it stopped when started again, and a finished one
 is not retrained (:mod:`locvit.train.resume`).
 """
@@ -21,36 +22,21 @@ from typing import Any, Callable
 
 import torch
 
-from locvit import tracking
-from locvit.config import flatten
+from locvit import models
+from locvit.config import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.faults import hold_point, kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import remove_temporaries, write_json
+from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
 from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
 from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
 
-__all__ = ["build_model", "normalisation", "param_groups", "resolve_device", "seed_everything", "train_run"]
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
-
-
-def build_model(cfg: dict) -> torch.nn.Module:
-    import timm
-
-    import locvit.models  # noqa: F401  registers locvit's families
-
-    return timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
+__all__ = ["param_groups", "train_run"]
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -64,11 +50,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    return tuple(cfg.get("mean", (0.485, 0.456, 0.406))), tuple(cfg.get("std", (0.229, 0.224, 0.225)))
-
-
 def per_process_batch(recipe: dict, world_size: int) -> int:
     """The recipe's batch_size is global: each of ``world_size`` processes takes an equal share."""
     batch = recipe["batch_size"]
@@ -80,12 +61,6 @@ def per_process_batch(recipe: dict, world_size: int) -> int:
         raise ValueError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
                          "MixUp/CutMix pair images within a process's batch, so that must be even")
     return share
-
-
-def peak_lr(recipe: dict) -> float:
-    """The lr as given, or scaled by the global batch when lr_scale_batch is set (DeiT: lr x batch / 512)."""
-    base = recipe["lr_scale_batch"]
-    return recipe["lr"] * recipe["batch_size"] / base if base else recipe["lr"]
 
 
 def amp_dtype(setting: str | bool, device: torch.device) -> torch.dtype | None:
@@ -117,7 +92,7 @@ class Run:
     mean: tuple
     std: tuple
     show_progress: bool
-    tracker: tracking.TrainingTracker | None = None  # the MLflow run, on rank 0 (set by open_mlflow_run)
+    tracker: TrainingTracker | None = None  # the MLflow run, on rank 0 (set by open_tracking)
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -128,12 +103,12 @@ class Run:
 def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Path, dist: Dist,
               show_progress: bool, threads: int | None, num_classes: int) -> Run:
     recipe = cfg["train"]
-    device = resolve_device(recipe["device"], dist.local_rank)
+    device = models.device_for(recipe["device"], dist.local_rank)
     batch = per_process_batch(recipe, dist.world_size)
-    model = build_model(cfg).to(device)
+    model = models.create(cfg).to(device)
     if recipe["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
-    mean, std = normalisation(model)
+    mean, std = models.normalisation(model)
     train_loader = make_loader(train_path, batch, True, device, recipe["num_workers"], seed=cfg["seed"],
                                translate=recipe["translate"], hflip=recipe["hflip"], distributed=dist.ddp,
                                jit=recipe["loader_jit"], image_size=cfg["data"]["image_size"],
@@ -192,16 +167,15 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json", RUN_RECORD)))
         if plan.action == "fresh":
             (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
-        run.tracker = open_mlflow_run(run, progress, manifest, tracking_db, plan)
+        run.tracker = open_tracking(run, progress, manifest, tracking_db, plan)
     try:
         if plan.action == "resume":
             restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
         train_epochs(run, progress)
         return finish(run, progress)
     except BaseException:
-        if run.tracker is not None and run.tracker.ok and progress.run_id:
-            with run.tracker.guard("marking the run FAILED"):
-                tracking.retry(run.tracker.client.set_terminated, progress.run_id, status="FAILED")
+        if run.tracker is not None:
+            run.tracker.mark_failed()
         raise
 
 
@@ -296,9 +270,7 @@ def finish(run: Run, p: Progress) -> dict:
         tracker = run.tracker
         metrics.update(slurm_job_ids=tracker.slurm_job_ids, tracking=tracker.record())
         write_json(run.out_dir / "metrics.json", metrics)
-        if tracker.ok and p.run_id:
-            with tracker.guard("closing the run (best_val_top1, artifacts, FINISHED)"):
-                close_mlflow_run(tracker.client, p.run_id, run.out_dir, metrics)
+        tracker.close(metrics)
         if not tracker.ok:
             metrics["tracking"] = tracker.record()
             write_json(run.out_dir / "metrics.json", metrics)
@@ -307,90 +279,20 @@ def finish(run: Run, p: Progress) -> dict:
     return metrics
 
 
-# MLflow (rank 0 only) -------------------------------------------------------------------------
+def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan) -> TrainingTracker:
+    """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
-
-def open_mlflow_run(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan) -> tracking.TrainingTracker:
-    """Create the run's MLflow run, or set a resumed one back to RUNNING and log the epochs it lacks.
-
-    Never raises for the backend: a tracker whose backend failed trains on untracked
-    (:class:`locvit.tracking.TrainingTracker`). Under SLURM the run's tags name every
-    job that worked on it (:func:`locvit.tracking.slurm_provenance`).
+    A new run's id is recorded (run.json) before any epoch, and a run resumed into a new
+    MLflow run rewrites best.pt, which names it.
     """
-    cfg = run.cfg
-    previous_jobs = (plan.state or {}).get("slurm_job_ids", [])
-    jobs, provenance = tracking.slurm_provenance(previous_jobs)
-    tags = {
-        "study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
-        "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": tracking.git_commit(),
-        "device": str(run.device), **provenance,
-    }
-    params = {**flatten(cfg), "n_params": sum(t.numel() for t in run.model.parameters()),
-              "world_size": run.dist.world_size, "lr_peak": peak_lr(cfg["train"])}
-    tracker = tracking.TrainingTracker(cfg["study"], tracking_db, run.out_dir, f"{cfg['variant']}-seed{cfg['seed']}",
-                                       tags, params, jobs, run_id=p.run_id)
-    client = tracker.connect()
-    if client is None:
-        return tracker
-    with tracker.guard("opening the MLflow run"):
-        if plan.stale_run_id and run_status(client, plan.stale_run_id) == "RUNNING":  # abandoned, another config
-            tracking.retry(client.set_terminated, plan.stale_run_id, status="KILLED")
-        resumed = tracking.find_run(client, p.run_id)
-        if resumed is not None:
-            # Jobs recorded on the run but not in last.pt (killed before their first epoch) come first.
-            tracker.slurm_job_ids, provenance = tracking.slurm_provenance(
-                resumed.data.tags.get("slurm_job_ids", "").split(",") + previous_jobs)
-            tracker.tags.update(provenance)
-            tracking.retry(client.update_run, p.run_id, status="RUNNING")
-            tracking.set_tags(p.run_id, provenance)
-        else:
-            if p.run_id is not None:
-                print(f"WARNING: MLflow run {p.run_id} is not in {tracking.safe_uri(tracker.uri)}; logging to a new "
-                      "run", file=sys.stderr, flush=True)
-            created = tracking.retry(client.create_run, tracker.experiment_id, run_name=tracker.run_name, tags=tags)
-            p.run_id = tracker.run_id = created.info.run_id
-            write_json(run.out_dir / RUN_RECORD, {"run_id": p.run_id, "run_key": run.key})  # before any epoch
-            tracking.log_params(p.run_id, params)
-            if p.best_model is not None:  # resumed into a new MLflow run: best.pt names it
-                save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
-        logged = {m.step for m in tracking.retry(client.get_metric_history, p.run_id, "val_top1")}
-        for row in p.history:  # epochs finished before an interruption but not logged
-            if row["epoch"] not in logged:
-                tracking.log_metrics(p.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+    def created(run_id: str) -> None:
+        p.run_id = run_id
+        write_json(run.out_dir / RUN_RECORD, {"run_id": run_id, "run_key": run.key})
+        if p.best_model is not None:
+            save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
+
+    tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
+                                      sum(t.numel() for t in run.model.parameters()), run.dist.world_size,
+                                      run_id=p.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []))
+    tracker.open(p.history, plan.stale_run_id, on_created=created)
     return tracker
-
-
-def run_status(client, run_id: str) -> str | None:
-    """The MLflow run's status, or None when this backend does not know it."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return tracking.retry(client.get_run, run_id).info.status
-    except MlflowException:
-        return None
-
-
-def close_mlflow_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
-    tracking.log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
-    for name, artifact_path in tracking.ARTIFACTS.items():  # metrics.json, checkpoints/best.pt
-        tracking.retry(client.log_artifact, run_id, str(out_dir / name), artifact_path)
-    tracking.retry(client.set_terminated, run_id, status="FINISHED")
-
-
-def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
-    """A skipped (finished) run whose MLflow run was left open by a kill after metrics.json: close it.
-
-    A run trained untracked, or a backend that cannot be reached now, only gets a reminder.
-    """
-    tracker = tracking.TrainingTracker(metrics["study"], tracking_db, out_dir, run_id=metrics.get("mlflow_run_id"))
-    if (metrics.get("tracking") or {}).get("status") == "failed":
-        print(f"NOTE: {out_dir} was trained while MLflow tracking failed; upload it with: {tracker.sync_command()}",
-              file=sys.stderr, flush=True)
-        return
-    client = tracker.connect()
-    if client is None:
-        return
-    with tracker.guard("closing the finished run"):
-        status = run_status(client, metrics["mlflow_run_id"])
-        if status is not None and status != "FINISHED":
-            close_mlflow_run(client, metrics["mlflow_run_id"], out_dir, metrics)

@@ -1,7 +1,7 @@
 """``locvit mlflow-ui``: the MLflow UI on one study's tracking database.
 
-The pipeline's default backend is ``results/<study>/mlflow.db`` with artifacts in
-``mlartifacts/`` beside it (:mod:`locvit.tracking`). This runs ``mlflow ui`` on that
+The pipeline's default backend is the study's ``mlflow.db`` with artifacts in
+``mlartifacts/`` beside it (:mod:`locvit.layout`). This runs ``mlflow ui`` on that
 file, bound to 127.0.0.1 unless told otherwise: the UI has no login, so whoever
 reaches its port can read, rename and delete the runs.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from locvit.layout import StudyLayout
 
 LOCAL_HOST = "127.0.0.1"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -31,16 +33,17 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
         there = f"browse {uri}" if uri.startswith(("http://", "https://")) else \
             f"run `mlflow ui --backend-store-uri {uri}`"
         raise ValueError(f"MLFLOW_TRACKING_URI is set ({uri}), so the pipeline logged this study's runs there, "
-                         f"not to {Path(study_dir) / 'mlflow.db'}: {there}, or unset MLFLOW_TRACKING_URI "
+                         f"not to {StudyLayout(Path(study_dir)).tracking_db}: {there}, or unset MLFLOW_TRACKING_URI "
                          f"to open the study's own file.")
-    db = Path(study_dir).resolve() / "mlflow.db"
+    layout = StudyLayout(Path(study_dir).resolve())
+    db = layout.tracking_db
     if not db.is_file():
         raise FileNotFoundError(f"{db} does not exist: the study has no MLflow runs yet; run the pipeline first "
                                 f"(snakemake --cores all all, or make demo)")
     return [sys.executable, "-m", "mlflow", "ui",
             "--backend-store-uri", f"sqlite:///{db}",
             # Where artifacts of experiments created from the UI would go (ours keep their own location).
-            "--artifacts-destination", (db.parent / "mlartifacts").as_uri(),
+            "--artifacts-destination", layout.artifacts.as_uri(),
             "--host", host, "--port", str(port), "--workers", str(workers)]
 
 

@@ -1,0 +1,151 @@
+"""Where the files of a study live: the one module that knows the study's folder layout.
+
+Everything of a study sits under ``<results_dir>/<study>/`` (both keys of params.yaml)::
+
+    data/                     train.beton, val.beton, test.beton, manifest.json (at data.train_fraction)
+    data_<pct>pct/            the same at another training fraction (train_fractions)
+    runs/<variant>/seed<k>/   last.pt, best.pt, metrics.json, mlflow_run.json: one training run
+    eval/<variant>/seed<k>.json        its test score
+    analysis/<variant>/seed<k>.json    its attention analysis (DVC metrics)
+    analysis/<variant>/profile.json    the variant's params, GMACs, throughput, architecture
+    maps/<variant>/seed<k>.npz         the arrays the attention figures are drawn from
+    search/round<r>/                   one round of the mask search (spec, checkpoint, analysis)
+    report/                            tables, figures, summary.json, index.md
+    logs/                              one log per Snakemake job
+    mlflow.db, mlartifacts/            the default MLflow backend and its artifact store
+
+The Snakemake rules (``workflow/rules/common.smk``), the CLI, the report, tracking and
+the MLflow UI ask this module; ``dvc.yaml`` spells the same folders from ``results_dir``
+and ``study`` (checked by ``tests/test_layout.py``). A variant or seed may be a Snakemake
+wildcard (``"{variant}"``, ``"{seed}"``): every method formats what it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("train", "val", "test")
+TRACKING_DB = "mlflow.db"
+ARTIFACTS = "mlartifacts"  # beside the tracking database
+
+
+def seed_name(seed: int | str) -> str:
+    """``seed<k>``: a run's folder, or the stem of its per-seed files."""
+    return f"seed{seed}"
+
+
+def artifacts_beside(db: str | Path) -> Path:
+    """The artifact store of a SQLite tracking database: ``mlartifacts/`` in the same folder."""
+    return Path(db).parent / ARTIFACTS
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """The folders and files of one study under ``root`` (``<results_dir>/<study>``).
+
+    ``fraction`` is the study's ``data.train_fraction``: runs at that fraction read
+    ``data/``, runs at any other ``data_<pct>pct/``.
+    """
+
+    root: Path
+    fraction: float | None = None
+
+    @classmethod
+    def of(cls, params: dict) -> StudyLayout:
+        """The layout of a validated params.yaml (:func:`locvit.config.load_params`)."""
+        return cls(Path(params["results_dir"]) / params["study"], params["data"]["train_fraction"])
+
+    # data ------------------------------------------------------------------------------------
+
+    def data_name(self, fraction: float | None = None) -> str:
+        """``data`` at the study's own fraction (or none given), ``data_<pct>pct`` at another."""
+        if fraction is None or fraction == self.fraction:
+            return "data"
+        return f"data_{round(100 * fraction)}pct"
+
+    def data_dir(self, fraction: float | None = None) -> Path:
+        return self.root / self.data_name(fraction)
+
+    def data_files(self, fraction: float | None = None, name: str | None = None) -> dict[str, Path]:
+        """The prepared files at a training fraction (or in the data folder ``name``): ``train``, ``val``,
+        ``test`` (.beton) and ``manifest``."""
+        folder = self.root / (name or self.data_name(fraction))
+        return {split: folder / f"{split}.beton" for split in SPLITS} | {"manifest": folder / "manifest.json"}
+
+    # runs and what is computed from them -------------------------------------------------------
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def runs_dir(self, variant: str) -> Path:
+        """The folder holding every seed's run folder of a variant."""
+        return self.runs / variant
+
+    def run_dir(self, variant: str, seed: int | str) -> Path:
+        return self.runs_dir(variant) / seed_name(seed)
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    def eval_dir(self, variant: str) -> Path:
+        return self.eval / variant
+
+    def eval_file(self, variant: str, seed: int | str) -> Path:
+        return self.eval_dir(variant) / f"{seed_name(seed)}.json"
+
+    @property
+    def analysis(self) -> Path:
+        return self.root / "analysis"
+
+    def analysis_dir(self, variant: str) -> Path:
+        return self.analysis / variant
+
+    def analysis_file(self, variant: str, seed: int | str) -> Path:
+        return self.analysis_dir(variant) / f"{seed_name(seed)}.json"
+
+    def profile_file(self, variant: str) -> Path:
+        return self.analysis_dir(variant) / "profile.json"
+
+    @property
+    def maps(self) -> Path:
+        return self.root / "maps"
+
+    def maps_dir(self, variant: str) -> Path:
+        return self.maps / variant
+
+    def maps_file(self, variant: str, seed: int | str) -> Path:
+        return self.maps_dir(variant) / f"{seed_name(seed)}.npz"
+
+    # the rest ----------------------------------------------------------------------------------
+
+    @property
+    def search(self) -> Path:
+        return self.root / "search"
+
+    def search_round(self, r: int | str) -> Path:
+        return self.search / f"round{r}"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def tracking_db(self) -> Path:
+        """The default MLflow backend, a SQLite file (``MLFLOW_TRACKING_URI`` overrides it)."""
+        return self.root / TRACKING_DB
+
+    @property
+    def artifacts(self) -> Path:
+        return artifacts_beside(self.tracking_db)
+
+
+def per_seed(folder: str | Path, seeds, suffix: str) -> list[Path]:
+    """``<folder>/seed<k><suffix>`` for each seed (``suffix`` ``""`` names run folders)."""
+    return [Path(folder) / f"{seed_name(s)}{suffix}" for s in seeds]

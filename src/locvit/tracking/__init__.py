@@ -1,0 +1,25 @@
+"""MLflow tracking: the only package of locvit that talks to MLflow.
+
+- :mod:`~locvit.tracking.backend`: the backend's URI (the study's SQLite file or
+  ``MLFLOW_TRACKING_URI``), bounded connections and probes, retries, the study's
+  experiment, :func:`~locvit.tracking.backend.connect` for any step that reads runs;
+- :mod:`~locvit.tracking.run`: a training run's MLflow run (its lifecycle, tags, params,
+  SLURM provenance), test scores logged to it, and the loud notice when tracking fails;
+- :mod:`~locvit.tracking.sync`: ``locvit sync-tracking``, which uploads the records a run
+  kept while its backend was unreachable (the offline spool is the run's metrics.json);
+- :mod:`~locvit.tracking.ui`: ``locvit mlflow-ui`` on a study's database.
+
+One run per (variant, seed), in an experiment named after the study.
+"""
+
+from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, bounded_http,
+                                     check_reachable, connect, default_uri, experiments_of, log_files, retry, safe_uri,
+                                     setup)
+from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
+                                 slurm_provenance, sync_command)
+from locvit.tracking.sync import sync_runs
+
+__all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrainingTracker", "bounded_http",
+           "check_reachable", "confirm_finished", "connect", "default_uri", "experiments_of", "failure_notice",
+           "log_evaluation", "log_files",
+           "retry", "safe_uri", "setup", "slurm_provenance", "sync_command", "sync_runs"]

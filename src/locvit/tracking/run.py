@@ -1,0 +1,311 @@
+"""A training run's MLflow run, and the test scores logged to it.
+
+Training never stops for tracking (:class:`TrainingTracker`): when the backend cannot
+be reached, or fails mid-run, the run trains on, says so loudly on stderr, and its
+``metrics.json`` keeps everything MLflow would have had; ``locvit sync-tracking``
+(:mod:`locvit.tracking.sync`) uploads those records later. After the first failed
+call no further call is made. Only rank 0 of a training creates a tracker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from locvit.config import flatten, peak_lr
+from locvit.tracking.backend import (current_uri, bounded_http, check_reachable, default_uri, find_run, log_metrics,
+                                     log_params, retry, run_status, safe_uri, set_tags, setup)
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# SLURM provenance --------------------------------------------------------------------------------
+
+
+def slurm_provenance(previous: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The SLURM jobs that worked on a run, and the run's provenance tags.
+
+    ``previous``: the job ids recorded so far (last.pt, the MLflow run's tag). Under
+    SLURM the current job is appended (once: a requeued job keeps its id and counts up
+    ``SLURM_RESTART_COUNT``) and the tags are ``slurm_job_id``, ``slurm_job_ids``
+    (comma-joined, oldest first), ``slurm_restart_count`` when set; ``hostname`` always.
+    """
+    ids = list(dict.fromkeys(str(i) for i in previous if i))
+    tags = {"hostname": socket.gethostname()}
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        if job not in ids:
+            ids.append(job)
+        tags.update(slurm_job_id=job, slurm_job_ids=",".join(ids))
+        if os.environ.get("SLURM_RESTART_COUNT"):
+            tags["slurm_restart_count"] = os.environ["SLURM_RESTART_COUNT"]
+    return ids, tags
+
+
+# One training run's MLflow run -------------------------------------------------------------------
+
+#: What a run folder uploads as artifacts: file name -> artifact folder (None: the run's root).
+ARTIFACTS = {"metrics.json": None, "best.pt": "checkpoints"}
+
+
+class TrainingTracker:
+    """A training run's MLflow run, kept so that tracking can fail without stopping training.
+
+    Every backend call goes through :meth:`guard`: the first error is recorded, printed
+    loudly to stderr (what failed, the backend, the command that uploads the record
+    later) and turns tracking off for the rest of the run. :meth:`record` is what
+    ``metrics.json`` keeps under ``"tracking"`` so that :func:`locvit.tracking.sync.sync_runs`
+    can rebuild the run: status, backend, error, experiment, run name, tags, params and
+    artifacts (every epoch's metrics are the record's ``history``).
+
+    A run's life: :meth:`for_run` (tags and params from the run config), :meth:`open`
+    (create the MLflow run, or resume it), :meth:`log_epoch` after each epoch, then
+    :meth:`close` or :meth:`mark_failed`.
+    """
+
+    def __init__(self, study: str, tracking_db: str | Path, out_dir: str | Path, run_name: str = "",
+                 tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+                 slurm_job_ids: list[str] | None = None, run_id: str | None = None):
+        self.study, self.tracking_db, self.out_dir, self.run_name = study, Path(tracking_db), Path(out_dir), run_name
+        self.uri = default_uri(tracking_db)
+        self.tags = dict(tags or {})
+        self.params = {k: str(v)[:6000] for k, v in (params or {}).items()}  # as MLflow stores them
+        self.slurm_job_ids = list(slurm_job_ids or [])
+        self.run_id = run_id
+        self.experiment_id: str | None = None
+        self.client = None  # an MlflowClient once connected
+        self.error: str | None = None
+        self.failed_during: str | None = None
+
+    @classmethod
+    def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
+                n_params: int, world_size: int, run_id: str | None = None,
+                slurm_job_ids: list[str] = ()) -> TrainingTracker:
+        """The tracker of a training run (a :func:`locvit.config.run_config`) on its prepared data.
+
+        Tags: study, variant, model, seed, dataset, data hash, git commit, device and the
+        SLURM jobs that worked on the run so far (``slurm_job_ids``, from last.pt) plus this
+        one (:func:`slurm_provenance`); params: the flattened config, the model's size, the
+        number of processes and the peak lr.
+        """
+        jobs, provenance = slurm_provenance(list(slurm_job_ids))
+        tags = {"study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
+                "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": git_commit(),
+                "device": device, **provenance}
+        params = {**flatten(cfg), "n_params": n_params, "world_size": world_size, "lr_peak": peak_lr(cfg["train"])}
+        return cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
+                   run_id=run_id)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @contextlib.contextmanager
+    def guard(self, what: str):
+        """Run the block against the backend (HTTP bounded); on an error, record it, say so, go on."""
+        try:
+            with bounded_http():
+                yield
+        except Exception as err:  # whatever the backend raised: training goes on
+            self.fail(what, err)
+
+    def connect(self):
+        """Probe the backend and set up the study's experiment; an MlflowClient, or None when that failed."""
+        with self.guard("connecting to the tracking backend"):
+            import mlflow
+
+            check_reachable(self.uri)
+            self.experiment_id = setup(self.study, self.tracking_db)
+            self.client = mlflow.MlflowClient()
+        return self.client
+
+    def open(self, history: list[dict], stale_run_id: str | None = None,
+             on_created: Callable[[str], None] | None = None) -> None:
+        """Create the run's MLflow run, or set a resumed one (``run_id``) back to RUNNING; log the
+        epochs of ``history`` it lacks.
+
+        ``stale_run_id``: an abandoned run of another config in the same folder, marked KILLED
+        if still RUNNING. ``on_created(run_id)`` is called as soon as a new run exists, before
+        its params are logged (the caller records the id before any epoch). Never raises for
+        the backend: a tracker whose backend failed trains on untracked.
+        """
+        client = self.connect()
+        if client is None:
+            return
+        with self.guard("opening the MLflow run"):
+            if stale_run_id and run_status(client, stale_run_id) == "RUNNING":
+                retry(client.set_terminated, stale_run_id, status="KILLED")
+            resumed = find_run(client, self.run_id)
+            if resumed is not None:
+                # Jobs recorded on the run but not in last.pt (killed before their first epoch) come first.
+                self.slurm_job_ids, provenance = slurm_provenance(
+                    resumed.data.tags.get("slurm_job_ids", "").split(",") + self.slurm_job_ids)
+                self.tags.update(provenance)
+                retry(client.update_run, self.run_id, status="RUNNING")
+                set_tags(self.run_id, provenance)
+            else:
+                if self.run_id is not None:
+                    print(f"WARNING: MLflow run {self.run_id} is not in {safe_uri(self.uri)}; logging to a new run",
+                          file=sys.stderr, flush=True)
+                self.run_id = retry(client.create_run, self.experiment_id, run_name=self.run_name,
+                                    tags=self.tags).info.run_id
+                if on_created is not None:
+                    on_created(self.run_id)
+                log_params(self.run_id, self.params)
+            logged = {m.step for m in retry(client.get_metric_history, self.run_id, "val_top1")}
+            for row in history:  # epochs finished before an interruption but not logged
+                if row["epoch"] not in logged:
+                    log_metrics(self.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    def close(self, metrics: dict) -> None:
+        """Log best_val_top1 and the run folder's artifacts, mark the run FINISHED (if tracking is still on)."""
+        if self.ok and self.run_id:
+            with self.guard("closing the run (best_val_top1, artifacts, FINISHED)"):
+                close_run(self.client, self.run_id, self.out_dir, metrics)
+
+    def mark_failed(self) -> None:
+        if self.ok and self.run_id and self.client is not None:
+            with self.guard("marking the run FAILED"):
+                retry(self.client.set_terminated, self.run_id, status="FAILED")
+
+    def log_epoch(self, row: dict[str, float]) -> None:
+        """Log one history row (``epoch`` is the step); nothing once tracking has failed."""
+        if self.ok and self.run_id:
+            with self.guard(f"logging epoch {row['epoch']}"):
+                log_metrics(self.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    def fail(self, what: str, err: BaseException) -> None:
+        self.error, self.failed_during = f"{type(err).__name__}: {err}"[:4000], what
+        print(self.message(), file=sys.stderr, flush=True)
+
+    def sync_command(self) -> str:
+        return sync_command(self.uri, self.out_dir, self.tracking_db)
+
+    def message(self) -> str:
+        """The loud failure notice (printed when tracking fails and again when the run ends)."""
+        return failure_notice(
+            f"{self.failed_during}: this run is NOT in MLflow from here on",
+            f"Training goes on; everything is kept in {self.out_dir} (metrics.json: \"tracking\" status \"failed\")",
+            self.run_name or str(self.out_dir), self.uri, self.error or "",
+            "Upload the run once the backend answers again (after training has finished)", self.sync_command())
+
+    def record(self) -> dict[str, Any]:
+        return {"status": "ok" if self.ok else "failed", "uri": safe_uri(self.uri), "error": self.error,
+                "failed_during": self.failed_during, "experiment": self.study, "run_name": self.run_name,
+                "tags": self.tags, "params": self.params, "artifacts": ARTIFACTS}
+
+
+def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
+    log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
+    for name, artifact_path in ARTIFACTS.items():  # metrics.json, checkpoints/best.pt
+        retry(client.log_artifact, run_id, str(Path(out_dir) / name), artifact_path)
+    retry(client.set_terminated, run_id, status="FINISHED")
+
+
+def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
+    """A skipped (finished) run whose MLflow run was left open by a kill after metrics.json: close it.
+
+    A run trained untracked, or a backend that cannot be reached now, only gets a reminder.
+    """
+    tracker = TrainingTracker(metrics["study"], tracking_db, out_dir, run_id=metrics.get("mlflow_run_id"))
+    if (metrics.get("tracking") or {}).get("status") == "failed":
+        print(f"NOTE: {out_dir} was trained while MLflow tracking failed; upload it with: {tracker.sync_command()}",
+              file=sys.stderr, flush=True)
+        return
+    client = tracker.connect()
+    if client is None:
+        return
+    with tracker.guard("closing the finished run"):
+        status = run_status(client, metrics["mlflow_run_id"])
+        if status is not None and status != "FINISHED":
+            close_run(client, metrics["mlflow_run_id"], out_dir, metrics)
+
+
+def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float],
+                   run_dir: Path) -> None:
+    """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
+
+    As in training: one short probe of a server, bounded HTTP retries, and on failure a
+    loud message with the command that uploads the result later (``locvit sync-tracking``
+    of ``run_dir``, the checkpoint's run folder, reading ``out``, the evaluation file).
+    """
+    uri = default_uri(tracking_db)
+    try:
+        with bounded_http():
+            check_reachable(uri)
+            setup(study, tracking_db)
+            log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"])
+    except Exception as err:  # any backend failure: the evaluation file is already written
+        print(failure_notice(
+            f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +
+            f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})", uri,
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            "Upload it once the backend answers again",
+            sync_command(uri, run_dir, tracking_db, out.parent.parent)), file=sys.stderr, flush=True)
+
+
+def sync_command(uri: str, runs_dir: Path, tracking_db: Path, eval_dir: Path | None = None) -> str:
+    """The ``locvit sync-tracking`` command line that uploads ``runs_dir`` (and its test results) to ``uri``."""
+    env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if os.environ.get("MLFLOW_TRACKING_URI") else ""
+    extra = f" --eval-dir {shlex.quote(str(eval_dir))}" if eval_dir is not None else ""
+    return (f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(runs_dir))} "
+            f"--tracking-db {shlex.quote(str(tracking_db))}{extra}")
+
+
+def failure_notice(during: str, consequence: str, subject: str, uri: str, error: str, upload: str,
+                   command: str) -> str:
+    """The loud block a step prints when tracking fails: what, the backend, the error, how to upload later."""
+    bar = "!" * 100
+    error = error if len(error) < 600 else error[:600] + " ..."
+    return "\n".join([
+        bar,
+        f"!! MLFLOW TRACKING FAILED while {during}.",
+        f"!! {consequence}.",
+        f"!!   run:     {subject}",
+        f"!!   backend: {safe_uri(uri)}",
+        f"!!   error:   {error}",
+        f"!! {upload}:",
+        f"!!   {command}",
+        bar,
+    ])
+
+
+def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
+    """Log to an existing run; if the backend does not know it, warn and go on.
+
+    That happens after ``dvc pull`` on a fresh clone: the checkpoints come back, the
+    MLflow database of the machine that trained them does not. The caller's own
+    result files are still written.
+    """
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:  # trained while the backend was unreachable: no run yet (locvit sync-tracking makes it)
+        print(f"WARNING: this checkpoint names no MLflow run (its training was not tracked); "
+              f"{', '.join(metrics)} written to the local result file only. Upload it with locvit sync-tracking.",
+              file=sys.stderr, flush=True)
+        return False
+    try:
+        log_metrics(run_id, metrics, step)
+        return True
+    except MlflowException as err:
+        if "not found" not in str(err).lower() and "does not exist" not in str(err).lower():
+            raise
+        print(f"WARNING: MLflow run {run_id} is not in the tracking backend {current_uri()}; "
+              f"{', '.join(metrics)} written to the local result file only.", file=sys.stderr, flush=True)
+        return False

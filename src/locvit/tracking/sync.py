@@ -1,0 +1,145 @@
+"""``locvit sync-tracking``: upload the run records that the tracking backend lacks.
+
+A training whose backend failed keeps everything in its ``metrics.json``
+(:class:`locvit.tracking.run.TrainingTracker`); :func:`sync_runs` rebuilds the MLflow runs
+from those records once the backend answers again, and does nothing for records that are
+already complete.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from locvit.config import flatten, peak_lr
+from locvit.io import read_json, write_json
+from locvit.layout import StudyLayout, per_seed
+from locvit.tracking.backend import (bounded_http, check_reachable, default_uri, find_run, log_metrics, log_params,
+                                     retry, safe_uri, set_tags, setup)
+from locvit.tracking.run import ARTIFACTS
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def find_evaluation(folder: Path, metrics: dict, eval_dir: Path | None) -> dict | None:
+    """The run's test result: ``<eval_dir>/<variant>/seed<k>.json`` or (mask-search rounds) ``eval.json``."""
+    candidates = [folder / "eval.json"]
+    if eval_dir is not None:
+        candidates += per_seed(eval_dir / metrics["variant"], [metrics["seed"]], ".json")
+    for path in candidates:
+        if path.is_file():
+            result = read_json(path, "evaluation file")
+            if all(result.get(k) == metrics.get(k) for k in ("study", "variant", "seed")):
+                return result
+    return None
+
+
+def _params_from_checkpoint(folder: Path, metrics: dict) -> dict[str, str]:
+    """Params of a record written before metrics.json kept them: rebuilt from best.pt's config."""
+    from locvit.train.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(folder / "best.pt")["config"]
+    params = {**flatten(cfg), "n_params": metrics["n_params"], "world_size": metrics.get("world_size", 1),
+              "lr_peak": peak_lr(cfg["train"])}
+    return {k: str(v)[:6000] for k, v in params.items()}
+
+
+def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evaluation: dict | None,
+            uri: str) -> tuple[str, int]:
+    """Create (or complete) the run of a record; return its id and the number of metric points logged."""
+    from mlflow.entities import Metric
+
+    record = metrics.get("tracking") or {}
+    tags = {"study": metrics["study"], "variant": metrics["variant"], "model": metrics["model"],
+            "seed": str(metrics["seed"]), **record.get("tags", {})}
+    if metrics.get("slurm_job_ids") and "slurm_job_ids" not in tags:
+        tags["slurm_job_ids"] = ",".join(metrics["slurm_job_ids"])
+    params = record.get("params") or _params_from_checkpoint(folder, metrics)
+    if run is None:
+        run = retry(client.create_run, experiment_id, tags=tags,
+                    run_name=record.get("run_name") or f"{metrics['variant']}-seed{metrics['seed']}")
+    else:  # the run got this far before tracking failed: complete it
+        set_tags(run.info.run_id, tags)
+    run_id = run.info.run_id
+    log_params(run_id, {k: v for k, v in params.items() if k not in run.data.params})
+    points = [(k, v, row["epoch"]) for row in metrics["history"] for k, v in row.items() if k != "epoch"]
+    points.append(("best_val_top1", metrics["best_val_top1"], metrics["best_epoch"]))
+    if evaluation is not None:
+        split = evaluation["split"]
+        points += [(f"{split}_{m}", evaluation[f"{split}_{m}"], evaluation["checkpoint_epoch"]) for m in ("top1", "loss")]
+    logged = {key: {m.step for m in retry(client.get_metric_history, run_id, key)} if key in run.data.metrics else set()
+              for key in {k for k, _, _ in points}}
+    now = int(time.time() * 1000)
+    missing = [Metric(k, float(v), now, int(s)) for k, v, s in points if s not in logged[k]]
+    for batch in _batches(missing, 900):  # MLflow takes at most 1000 metrics per batch
+        retry(client.log_batch, run_id, metrics=batch)
+    # The record names its run before its metrics.json is uploaded, so the artifact says so too.
+    synced = {**record, "status": "ok", "uri": safe_uri(uri), "error": None, "failed_during": None,
+              "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "error_before_sync": record.get("error")}
+    write_json(folder / "metrics.json", {**metrics, "mlflow_run_id": run_id, "tracking": synced})
+    for name, artifact_path in (record.get("artifacts") or ARTIFACTS).items():
+        if (folder / name).is_file():
+            retry(client.log_artifact, run_id, str(folder / name), artifact_path)
+    retry(client.set_terminated, run_id, status="FINISHED")
+    return run_id, len(missing)
+
+
+def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Path | None = None,
+              log: Callable[[str], None] = print) -> dict[str, list[str]]:
+    """Upload every run record under ``runs_dir`` (any depth) that the tracking backend lacks.
+
+    A run folder (one with a training ``metrics.json``) is uploaded when its record says
+    tracking failed, its ``mlflow_run_id`` is unknown to the backend, or its MLflow run is
+    not FINISHED: the run is created in the study's experiment (or, when the backend
+    knows it, completed), with params, tags, every epoch's metrics at their steps,
+    ``best_val_top1``, the test result when there is one (``<eval_dir>/<variant>/seed<k>.json``,
+    ``eval_dir`` defaulting to ``eval/`` beside ``runs_dir``, or ``eval.json`` in the run
+    folder), ``metrics.json`` and ``best.pt`` as artifacts, and marked FINISHED; then
+    ``metrics.json`` is rewritten (atomically) with the run's id and status ``ok``. A run
+    that is complete but lacks its test result gets just that. Anything else is left
+    alone, so a second call uploads nothing. Returns the folders by outcome:
+    ``uploaded``, ``evaluation`` (test result only), ``up_to_date``, ``failed``.
+    """
+    import mlflow
+
+    runs_dir = Path(runs_dir)
+    eval_dir = Path(eval_dir) if eval_dir is not None else StudyLayout(runs_dir.parent).eval
+    uri = default_uri(tracking_db)
+    outcome: dict[str, list[str]] = {"uploaded": [], "evaluation": [], "up_to_date": [], "failed": []}
+    experiments: dict[str, str] = {}
+    with bounded_http():
+        check_reachable(uri)
+        for folder in sorted(p.parent for p in runs_dir.rglob("metrics.json")):
+            metrics = read_json(folder / "metrics.json", "run record")
+            if not isinstance(metrics, dict) or not {"study", "variant", "seed", "history"} <= set(metrics):
+                continue  # another file of that name, not a training record
+            try:
+                if metrics["study"] not in experiments:
+                    experiments[metrics["study"]] = setup(metrics["study"], tracking_db)
+                client = mlflow.MlflowClient()
+                run = find_run(client, metrics.get("mlflow_run_id"))
+                evaluation = find_evaluation(folder, metrics, eval_dir)
+                test_key = f"{evaluation['split']}_top1" if evaluation else None
+                complete = (metrics.get("tracking") or {}).get("status") != "failed" and run is not None \
+                    and run.info.status == "FINISHED"
+                if complete and (test_key is None or test_key in run.data.metrics):
+                    outcome["up_to_date"].append(str(folder))
+                elif complete:
+                    split, step = evaluation["split"], evaluation["checkpoint_epoch"]
+                    log_metrics(run.info.run_id, {f"{split}_top1": evaluation[f"{split}_top1"],
+                                                  f"{split}_loss": evaluation[f"{split}_loss"]}, step=step)
+                    outcome["evaluation"].append(str(folder))
+                    log(f"{folder}: test result logged to MLflow run {run.info.run_id}")
+                else:
+                    run_id, n = _upload(client, experiments[metrics["study"]], folder, metrics, run, evaluation, uri)
+                    outcome["uploaded"].append(str(folder))
+                    log(f"{folder}: uploaded to MLflow run {run_id} ({n} metric values"
+                        f"{', test result' if evaluation else ''}; metrics.json updated)")
+            except Exception as err:  # one bad record does not stop the others
+                outcome["failed"].append(str(folder))
+                log(f"{folder}: NOT uploaded: {type(err).__name__}: {err}")
+    return outcome

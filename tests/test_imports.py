@@ -1,0 +1,90 @@
+"""The package's import graph: no module imports one that imports it back, and MLflow only in locvit.tracking.
+
+Every import counts, at the top of a module or inside a function (a lazy import is still
+a dependency): the graph is read from the source with ``ast``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The locvit modules ``path`` imports (``from locvit import io`` names the module locvit.io)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in (SRC / "locvit").rglob("*.py")}
+    return {name: imports(path, set(files)) - {name} for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = import_graph()
+    assert "locvit.tracking" in graph["locvit.train.loop"]  # the graph is read (the loop tracks through it)
+    assert cycles(graph) == []
+
+
+def test_only_the_tracking_package_imports_mlflow():
+    users = []
+    for path in (SRC / "locvit").rglob("*.py"):
+        if path.relative_to(SRC / "locvit").parts[0] == "tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                users.append(str(path.relative_to(SRC)))
+    assert users == []
