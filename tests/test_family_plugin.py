@@ -1,0 +1,129 @@
+"""A model family from outside locvit, end to end: the family protocol is all a new family needs.
+
+A toy family (a ViT whose every head attends only inside a 3 x 3 window of patches) is
+written to a module in the study's working directory, named in params.yaml's
+``model_modules``, and run through prepare -> train -> evaluate -> analyse -> report by
+Snakemake beside DeiT. Nothing under src/ names it; it must appear in every table and
+figure that lists the study's variants, with analyses that its prior makes exact: all
+attention inside the 3 x 3 neighbourhood (ALS 1) and no patch attended farther than one
+diagonal step (mean attention distance at most sqrt(2) patches).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import textwrap
+
+import pytest
+import yaml
+
+from conftest import BIN, copy_workflow, env_with_venv
+from locvit.layout import StudyLayout
+
+pytestmark = pytest.mark.e2e
+
+TOY_MODULE = '''
+"""A toy family: a ViT whose patches attend only inside a 3 x 3 window of patches."""
+import torch
+from timm.layers import Attention
+from timm.models import register_model
+from timm.models.vision_transformer import VisionTransformer
+
+from locvit.models.family import Family, register_family, vit_blocks, vit_sites
+
+
+class WindowAttention(Attention):
+    grid, num_prefix = (1, 1), 1
+
+    def allowed(self, device):
+        gh, gw = self.grid
+        ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        pos = torch.stack([ys.flatten(), xs.flatten()], -1)
+        p, n = self.num_prefix, gh * gw
+        ok = torch.ones(p + n, p + n, dtype=torch.bool)
+        ok[p:, :p] = False  # a patch sees only its window; the class token sees everything
+        ok[p:, p:] = (pos[:, None] - pos[None]).abs().amax(-1) <= 1
+        return ok.to(device)
+
+    def maps(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        return logits.masked_fill(~self.allowed(x.device), float("-inf")).softmax(-1), v
+
+    def forward(self, x, attn_mask=None, **kwargs):
+        a, v = self.maps(x)
+        b, t, c = x.shape
+        return self.proj((a @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class ToyViT(VisionTransformer):
+    def __init__(self, **kwargs):
+        super().__init__(attn_layer=WindowAttention, **kwargs)
+        for block in self.blocks:
+            block.attn.grid, block.attn.num_prefix = tuple(self.patch_embed.grid_size), self.num_prefix_tokens
+
+
+@register_model
+def toy_window_vit(pretrained=False, **kwargs):
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("pretrained_") and k != "cache_dir"}
+    return ToyViT(**kwargs)
+
+
+register_family(Family("toy", "ToyWindow", ToyViT, "every head inside a 3x3 window of patches", vit_blocks,
+                       lambda m: vit_sites(m, {WindowAttention: lambda attn, x: ("softmax", attn.maps(x)[0])})))
+'''
+
+
+@pytest.fixture(scope="module")
+def toy_study(tmp_path_factory):
+    work = copy_workflow(tmp_path_factory.mktemp("toyfamily"))
+    (work / "toy_family.py").write_text(textwrap.dedent(TOY_MODULE))
+    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
+    del params["mask_search"]
+    params.update(study="toy", seeds=[0], model_modules=["toy_family"])
+    shape = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    params["variants"] = {"deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
+                          "toy": {"model": "toy_window_vit", "kwargs": shape}}
+    (work / "toy.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.run([str(BIN / "snakemake"), "--cores", "2", "all", "--config", "params=toy.yaml"], cwd=work,
+                          env=env_with_venv(), capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return StudyLayout(work / "results" / "toy"), params
+
+
+def test_the_toy_family_is_profiled_and_analysed_through_its_declaration(toy_study):
+    layout, params = toy_study
+    arch = json.loads(layout.profile_file("toy").read_text())["arch"]
+    assert (arch["family"], arch["display"], arch["grid"]) == ("toy", "ToyWindow", [4, 4])
+    assert arch["prior"] == "every head inside a 3x3 window of patches" and arch["depth"] == 2
+    analysis = json.loads(layout.analysis_file("toy", 0).read_text())
+    assert [layer["kind"] for layer in analysis["layers"]] == ["softmax", "softmax"]
+    assert all(a == pytest.approx(1.0, abs=1e-5) for heads in analysis["als"] for a in heads)  # all inside 3 x 3
+    spacing = 16 / 4  # pixels between patches: a 16-pixel image, a 4 x 4 grid
+    assert all(0 < d <= math.sqrt(2) * spacing + 1e-6 for heads in analysis["mad"] for d in heads)
+    deit = json.loads(layout.analysis_file("deit_a", 0).read_text())
+    assert deit["mad_mean"] > analysis["mad_mean"]  # global attention reaches farther than a 3 x 3 window
+
+
+def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
+    layout, params = toy_study
+    report = layout.report
+    rows = {r["variant"]: r for r in csv.DictReader((report / "results.csv").open())}
+    assert set(rows) == {"deit_a", "toy"} and float(rows["toy"]["test_top1_mean"]) > 0
+    locality = {r["Variant"]: r for r in csv.DictReader((report / "tables" / "locality.csv").open())}
+    assert locality["toy"]["Family"] == "ToyWindow" and locality["toy"]["ALS (3x3)"].startswith("1.000")
+    assert "toy" in json.loads((report / "summary.json").read_text())
+    record = json.loads((report / "report.json").read_text())
+    per_variant = {name for name, fig in record["figures"].items() if fig["variant"] == "toy"}
+    assert {"als_toy", "similarity_toy", "rollout_toy"} <= per_variant
+    study_figures = {name for name, fig in record["figures"].items() if fig["variant"] is None}
+    assert {"curves", "attention_distance"} <= study_figures
+    assert "No analysis" not in record["figures"]["attention_distance"]["caption"]
+    for name, table in record["tables"].items():  # every table that lists the study's variants lists the toy
+        text = (report / table["md"]).read_text()
+        if "deit_a" in text:
+            assert "toy" in text, f"{name} lists deit_a but not the toy family"
