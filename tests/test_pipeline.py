@@ -90,9 +90,12 @@ def test_every_output_is_there(study, params, layout):
 def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout):
     import mlflow
 
+    from locvit.config import run_config
+
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
-    assert exp is not None
+    assert exp is not None and exp.tags["mlflow.experimentKind"] == "custom_model_development"  # model training
+    manifest = json.loads((layout.data_files()["manifest"]).read_text())
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
     assert len(runs) == len(params["variants"]) * len(params["seeds"])
     seen = set()
@@ -103,6 +106,14 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout)
         assert tags["study"] == "tiny" and tags["dataset"] == "digits"
         assert tags["model"] == params["variants"][tags["variant"]]["model"]
         assert len(tags["data_hash"]) == 16 and tags["git_commit"]
+        assert json.loads(tags["run_config"]) == run_config(params, tags["variant"], int(tags["seed"]))
+        inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}  # the UI's Datasets column
+        assert set(inputs) == {"digits-train", "digits-val", "digits-test"}
+        for split in ("train", "val", "test"):
+            dataset = inputs[f"digits-{split}"]
+            assert dataset.dataset.digest == tags["data_hash"] == manifest["data_hash"]
+            assert json.loads(dataset.dataset.source)["uri"].endswith(f"data/{split}.beton")
+            assert {t.key: t.value for t in dataset.tags}["images"] == str(manifest["splits"][split]["size"])
         assert data.params["train.epochs"] == "2" and data.params["model_kwargs.img_size"] == "16"
         assert data.params["variant"] == tags["variant"]
         history = client.get_metric_history(run.info.run_id, "val_top1")
@@ -114,6 +125,34 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout)
         figures = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
         assert f"report/als_{tags['variant']}.png" in figures  # the report logs each variant's plots
     assert seen == {(v, s) for v in params["variants"] for s in params["seeds"]}
+
+
+def test_every_run_logs_its_best_checkpoint_as_a_loadable_mlflow_model(study, params, layout):
+    import mlflow
+    import torch
+
+    from locvit import models
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
+    exp = client.get_experiment_by_name("tiny")
+    logged = {m.source_run_id: m for m in client.search_logged_models([exp.experiment_id])}
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
+    assert {r.info.run_id for r in runs} <= set(logged)  # the Models tab lists every run's model
+    for run in runs:
+        model = logged[run.info.run_id]
+        metrics = json.loads((layout.run_dir(run.data.tags["variant"], run.data.tags["seed"]) /
+                              "metrics.json").read_text())
+        assert model.name == "model" and model.status == "READY"
+        assert {m.key for m in model.metrics or []} >= {"val_top1", "best_val_top1"}  # linked at the best epoch
+        assert all(m.step == metrics["best_epoch"] for m in model.metrics)
+    run = runs[0]
+    variant, seed = run.data.tags["variant"], run.data.tags["seed"]
+    mlflow.set_tracking_uri(f"sqlite:///{layout.tracking_db}")
+    loaded = mlflow.pytorch.load_model(f"models:/{logged[run.info.run_id].model_id}").eval()
+    ours = models.load(layout.run_dir(variant, seed) / "best.pt", "cpu")
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), ours(x), rtol=0, atol=0)
 
 
 def test_results_table_matches_the_evaluations(study, params, layout):
@@ -377,10 +416,11 @@ def browser():
 
 @pytest.fixture(scope="module")
 def mlflow_ui(layout, browser, tmp_path_factory):
-    """The URL of `locvit mlflow-ui` serving the finished study; its processes are killed at the end."""
-    proc, url = _start_ui(layout.root, tmp_path_factory.mktemp("ui") / "mlflow-ui.log")
+    """The URL of `locvit mlflow-ui` serving the finished study and the link it printed; killed at the end."""
+    log = tmp_path_factory.mktemp("ui") / "mlflow-ui.log"
+    proc, url = _start_ui(layout.root, log)
     try:
-        yield url
+        yield url, re.search(r"browse (\S+)", log.read_text()).group(1)
     finally:
         _stop_ui(proc)
 
@@ -437,6 +477,7 @@ def _close_assistant(page) -> None:
 def test_mlflow_ui_lists_every_run_with_its_metrics(layout, params, mlflow_ui, page):
     from playwright.sync_api import expect
 
+    mlflow_ui, printed = mlflow_ui
     exp_id, runs, n_runs = _tracked_runs(layout, params)
     expected = {f"{v}-seed{s}" for v in params["variants"] for s in params["seeds"]}
     assert set(runs) == expected
@@ -447,9 +488,12 @@ def test_mlflow_ui_lists_every_run_with_its_metrics(layout, params, mlflow_ui, p
     page.get_by_role("link", name="tiny", exact=True).click()
     expect(page).to_have_url(re.compile(rf"#/experiments/{exp_id}\b"))
 
-    page.goto(f"{mlflow_ui}/#/experiments/{exp_id}/runs?workflowType=machine_learning")  # the runs table
+    # The link locvit mlflow-ui prints: the study's runs table in the model-training view.
+    assert printed == f"{mlflow_ui}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    page.goto(printed)
     for name in sorted(expected):
         expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
+    expect(page.get_by_text("digits-train").first).to_be_visible()  # the Datasets column
     _close_assistant(page)
     page.get_by_role("button", name="Columns", exact=True).click()  # show the comparison metrics
     for metric in ("test_top1", "best_val_top1"):
@@ -472,6 +516,7 @@ def test_mlflow_ui_lists_every_run_with_its_metrics(layout, params, mlflow_ui, p
 def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(layout, params, mlflow_ui, page):
     from playwright.sync_api import expect
 
+    mlflow_ui, _ = mlflow_ui
     exp_id, runs, _ = _tracked_runs(layout, params)
     variant, seed = next(iter(params["variants"])), params["seeds"][0]
     run = runs[f"{variant}-seed{seed}"]
@@ -494,3 +539,15 @@ def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(layout, params, mlflow_
     expect(image).to_be_visible()
     assert image.evaluate("img => img.complete && img.naturalWidth") > 0
     _save(page, "run-artifacts.png")
+
+
+def test_mlflow_ui_models_tab_lists_every_runs_model(layout, params, mlflow_ui, page):
+    from playwright.sync_api import expect
+
+    mlflow_ui, _ = mlflow_ui
+    exp_id, runs, _ = _tracked_runs(layout, params)
+    page.goto(f"{mlflow_ui}/#/experiments/{exp_id}/models?workflowType=machine_learning")
+    _close_assistant(page)
+    for name in sorted(runs):  # each model row links the run that logged it
+        expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
+    _save(page, "models-tab.png")

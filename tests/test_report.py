@@ -380,7 +380,9 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="not"):
         report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
     md = (tmp_path / "report" / "tables" / "mait_table2.md").read_text()
-    assert f"[s0](http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]})" in md
+    link = f"http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]}?workflowType=machine_learning"
+    assert f"[s0]({link})" in md  # the UI's model-training view
+    assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
     assert f"`{run_ids[('mait_3x3', 1)][:8]}`" in md  # unknown run: id without a link
     logged = {a.path for a in client.list_artifacts(run_ids[("deit", 1)], "report")}
     assert {"report/als_deit.png", "report/als_deit.pdf", "report/rollout_deit.png"} <= logged

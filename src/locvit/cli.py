@@ -191,10 +191,11 @@ def cmd_results(args) -> None:
 def cmd_mlflow_ui(args) -> None:
     from locvit.tracking.ui import serve
 
+    study = None
     if args.study_dir is None:
         params = load_params(args.params, check_models=False)
-        args.study_dir = StudyLayout.of(params).root
-    serve(args.study_dir, args.host, args.port, args.workers)
+        args.study_dir, study = StudyLayout.of(params).root, params["study"]
+    serve(args.study_dir, args.host, args.port, args.workers, study)
 
 
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"

@@ -150,7 +150,7 @@ def _tracking_client(study: Study, db: Path):
 
 
 def _run_links(client, study: Study, ui_base: str) -> RunLink:
-    """Run id -> ``<ui>/#/experiments/<experiment id>/runs/<run id>``, the experiment read from the run."""
+    """Run id -> its page in the MLflow UI's model-training view (the experiment read from the run)."""
     from locvit import tracking
 
     run_ids = [run_id for v in study.variants.values() for run_id in v.run_ids().values()]
@@ -159,8 +159,7 @@ def _run_links(client, study: Study, ui_base: str) -> RunLink:
     if unknown:
         warnings.warn(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
                       "their tables show the run id without a link", stacklevel=3)
-    return {run_id: f"{ui_base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
-            for run_id, exp in experiments.items()}.get
+    return {run_id: tracking.ui_link(ui_base, exp, run_id) for run_id, exp in experiments.items()}.get
 
 
 def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:

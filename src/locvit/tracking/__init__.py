@@ -14,12 +14,12 @@ One run per (variant, seed), in an experiment named after the study.
 
 from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, bounded_http,
                                      check_reachable, connect, default_uri, experiments_of, log_files, retry, safe_uri,
-                                     setup)
+                                     setup, ui_link)
 from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
                                  slurm_provenance, sync_command)
 from locvit.tracking.sync import sync_runs
 
 __all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrainingTracker", "bounded_http",
            "check_reachable", "confirm_finished", "connect", "default_uri", "experiments_of", "failure_notice",
-           "log_evaluation", "log_files",
+           "log_evaluation", "log_files", "ui_link",
            "retry", "safe_uri", "setup", "slurm_provenance", "sync_command", "sync_runs"]

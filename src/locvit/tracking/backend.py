@@ -26,6 +26,10 @@ from locvit.layout import artifacts_beside
 
 T = TypeVar("T")
 
+#: MLflow's experiment-kind tag: a model-training experiment (MLflow never sets it by itself; newer
+#: UIs choose their view by it, the 3.17 UI by the link's ``workflowType``: :func:`ui_link`).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
 
 def default_uri(db: str | Path) -> str:
     """The tracking URI: ``$MLFLOW_TRACKING_URI`` or the SQLite file ``db``."""
@@ -63,7 +67,8 @@ def setup(study: str, db: str | Path) -> str:
 
     With the default SQLite backend, the first job to get here creates the database
     and the experiment under a file lock, so parallel jobs never race on MLflow's
-    schema migrations. Artifacts go to ``mlartifacts/`` beside the database.
+    schema migrations. Artifacts go to ``mlartifacts/`` beside the database. The experiment
+    is marked for model training (:data:`EXPERIMENT_KIND`), an older one when it lacks the tag.
     """
     import mlflow
     from filelock import FileLock
@@ -79,15 +84,25 @@ def setup(study: str, db: str | Path) -> str:
         client = mlflow.MlflowClient()  # opening the store creates/migrates the database: under the lock
         exp = retry(client.get_experiment_by_name, study)
         if exp is not None:
+            for key, value in EXPERIMENT_KIND.items():
+                if exp.tags.get(key) != value:
+                    retry(client.set_experiment_tag, exp.experiment_id, key, value)
             return exp.experiment_id
         artifacts = artifacts_beside(db).resolve().as_uri() if ours else None
         try:
-            return retry(client.create_experiment, study, artifact_location=artifacts)
+            return retry(client.create_experiment, study, artifact_location=artifacts, tags=EXPERIMENT_KIND)
         except Exception:
             exp = retry(client.get_experiment_by_name, study)  # created meanwhile by another client
             if exp is None:
                 raise
             return exp.experiment_id
+
+
+def ui_link(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """A link that opens the MLflow UI at ``base`` in its model-training view: the experiment's runs
+    table (and charts), or one run. The 3.17 UI picks its view from ``workflowType`` (else GenAI)."""
+    path = f"/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{base.rstrip('/')}{path}?workflowType=machine_learning"
 
 
 def connect(study: str, db: str | Path):

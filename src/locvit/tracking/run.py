@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import logging
 import os
 import shlex
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,25 +95,29 @@ class TrainingTracker:
         self.client = None  # an MlflowClient once connected
         self.error: str | None = None
         self.failed_during: str | None = None
+        self.datasets: dict | None = None  # the manifest and split -> file, for the run's dataset inputs
 
     @classmethod
     def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
-                n_params: int, world_size: int, run_id: str | None = None,
-                slurm_job_ids: list[str] = ()) -> TrainingTracker:
+                n_params: int, world_size: int, run_id: str | None = None, slurm_job_ids: list[str] = (),
+                data: dict[str, Path] | None = None) -> TrainingTracker:
         """The tracker of a training run (a :func:`locvit.config.run_config`) on its prepared data.
 
-        Tags: study, variant, model, seed, dataset, data hash, git commit, device and the
-        SLURM jobs that worked on the run so far (``slurm_job_ids``, from last.pt) plus this
-        one (:func:`slurm_provenance`); params: the flattened config, the model's size, the
-        number of processes and the peak lr.
+        Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
+        config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from
+        last.pt) plus this one (:func:`slurm_provenance`); params: the flattened config, the
+        model's size, the number of processes and the peak lr. ``data``: split -> FFCV file
+        the run reads (``train``, ``val``), logged as the run's dataset inputs.
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))
         tags = {"study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
                 "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": git_commit(),
-                "device": device, **provenance}
+                "device": device, "run_config": json.dumps(cfg, sort_keys=True, separators=(",", ":")), **provenance}
         params = {**flatten(cfg), "n_params": n_params, "world_size": world_size, "lr_peak": peak_lr(cfg["train"])}
-        return cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
-                   run_id=run_id)
+        tracker = cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
+                      run_id=run_id)
+        tracker.datasets = dict(manifest=manifest, files=dict(data or {}))
+        return tracker
 
     @property
     def ok(self) -> bool:
@@ -168,6 +175,8 @@ class TrainingTracker:
                 if on_created is not None:
                     on_created(self.run_id)
                 log_params(self.run_id, self.params)
+                if self.datasets and self.datasets["files"]:
+                    log_datasets(client, self.run_id, self.datasets["manifest"], self.datasets["files"])
             logged = {m.step for m in retry(client.get_metric_history, self.run_id, "val_top1")}
             for row in history:  # epochs finished before an interruption but not logged
                 if row["epoch"] not in logged:
@@ -212,10 +221,71 @@ class TrainingTracker:
 
 
 def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
+    """best_val_top1, the run folder's artifacts and its best checkpoint as an MLflow model; FINISHED."""
     log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
     for name, artifact_path in ARTIFACTS.items():  # metrics.json, checkpoints/best.pt
         retry(client.log_artifact, run_id, str(Path(out_dir) / name), artifact_path)
+    log_best_model(run_id, Path(out_dir) / "best.pt", metrics["best_epoch"])
     retry(client.set_terminated, run_id, status="FINISHED")
+
+
+#: The packages an MLflow model of ours needs (given, so MLflow does not infer them: inferring
+#: imports the model in a subprocess, seconds per run).
+MODEL_REQUIREMENTS = ("torch", "timm", "locvit")
+
+
+def log_best_model(run_id: str, checkpoint: Path, step: int) -> str:
+    """Log a run's best checkpoint as an MLflow PyTorch model named ``model``; return its URI.
+
+    The whole module is pickled (locvit's and timm's classes must be importable where it is
+    loaded: ``mlflow.pytorch.load_model`` then gives the logits of locvit's own loader), with
+    one seeded input image as the example, from which MLflow records the signature, and at the
+    best epoch's step, so the metrics logged at that step (val and test top-1) are linked to it
+    in the Models tab.
+    """
+    from importlib.metadata import version
+
+    import mlflow
+    import torch
+
+    from locvit import models
+    from locvit.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(checkpoint)
+    model = models.load(state, "cpu")
+    size = int(state["config"]["model_kwargs"].get("img_size", 224))
+    example = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0)).numpy()
+    requirements = [f"{p}=={version(p)}" for p in MODEL_REQUIREMENTS]
+    quiet = logging.getLogger("mlflow.pytorch")  # it warns that a pickle runs code when loaded: ours are our own
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        # Inside the run (not run_id=): the model is created in the run's experiment, not MLflow's default one.
+        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+            info = retry(mlflow.pytorch.log_model, model, name="model", input_example=example,
+                         serialization_format="pickle", step=step, pip_requirements=requirements)
+    finally:
+        quiet.level = level
+    return info.model_uri
+
+
+def log_datasets(client, run_id: str, manifest: dict, files: dict[str, Path]) -> None:
+    """The run's dataset inputs, one per split: name ``<source>-<split>``, digest the manifest's data
+    hash, source the FFCV file, tags context, split and image count (the UI's Datasets column)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    contexts = {"train": "training", "val": "validation", "test": "testing"}
+    inputs = []
+    for split, path in files.items():
+        with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so
+            warnings.filterwarnings("ignore", message=".*can be interpreted in multiple ways")
+            source = resolve_dataset_source(str(Path(path).resolve()))
+        dataset = MetaDataset(source, name=f"{manifest['source']}-{split}", digest=manifest["data_hash"])
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
+            InputTag("mlflow.data.context", contexts.get(split, split)), InputTag("split", split),
+            InputTag("images", str(manifest["splits"][split]["size"]))]))
+    retry(client.log_inputs, run_id, datasets=inputs)
 
 
 def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
@@ -238,7 +308,7 @@ def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
 
 
 def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float],
-                   run_dir: Path) -> None:
+                   run_dir: Path, manifest: dict | None = None, data: dict[str, Path] | None = None) -> None:
     """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
 
     As in training: one short probe of a server, bounded HTTP retries, and on failure a
@@ -250,7 +320,10 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
         with bounded_http():
             check_reachable(uri)
             setup(study, tracking_db)
-            log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"])
+            if log_to_run(state["mlflow_run_id"], metrics, step=state["epoch"]) and manifest and data:
+                import mlflow
+
+                log_datasets(mlflow.MlflowClient(), state["mlflow_run_id"], manifest, data)
     except Exception as err:  # any backend failure: the evaluation file is already written
         print(failure_notice(
             f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +

@@ -17,7 +17,7 @@ from locvit.io import read_json, write_json
 from locvit.layout import StudyLayout, per_seed
 from locvit.tracking.backend import (bounded_http, check_reachable, default_uri, find_run, log_metrics, log_params,
                                      retry, safe_uri, set_tags, setup)
-from locvit.tracking.run import ARTIFACTS
+from locvit.tracking.run import ARTIFACTS, log_best_model
 
 
 def _batches(items: list, size: int):
@@ -84,6 +84,9 @@ def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evalua
     for name, artifact_path in (record.get("artifacts") or ARTIFACTS).items():
         if (folder / name).is_file():
             retry(client.log_artifact, run_id, str(folder / name), artifact_path)
+    models = retry(client.search_logged_models, [run.info.experiment_id])
+    if (folder / "best.pt").is_file() and not any(m.source_run_id == run_id for m in models):
+        log_best_model(run_id, folder / "best.pt", metrics["best_epoch"])
     retry(client.set_terminated, run_id, status="FINISHED")
     return run_id, len(missing)
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from locvit.layout import StudyLayout
+from locvit.tracking.backend import ui_link
 
 LOCAL_HOST = "127.0.0.1"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -47,14 +48,29 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
             "--host", host, "--port", str(port), "--workers", str(workers)]
 
 
-def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1) -> None:
-    """Replace this process by ``mlflow ui`` (so a signal to our pid reaches MLflow itself)."""
+def study_link(study_dir: str | Path, study: str, base: str) -> str:
+    """The UI link to the study's runs in the model-training view (the UI's home when the study has no
+    experiment yet)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{StudyLayout(Path(study_dir).resolve()).tracking_db}")
+    exp = client.get_experiment_by_name(study)
+    return ui_link(base, exp.experiment_id) if exp is not None else f"{base}/#/?workflowType=machine_learning"
+
+
+def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
+          study: str | None = None) -> None:
+    """Replace this process by ``mlflow ui`` (so a signal to our pid reaches MLflow itself).
+
+    Prints the link to the study's runs (``study``: default the folder's name) in the UI's
+    model-training view.
+    """
     cmd = ui_command(study_dir, host, port, workers)
     if host not in LOOPBACK:
         print(f"WARNING: binding the MLflow UI to {host}: anyone who can reach port {port} can read, change and "
               f"delete these runs (it has no login).", file=sys.stderr)
-    print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {ui_url(host, port)} "
-          f"(Ctrl-C stops it)", flush=True)
+    link = study_link(study_dir, study or Path(study_dir).resolve().name, ui_url(host, port))
+    print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {link} (Ctrl-C stops it)", flush=True)
     os.execve(cmd[0], cmd, ui_env())
 
 

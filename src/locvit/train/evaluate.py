@@ -50,6 +50,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         }
         write_json(out, result)  # first: the result stands whatever the tracking backend does
         log_evaluation(cfg["study"], tracking_db, state, out, {f"{split}_top1": scores["top1"],
-                                                               f"{split}_loss": scores["loss"]}, checkpoint.parent)
+                                                               f"{split}_loss": scores["loss"]}, checkpoint.parent,
+                       manifest, {split: data})
         results.append(result)
     return results

@@ -167,7 +167,8 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json", RUN_RECORD)))
         if plan.action == "fresh":
             (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
-        run.tracker = open_tracking(run, progress, manifest, tracking_db, plan)
+        run.tracker = open_tracking(run, progress, manifest, tracking_db, plan,
+                                    {"train": train_path, "val": val_path})
     try:
         if plan.action == "resume":
             restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
@@ -279,7 +280,8 @@ def finish(run: Run, p: Progress) -> dict:
     return metrics
 
 
-def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan) -> TrainingTracker:
+def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan,
+                  data: dict[str, Path]) -> TrainingTracker:
     """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
     A new run's id is recorded (run.json) before any epoch, and a run resumed into a new
@@ -293,6 +295,7 @@ def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan
 
     tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
                                       sum(t.numel() for t in run.model.parameters()), run.dist.world_size,
-                                      run_id=p.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []))
+                                      run_id=p.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
+                                      data=data)
     tracker.open(p.history, plan.stale_run_id, on_created=created)
     return tracker
