@@ -14,13 +14,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import textwrap
 
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv
+from conftest import copy_workflow, snakemake
 from locvit.layout import StudyLayout
 
 pytestmark = pytest.mark.e2e
@@ -89,9 +88,7 @@ def toy_study(tmp_path_factory):
     params["variants"] = {"deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
                           "toy": {"model": "toy_window_vit", "kwargs": shape}}
     (work / "toy.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    proc = subprocess.run([str(BIN / "snakemake"), "--cores", "2", "all", "--config", "params=toy.yaml"], cwd=work,
-                          env=env_with_venv(), capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    snakemake(work, "--cores", "2", "all", "--config", "params=toy.yaml")
     return StudyLayout(work / "results" / "toy"), params
 
 

@@ -21,18 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv, free_port
+from conftest import BIN, copy_workflow, env_with_venv, free_port, snakemake
 
 pytestmark = pytest.mark.e2e
 TINY = "presets/tiny.yaml"
-
-
-def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,
-                          text=True, timeout=1200)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
 
 
 RESULTS_DIR = "out/studies"  # not the default: every path must follow params' results_dir
