@@ -286,7 +286,7 @@ def attention_distance(study: Study, out_dir: Path) -> FigureFile | None:
 def _series(v: Variant) -> str:
     label = v.display
     mask = v.arch.get("mask")
-    if v.family in ("mait", "mait_cait") and mask:
+    if mask:  # a masked family (MaiT, masked CaiT): its scheme names the line
         label = scheme_label(mask)[0].replace("MaiT", label, 1)
     return f"{label}, {v.arch['embed_dim']}-d"
 
