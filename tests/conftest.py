@@ -76,6 +76,19 @@ def env_with_venv() -> dict:
     return env
 
 
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("locvit-cache")
+
+
+@pytest.fixture
+def cache_in_tmp(session_cache, monkeypatch) -> Path:
+    """locvit's cache (IBiT's mask fits, model checks) in a folder shared by this session's tests, never
+    ~/.cache; use it with ``pytestmark = pytest.mark.usefixtures("cache_in_tmp")``."""
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(session_cache))
+    return session_cache
+
+
 def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
     """Run the venv's snakemake in ``cwd``; with ``check``, fail with the end of its output."""
     proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,

@@ -40,10 +40,7 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path_factory, monkeypatch):
-    """IBiT's mask fits go to a temporary cache, never ~/.cache."""
-    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "locvit-cache"))
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
 
 def _build(family: str) -> nn.Module:

@@ -19,15 +19,7 @@ SMALL = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, num_
 QUICK = dict(mask_fit_steps=200)  # where the cache, not the fit, is under test
 
 
-@pytest.fixture(scope="session")
-def session_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("locvit-cache")
-
-
-@pytest.fixture(autouse=True)
-def _cache_in_tmp(session_cache, monkeypatch):
-    """Fits go to a temporary cache shared by this session's tests, never ~/.cache."""
-    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(session_cache))
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
 
 @pytest.fixture
@@ -294,18 +286,12 @@ IBIT_TINY_PARAMS = 5_717_416 + 12 * 2 * 3 * 9 * 196  # 5,844,424: "6M" in the pa
 
 
 @pytest.mark.parametrize("name", timm.list_models("ibit_*"))
-def test_every_entrypoint_trains_on_a_small_input(name):
+def test_every_entrypoint_has_the_papers_size(name):
+    """Forward and backward of every entrypoint: tests/test_models.py."""
     with torch.device("meta"):
         full = timm.create_model(name)  # no fit on meta (test_meta_build_does_no_fit...)
     n = sum(p.numel() for p in full.parameters())
     assert abs(n - IBIT_TINY_PARAMS) / IBIT_TINY_PARAMS < 0.03 and abs(n - 6e6) / 6e6 < 0.03, n
-    model = timm.create_model(name, img_size=32, patch_size=8, depth=3, num_classes=7)
-    x = torch.randn(2, 3, 32, 32)
-    out = model(x)
-    assert out.shape == (2, 7) and torch.isfinite(out).all()
-    out.sum().backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
 def test_the_demo_size_builds():

@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 import locvit.models  # noqa: F401
-from locvit.models.lsa import ENTRYPOINTS, SHIFTS, LocalShiftAttention, LSAAttention, resolve_shifts
+from locvit.models.lsa import SHIFTS, LocalShiftAttention, LSAAttention, resolve_shifts
 
 # A demo-sized LSA: 16x16 input, 4x4 non-overlapping patches (4x4 grid), two levels.
 SMALL = dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1), num_heads=3,
@@ -166,16 +166,8 @@ def test_the_no_shift_ablation_has_no_local_block():
     assert timm.create_model("lsa_tiny_cifar", shifts="none", local_block=True, **SMALL).levels[0][0].local
 
 
-@pytest.mark.parametrize("name", ENTRYPOINTS)
-def test_entrypoint_forward_backward(name):
-    torch.manual_seed(0)
-    size = 16 if name.endswith("cifar") else 112  # a smaller input than the default keeps CPU time low
-    model = timm.create_model(name, img_size=size, num_classes=7)
-    x = torch.randn(2, 3, size, size)
-    out = model(x)
-    assert out.shape == (2, 7) and torch.isfinite(out).all()
-    out.logsumexp(dim=1).mean().backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+def test_the_shift_embedding_learns():
+    """Forward and backward of every entrypoint: tests/test_models.py; here the embedding gets gradients."""
+    model = timm.create_model("lsa_tiny_cifar", **SMALL)
+    model(torch.randn(2, 3, 16, 16)).logsumexp(dim=1).mean().backward()
     assert model.patch_embed.proj.weight.grad.abs().sum() > 0 and model.patch_embed.pos_embed.grad.abs().sum() > 0
-    assert name in timm.list_models("lsa_*")

@@ -162,20 +162,13 @@ PAPER_PARAMS = {
 }
 
 
-@pytest.mark.parametrize("name", timm.list_models("mait_*"))
-def test_every_entrypoint_trains_on_a_small_input(name):
+@pytest.mark.parametrize("name", sorted(PAPER_PARAMS))
+def test_entrypoints_have_the_papers_sizes(name):
+    """Forward and backward of every entrypoint: tests/test_models.py."""
     with torch.device("meta"):
         full = timm.create_model(name)
     n = sum(p.numel() for p in full.parameters())
-    if name in PAPER_PARAMS:
-        assert abs(n - PAPER_PARAMS[name]) / PAPER_PARAMS[name] < 0.03, n
-    model = timm.create_model(name, img_size=32, patch_size=8, depth=3, num_classes=7)
-    x = torch.randn(2, 3, 32, 32)
-    out = model(x)
-    assert out.shape == (2, 7) and torch.isfinite(out).all()
-    out.sum().backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert abs(n - PAPER_PARAMS[name]) / PAPER_PARAMS[name] < 0.03, n
 
 
 def test_random_restrict_masks_keep_every_row_finite():

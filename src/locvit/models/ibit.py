@@ -80,7 +80,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, register_notrace_module
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
@@ -280,6 +280,7 @@ class FrobeniusAttention(torch.autograd.Function):
         return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, grad_mask
 
 
+@register_notrace_module  # torch.fx calls it as a leaf: a custom autograd Function and a caller's-mask check
 class LearnedMaskAttention(Attention):
     """timm ``Attention`` with IBiT's learned multiplicative mask (LMSA; module docstring).
 

@@ -38,7 +38,7 @@ from typing import Sequence, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, register_notrace_module
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
@@ -176,6 +176,10 @@ class _HeadMasks(nn.Module):
         return logits * self.keep.to(logits.dtype)
 
 
+# torch.fx (timm's feature extraction) calls the masked attentions as leaves: their forward
+# branches on Python values (active masks, fused kernels, a caller's attn_mask) that a trace
+# would freeze, or see as Proxies.
+@register_notrace_module
 class MaskedAttention(Attention):
     """timm ``Attention`` whose masked heads use ``softmax(M * QK^T / sqrt(d))``.
 
@@ -272,6 +276,7 @@ class MaskedAttention(Attention):
         return scores if logits else scores.softmax(dim=-1)
 
 
+@register_notrace_module
 class MaskedTalkingHeadAttn(TalkingHeadAttn):
     """CaiT's talking-heads self-attention with per-head masks on the softmax input."""
 
