@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+import torch.nn as nn
 
 import locvit.models  # noqa: F401
 from locvit.models.mait import (MaiT, MaskedAttention, neighbourhood_mask, random_mask, scheme_heads)
@@ -192,3 +193,37 @@ def test_a_callers_attention_mask_is_refused_not_silently_dropped():
         attn(x, is_causal=True)
     plain = timm.create_model("mait_tiny_patch16_224", masked_heads="none", **SMALL).eval()
     assert plain.blocks[0].attn(x, attn_mask=torch.ones(65, 65, dtype=torch.bool)).shape == x.shape
+
+
+def test_restrict_on_the_maitplus_entrypoints_takes_hard_masks_and_soft_restrict_says_what_to_set():
+    for name in ("mait_tiny_patch16_224", "mait_small_patch16_224"):
+        model = timm.create_model(name, img_size=32, patch_size=8, depth=2, mask_mode="restrict")
+        assert model.mask_options["mask_type"] == "hard" and model.mask_options["mask_mode"] == "restrict"
+        assert timm.create_model(name, img_size=32, patch_size=8, depth=2).mask_options["mask_type"] == "soft"
+    with pytest.raises(ValueError, match="for mask_mode 'restrict' set mask_type to 'hard'"):
+        timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=8, depth=2, mask_mode="restrict",
+                          mask_type="soft")
+
+
+def test_timms_block_arguments_reach_the_masked_blocks():
+    model = timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=8, depth=2, qk_norm=True,
+                              attn_drop_rate=0.1, proj_drop_rate=0.2, init_values=1e-4, scale_attn_norm=True)
+    attn = model.blocks[1].attn
+    assert isinstance(attn, MaskedAttention) and attn.masks.active
+    assert isinstance(attn.q_norm, nn.LayerNorm) and isinstance(attn.norm, nn.LayerNorm)
+    assert attn.attn_drop.p == 0.1 and attn.proj_drop.p == 0.2
+    assert torch.allclose(model.blocks[1].ls1.gamma, torch.full((192,), 1e-4))
+    cait = timm.create_model("mait_cait_xxs24_224", img_size=32, patch_size=8, depth=2, attn_drop_rate=0.1,
+                             proj_drop_rate=0.2)
+    assert cait.blocks[0].attn.attn_drop.p == 0.1 and cait.blocks[0].attn.proj_drop.p == 0.2
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_drop_path_schedule(schedule):
+    model = timm.create_model("mait_small_d24_patch16_224", img_size=32, patch_size=8, depth=4, drop_path_rate=0.1,
+                              drop_path_schedule=schedule)
+    rates = [getattr(b.drop_path1, "drop_prob", 0.0) for b in model.blocks]
+    assert rates == pytest.approx([0.1] * 4 if schedule == "constant" else [0.0, 0.1 / 3, 0.2 / 3, 0.1])
+    assert all(getattr(b.drop_path2, "drop_prob", 0.0) == r for b, r in zip(model.blocks, rates))
+    with pytest.raises(ValueError, match="drop_path_schedule: 'cosine' is not allowed; allowed values: linear, constant"):
+        timm.create_model("mait_tiny_patch16_224", drop_path_schedule="cosine", img_size=32, patch_size=8, depth=2)

@@ -38,7 +38,7 @@ from typing import Sequence, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention, register_notrace_module
+from timm.layers import Attention, DropPath, register_notrace_module
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
@@ -49,6 +49,7 @@ from locvit.models.baselines import cait_blocks, cait_sites, read_talking
 from locvit.models.family import Family, read_vit, register_family, vit_blocks, vit_sites
 
 MASK_MODES = ("multiply", "restrict")
+DROP_PATH_SCHEDULES = ("linear", "constant")
 MASK_TYPES = ("hard", "soft", "random")
 SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
 HeadSpec = Union[str, Sequence[Union[int, Sequence[int]]]]
@@ -151,7 +152,8 @@ class _HeadMasks(nn.Module):
         if mask_type not in MASK_TYPES:
             raise ValueError(f"mask_type: {mask_type!r} is not allowed; allowed values: {', '.join(MASK_TYPES)}")
         if mask_type == "soft" and mode != "multiply":
-            raise ValueError("mask_type 'soft' scales logits: it needs mask_mode 'multiply'")
+            raise ValueError("mask_type 'soft' scales logits, so it needs mask_mode 'multiply'; for mask_mode "
+                             "'restrict' set mask_type to 'hard' (or 'random')")
         if not 0.0 < alpha_init < 1.0:
             raise ValueError(f"alpha_init: {alpha_init} must lie in (0, 1)")
         self.mode, self.mask_type = mode, mask_type
@@ -328,13 +330,24 @@ class MaiT(VisionTransformer):
             default ``soft`` for ``sch3``, else ``hard``.
         alpha_init: initial soft-mask alpha in (0, 1).
         random_seed: seed of the random-mask control (layer l uses seed + l).
+        drop_path_schedule: ``linear`` (timm's and DeiT's: 0 in the first block up to
+            ``drop_path_rate`` in the last) or ``constant`` (``drop_path_rate`` in every block,
+            as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
     """
 
     def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
                  mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
-                 random_seed: int = 0, **kwargs):
+                 random_seed: int = 0, drop_path_schedule: str = "linear", **kwargs):
+        if drop_path_schedule not in DROP_PATH_SCHEDULES:
+            raise ValueError(f"drop_path_schedule: {drop_path_schedule!r} is not allowed; allowed values: "
+                             f"{', '.join(DROP_PATH_SCHEDULES)}")
         kwargs.setdefault("attn_layer", MaskedAttention)
         super().__init__(**kwargs)
+        rate = float(kwargs.get("drop_path_rate", 0.0))
+        if drop_path_schedule == "constant" and rate > 0:
+            for block in self.blocks:  # every block's both branches at the full rate
+                block.drop_path1, block.drop_path2 = DropPath(rate), DropPath(rate)
+        self.drop_path_schedule = drop_path_schedule
         install_masks(self, [b.attn for b in self.blocks], self.num_prefix_tokens, masked_heads, mask_kernel,
                       mask_mode, mask_type, alpha_init, random_seed)
 
@@ -368,6 +381,12 @@ default_cfgs = generate_default_cfgs({name: _cfg(url="", num_classes=1000, input
                                       for name in ENTRYPOINTS})
 
 
+def _plus_mask_type(kwargs: dict) -> str:
+    """MaiT+'s soft masks, or hard ones when the caller asks for mask_mode 'restrict' (soft masks scale
+    logits, which restrict does not do)."""
+    return "hard" if kwargs.get("mask_mode") == "restrict" else "soft"
+
+
 # Entrypoints: sizes from the paper's Table 1; defaults follow its best setting per size.
 @register_model
 def mait_xtiny_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
@@ -378,8 +397,10 @@ def mait_xtiny_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
 
 @register_model
 def mait_tiny_patch16_224(pretrained=False, **kwargs) -> MaiT:
-    """MaiT-T, 12 layers (DeiT-T shape, 5.7M); MaiT+ soft 3x3 masks on every head (Table 2: 74.7)."""
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, masked_heads="all", mask_type="soft")
+    """MaiT-T, 12 layers (DeiT-T shape, 5.7M); MaiT+ soft 3x3 masks on every head (Table 2: 74.7);
+    hard ones with mask_mode="restrict"."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, masked_heads="all",
+                mask_type=_plus_mask_type(kwargs))
     return _create(MaiT, "mait_tiny_patch16_224", pretrained, **dict(args, **kwargs))
 
 
@@ -406,8 +427,10 @@ def mait_xsmall_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
 
 @register_model
 def mait_small_patch16_224(pretrained=False, **kwargs) -> MaiT:
-    """MaiT-S, 12 layers (DeiT-S shape); MaiT+ soft 3x3 masks on every head (Table 2: 80.9)."""
-    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, masked_heads="all", mask_type="soft")
+    """MaiT-S, 12 layers (DeiT-S shape); MaiT+ soft 3x3 masks on every head (Table 2: 80.9);
+    hard ones with mask_mode="restrict"."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, masked_heads="all",
+                mask_type=_plus_mask_type(kwargs))
     return _create(MaiT, "mait_small_patch16_224", pretrained, **dict(args, **kwargs))
 
 
