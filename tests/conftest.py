@@ -68,10 +68,15 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+FAULT_HOOKS = Path(__file__).parent / "faultinject"  # its sitecustomize installs LOCVIT_KILL_AT & co.
+
+
 def env_with_venv() -> dict:
-    """The environment for subprocesses: our venv's bin first on PATH (for `locvit`, `dvc`)."""
+    """The environment for subprocesses: our venv's bin first on PATH (for `locvit`, `dvc`), and the
+    fault-injection hooks on PYTHONPATH (inert unless a test sets LOCVIT_KILL_AT, _HOLD_AT or _NAN_AT)."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULT_HOOKS), env.get("PYTHONPATH")]))
     env.pop("MLFLOW_TRACKING_URI", None)
     return env
 

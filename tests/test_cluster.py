@@ -4,7 +4,7 @@ tests/slurm_cluster.py brings up munged, MariaDB, slurmdbd, slurmctld and slurmd
 private folder; the tiny study then runs through the SLURM executor exactly as the
 README says, with the per-rule sizes scaled down to this machine on the command line
 (the one node has 2 CPUs and no GPU). One training job is preempted: it holds after its
-first epoch's checkpoint (LOCVIT_HOLD_AT, locvit.faults), the test `scancel`s it,
+first epoch's checkpoint (LOCVIT_HOLD_AT, tests/faultinject), the test `scancel`s it,
 Snakemake's retry re-submits it and it resumes from last.pt into the same MLflow run.
 
 Skipped, with the reason, unless LOCVIT_CLUSTER_TEST=1 (set by `make test-cluster`), and

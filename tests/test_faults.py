@@ -1,4 +1,4 @@
-"""Numerical faults: NaN losses injected at chosen steps (LOCVIT_NAN_AT, locvit.faults).
+"""Numerical faults: NaN losses injected at chosen steps (LOCVIT_NAN_AT, tests/faultinject).
 
 Up to ``train.max_bad_steps`` such steps are skipped and the run finishes; one more stops
 it with a message naming the key, its MLflow run marked FAILED and its last.pt, the last
@@ -113,3 +113,16 @@ def test_atomic_writes_get_the_mode_a_plain_write_gets(tmp_path):
     write_text(tmp_path / "atomic.txt", "x")
     assert oct((tmp_path / "atomic.txt").stat().st_mode & 0o777) == oct(plain.stat().st_mode & 0o777)
     assert sorted(os.listdir(tmp_path)) == ["atomic.txt", "plain.txt"]
+
+
+def test_the_fault_hooks_come_from_the_tests_and_fire(tmp_path):
+    """The points live in tests/faultinject (on the subprocesses' PYTHONPATH), not in locvit."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "locvit"
+    assert not [p for p in src.rglob("*.py") if "LOCVIT_KILL_AT" in p.read_text() or "kill_point" in p.read_text()]
+    write = f"from locvit.io import write_text; write_text({str(tmp_path / 'x.txt')!r}, 'x')"
+    killed = subprocess.run([sys.executable, "-c", write], env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_x.txt"})
+    assert killed.returncode == -9 and not (tmp_path / "x.txt").exists()  # SIGKILLed before the rename
+    plain = subprocess.run([sys.executable, "-c", write], env=env_with_venv())
+    assert plain.returncode == 0 and (tmp_path / "x.txt").read_text() == "x"

@@ -6,7 +6,7 @@ with ``kill -9``, re-running the same target after every kill. The kills:
 
 * one from outside, at a random moment of the training process's life;
 * then one at each of these, the moment drawn at random within it (``LOCVIT_KILL_AT``,
-  :mod:`locvit.faults`): in the middle of an epoch (after a random optimiser step),
+  tests/faultinject): in the middle of an epoch (after a random optimiser step),
   during a validation pass (a random batch), while a checkpoint or the metrics are being
   written (a random one of last.pt, best.pt's next write, metrics.json: written in full
   under a temporary name, not yet renamed), during the test evaluation (a random batch)

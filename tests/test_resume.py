@@ -1,7 +1,7 @@
 """Resume: a run killed (SIGKILL) after an epoch continues where it stopped, bitwise, into the same MLflow run.
 
 One uninterrupted `locvit train` and one that SIGKILLs itself right after writing the
-second epoch's last.pt (LOCVIT_KILL_AT, locvit.faults), then started again with the same command; both on CPU with a fixed
+second epoch's last.pt (LOCVIT_KILL_AT, tests/faultinject), then started again with the same command; both on CPU with a fixed
 seed and FFCV's loader uncompiled (its augmentations then draw from the seeded numpy
 generator), with EMA on so the average is carried over too.
 """

@@ -3,8 +3,8 @@
 Every file a step produces is written to a temporary name in the same folder and
 renamed into place, so a killed job never leaves a half-written output that a later
 step would trust; the step that owns those files removes such leftovers when it runs
-again (:func:`remove_temporaries`). Fault injection (``locvit.faults``) can kill the
-process at ``before_rename_<file name>``: written in full, not yet renamed.
+again (:func:`remove_temporaries`). The last step, :func:`rename_into_place`, is where the
+kill tests stop a process (written in full, not yet renamed).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from locvit.faults import kill_point
 
 
 @functools.cache
@@ -49,11 +48,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600; the file gets the mode open() would give
-        kill_point(f"before_rename_{path.name}", path)  # fault injection for the tests, else nothing
-        os.replace(tmp_path, path)
+        rename_into_place(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def rename_into_place(tmp: Path, path: Path) -> None:
+    """The last step of an atomic write: the finished temporary file takes the final name."""
+    os.replace(tmp, path)
 
 
 def temporaries(path: str | os.PathLike) -> list[Path]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
@@ -13,7 +12,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from locvit.data.ffcv_io import to_model_input
-from locvit.faults import kill_point, nan_step
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
                     on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0, fault_where: str | Path = "") -> dict:
+                    bad_steps_before: int = 0) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
@@ -72,8 +70,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     (``bad_steps_before`` + this epoch's) exceeds ``max_bad_steps``, :class:`NonFiniteLoss`
     is raised, before the epoch's checkpoint: last.pt stays the last good epoch's. The
     decision reads the gradient norm after backward, which DDP has already averaged, so
-    every process skips the same steps. ``fault_where``: the run folder, for the fault
-    point ``train_step_<n>`` (:mod:`locvit.faults`).
+    every process skips the same steps.
     """
     model.train()
     total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
@@ -98,8 +95,6 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
             loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-        if nan_step(step):  # fault injection for the tests (LOCVIT_NAN_AT), else nothing
-            loss = loss * float("nan")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
@@ -114,7 +109,6 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         step += 1
         if on_step is not None:
             on_step(step)
-        kill_point(f"train_step_{step - 1}", fault_where)  # fault injection for the tests, else nothing
         n = labels.shape[0]
         total_seen += n
         total_loss += loss.item() * n
@@ -135,17 +129,15 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compute = Compute(),
-             limit: int | None = None, fault_where: str | Path = "") -> dict:
+             limit: int | None = None) -> dict:
     """Top-1 accuracy and mean cross-entropy over every sample of ``loader`` (its first ``limit``).
 
     ``limit`` drops the padding a distributed loader adds at the end of a rank's share;
-    the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up. ``fault_where``:
-    the run folder or result file, for the fault point ``eval_batch_<k>``.
+    the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up.
     """
     model.eval()
     total_loss, total_correct, total_seen = 0.0, 0, 0
     for batch, (images, labels) in enumerate(loader):
-        kill_point(f"eval_batch_{batch}", fault_where)  # fault injection for the tests, else nothing
         if limit is not None:
             keep = max(0, min(labels.shape[0], limit - total_seen))
             images, labels = images[:keep], labels[:keep]

@@ -40,7 +40,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
         model = models.load(state, device)
         mean, std = models.normalisation(model)
-        scores = evaluate(model, loader, mean, std, fault_where=out)
+        scores = evaluate(model, loader, mean, std)
         result = {
             "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],

@@ -25,7 +25,6 @@ import torch
 from locvit import models
 from locvit.config import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
-from locvit.faults import hold_point, kill_point
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.io import remove_temporaries, write_json
@@ -194,8 +193,7 @@ def train_epochs(run: Run, p: Progress) -> None:
                                 desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
                                 compute=run.compute, on_step=on_step, augment=run.augment,
                                 max_bad_steps=recipe["max_bad_steps"],
-                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
-                                fault_where=run.out_dir)
+                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history))
         p.step = stats.pop("steps")
         row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run), "bad_steps": stats["bad_steps"]}
         p.history.append(row)
@@ -206,8 +204,6 @@ def train_epochs(run: Run, p: Progress) -> None:
             if run.dist.main:  # a CPU copy: last.pt carries it, to restore best.pt after an interruption
                 p.best_model = {k: v.detach().to("cpu", copy=True) for k, v in run.evaluated.state_dict().items()}
         save_epoch(run, p, improved)
-        kill_point(f"after_epoch_{epoch}", run.out_dir)  # fault injection for the tests (LOCVIT_KILL_AT), else nothing
-        hold_point(f"after_epoch_{epoch}", run.out_dir)  # the cluster test preempts here (LOCVIT_HOLD_AT)
         if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
             run.tracker.log_epoch(row)
             print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
@@ -232,7 +228,7 @@ def evaluate_run(run: Run) -> dict:
     """Validation loss and top-1 of the evaluated weights, each rank scoring its share of the split."""
     n_val = run.val_loader.reader.num_samples
     limit = distributed.shard_size(n_val, run.dist) if run.dist.ddp else None
-    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit, fault_where=run.out_dir)
+    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit)
     if not run.dist.ddp:
         return {"val_loss": val["loss"], "val_top1": val["top1"]}
     loss_sum, correct, n = distributed.all_sum([val["loss_sum"], val["correct"], val["n"]], run.dist, run.device)
