@@ -23,6 +23,12 @@ include: "workflow/rules/search.smk"
 include: "workflow/rules/report.smk"
 
 
+onsuccess:
+    from locvit.versioning import commit_after_snakemake
+
+    print(f"DVC: {commit_after_snakemake(PARAMS_FILE, config.get('dvc_commit', True) is not False)}")
+
+
 rule all:
     input:
         report_files(),

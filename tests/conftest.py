@@ -94,6 +94,29 @@ def cache_in_tmp(session_cache, monkeypatch) -> Path:
     return session_cache
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's package, driven by Playwright; nothing downloaded)."""
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's `chromium` package (apt-get install chromium) "
+                    f"to check pages in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: pip install -e '.[test]'")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
     """Run the venv's snakemake in ``cwd``; with ``check``, fail with the end of its output."""
     proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,

@@ -1,19 +1,22 @@
-"""DVC: `dvc repro train@<variant>` in a git repository, push to a local-path remote, pull back.
+"""DVC and Snakemake keep one record (locvit.versioning), in a temporary git + DVC repository.
 
-As the README says: the remote is added to the repository's DVC config and committed
-with dvc.lock; a fresh `git clone` then runs `dvc pull`, `dvc status` (DVC's hashes say
-the study is consistent) and `snakemake --touch all`, after which `snakemake -n all`
-finds nothing to re-run. The touch is needed: DVC restores files with new mtimes in no
-particular order, and Snakemake >= 9.18 re-runs a job whose input is newer than its
-output and has no recorded checksum (none in a fresh clone) whatever the rerun-triggers
-say (snakemake issues #2328, #4134).
+A one-variant, one-seed tiny study as params.yaml, with a non-default results_dir:
+
+* a `snakemake ... all` ends with `dvc commit -f`: `dvc status` is clean and dvc.lock holds
+  the hashes of the data, the checkpoints, the metrics and the report;
+* `dvc metrics show` is one row per variant; after a params change `dvc repro train@<variant>`
+  retrains that variant only (its stages run their Snakemake targets), `snakemake -n all` then
+  plans only what depends on it, and `dvc metrics diff` shows the change; a change made through
+  Snakemake lands in dvc.lock;
+* `dvc plots show` renders the report's figures into one HTML page (checked in headless Chromium);
+* `dvc push` to a local remote, `git clone`, `locvit pull`: `snakemake -n all` has nothing to do
+  and `locvit results` prints the same table;
+* `dvc exp run -S train.lr=...` runs the pipeline and `dvc exp show` lists it with its metrics.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from locvit.layout import StudyLayout
 pytestmark = pytest.mark.e2e
 RESULTS_DIR = "studies"
 STUDY = StudyLayout(Path(RESULTS_DIR) / "tiny")
+DVC, SNAKEMAKE, LOCVIT = str(BIN / "dvc"), str(BIN / "snakemake"), str(BIN / "locvit")
 
 
 def run(cwd: Path, *cmd: str) -> str:
@@ -35,63 +39,120 @@ def run(cwd: Path, *cmd: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def repo_copy(tmp_path_factory, repo) -> Path:
-    """A git repository holding the workflow, with a one-variant, one-seed study as params.yaml."""
-    work = copy_workflow(tmp_path_factory.mktemp("dvcrepo"))
-    (work / ".gitignore").write_text((repo / ".gitignore").read_text() + f"/{RESULTS_DIR}/\n")
-    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
-    params["seeds"] = [0]
-    params["results_dir"] = RESULTS_DIR  # not the default: dvc.yaml must follow it
-    del params["variants"]["deit_a"]
-    del params["mask_search"]  # a Snakemake-only part of the DAG (checkpoints); DVC has no stage for it
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(work, "git", "init", "-q")
-    run(work, str(BIN / "dvc"), "init", "-q")
-    remote = tmp_path_factory.mktemp("dvcremote")
-    run(work, str(BIN / "dvc"), "remote", "add", "-d", "store", str(remote))
-    return work
-
-
 def commit(cwd: Path, message: str) -> None:
     run(cwd, "git", "add", "-A")
     run(cwd, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
 
 
-def test_repro_one_stage_push_remove_pull(repo_copy):
-    dvc = str(BIN / "dvc")
-    out = run(repo_copy, dvc, "repro", "train@mait_b")
-    assert "Running stage 'prepare'" in out and "Running stage 'train@mait_b'" in out
-    best = repo_copy / STUDY.run_dir("mait_b", 0) / "best.pt"
-    digest = sha(best)
-    lock = yaml.safe_load((repo_copy / "dvc.lock").read_text())
-    assert {"prepare", "train@mait_b"} <= set(lock["stages"])
+def set_lr(work: Path, lr: float) -> None:
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["variants"]["mait_b"]["train"] = {"lr": lr}
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
-    run(repo_copy, dvc, "repro")  # evaluate@mait_b, analyse@mait_b and report
-    metrics = json.loads(run(repo_copy, dvc, "metrics", "show", "--json").splitlines()[0])
-    files = metrics[""]["data"]
-    assert "test_top1" in files[str(STUDY.eval_file("mait_b", 0))]["data"]
-    assert files[str(STUDY.profile_file("mait_b"))]["data"]["gmacs"] > 0
-    assert "test_top1_mean" in json.dumps(files[str(STUDY.report / "summary.json")])
-    plots = json.loads(run(repo_copy, dvc, "plots", "show", "--json").splitlines()[0])  # (stderr follows)
-    assert "errors" not in plots and "als_mait_b.png" in json.dumps(plots)
-    run(repo_copy, dvc, "push", "-q")
-    commit(repo_copy, "study: dvc.lock")
 
-    clone = repo_copy.parent / "clone"
-    run(repo_copy.parent, "git", "clone", "-q", str(repo_copy), str(clone))
+def planned(work: Path) -> dict[str, int]:
+    """`snakemake -n all`'s job counts by rule (empty when there is nothing to do)."""
+    out = run(work, SNAKEMAKE, "-n", "all")
+    if "Nothing to be done" in out:
+        return {}
+    table = out[out.index("Job stats:"):].splitlines()[3:]
+    counts = dict(line.split() for line in table[:next(i for i, line in enumerate(table) if line.startswith("total"))])
+    return {rule: int(n) for rule, n in counts.items() if rule != "all"}
+
+
+def lock_md5(work: Path, stage: str) -> str:
+    return yaml.safe_load((work / "dvc.lock").read_text())["stages"][stage]["outs"][0]["md5"]
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory, repo) -> Path:
+    """A git + DVC repository holding the workflow, with a one-variant, one-seed study as params.yaml."""
+    work = copy_workflow(tmp_path_factory.mktemp("dvcrepo"))
+    (work / ".gitignore").write_text((repo / ".gitignore").read_text() + f"/{RESULTS_DIR}/\n")
+    (work / ".dvcignore").write_text((repo / ".dvcignore").read_text())
+    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
+    params.update(seeds=[0], results_dir=RESULTS_DIR)  # not the default: dvc.yaml must follow it
+    del params["variants"]["deit_a"]
+    del params["mask_search"]  # a Snakemake-only part of the DAG (checkpoints); DVC has no stage for it
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(work, "git", "init", "-q")
+    run(work, DVC, "init", "-q")
+    run(work, DVC, "remote", "add", "-d", "store", str(tmp_path_factory.mktemp("dvcremote")))
+    return work
+
+
+@pytest.fixture(scope="module")
+def studied(repo_copy) -> Path:
+    """The study run by Snakemake, recorded by DVC, committed to git."""
+    out = run(repo_copy, SNAKEMAKE, "--cores", "2", "all")
+    assert "DVC: dvc.lock records this run" in out, out[-3000:]
+    commit(repo_copy, "study")
+    return repo_copy
+
+
+def test_a_snakemake_run_is_what_dvc_lock_records(studied):
+    assert "Data and pipelines are up to date" in run(studied, DVC, "status")
+    stages = yaml.safe_load((studied / "dvc.lock").read_text())["stages"]
+    assert set(stages) == {"prepare", "train@mait_b", "evaluate@mait_b", "analyse@mait_b", "report"}
+    assert all(out["md5"] for stage in stages.values() for out in stage["outs"])
+    metrics = run(studied, DVC, "metrics", "show").splitlines()  # one row per variant, short
+    header, rows = metrics[0].split(), [line for line in metrics[1:] if line.strip()]
+    assert {"test_top1_mean", "params_m", "gmacs", "train_img_s", "als_mean", "mad_mean"} <= set(header)
+    assert len(rows) == 1 and rows[0].startswith(str(STUDY.report / "metrics" / "mait_b.json"))
+
+
+def test_dvc_repro_of_one_stage_and_snakemake_agree(studied):
+    before = lock_md5(studied, "train@mait_b")
+    set_lr(studied, 0.003)
+    assert "train@mait_b" in run(studied, DVC, "status")
+    out = run(studied, DVC, "repro", "train@mait_b")
+    assert "Running stage 'train@mait_b'" in out and "Running stage 'prepare'" not in out
+    assert lock_md5(studied, "train@mait_b") != before
+    assert planned(studied) == {"evaluate": 1, "analyse": 1, "report": 1}  # only what depends on it
+    run(studied, DVC, "repro")
+    assert planned(studied) == {} and "Data and pipelines are up to date" in run(studied, DVC, "status")
+    diff = run(studied, DVC, "metrics", "diff")
+    assert "mait_b.json" in diff and ("als_mean" in diff or "mad_mean" in diff)  # retrained: other maps
+
+    retrained = lock_md5(studied, "train@mait_b")
+    set_lr(studied, 0.004)
+    run(studied, SNAKEMAKE, "--cores", "2", "all")  # a change made through Snakemake ...
+    assert lock_md5(studied, "train@mait_b") != retrained  # ... lands in dvc.lock
+    assert "Data and pipelines are up to date" in run(studied, DVC, "status")
+    set_lr(studied, 0.002)
+    run(studied, SNAKEMAKE, "--cores", "2", "all")
+    commit(studied, "back to the study's lr")
+
+
+def test_dvc_plots_render_the_figures_into_one_page(studied, browser):
+    run(studied, DVC, "plots", "show", "-o", "dvc_plots")
+    page = browser.new_page()
+    page.goto((studied / "dvc_plots" / "index.html").as_uri())
+    images = page.locator("img")
+    assert images.count() >= 3
+    sources = [images.nth(i).get_attribute("src") or "" for i in range(images.count())]
+    assert any("curves" in s for s in sources), sources  # the training curves of every variant
+    assert all(images.nth(i).evaluate("img => img.complete && img.naturalWidth > 0") for i in range(images.count()))
+    page.close()
+
+
+def test_push_clone_pull_leaves_nothing_to_do(studied):
+    table = run(studied, LOCVIT, "results")
+    run(studied, DVC, "push", "-q")
+    commit(studied, "pushed")
+    clone = studied.parent / "clone"
+    run(studied.parent, "git", "clone", "-q", str(studied), str(clone))
     assert not (clone / RESULTS_DIR).exists()
-    run(clone, dvc, "pull", "-q")
-    pulled = clone / STUDY.run_dir("mait_b", 0) / "best.pt"
-    assert sha(pulled) == digest  # the checkpoint came back from the remote
-    assert "up to date" in run(clone, dvc, "status")
-    summary = json.loads((clone / STUDY.report / "summary.json").read_text())
-    assert summary["mait_b"]["seeds"] == 1
-    run(clone, str(BIN / "snakemake"), "--touch", "--cores", "1", "all")
-    out = run(clone, str(BIN / "snakemake"), "-n", "all")
-    assert "Nothing to be done" in out, out[-3000:]
-    assert sha(pulled) == digest  # touching changed no content
+    run(clone, LOCVIT, "pull")
+    assert "Data and pipelines are up to date" in run(clone, DVC, "status")
+    assert planned(clone) == {}
+    assert run(clone, LOCVIT, "results").replace(str(clone), "") == table.replace(str(studied), "")
+
+
+def test_dvc_experiments_run_and_list_with_params_and_metrics(studied):
+    run(studied, DVC, "exp", "run", "-S", "train.lr=0.003", "--name", "lr3e-3")
+    proc = subprocess.run([DVC, "exp", "show", "--json"], cwd=studied, env=env_with_venv(), capture_output=True,
+                          text=True, timeout=600, check=True)
+    shown = json.loads(proc.stdout)
+    text = json.dumps(shown)
+    assert "lr3e-3" in text and "0.003" in text and "test_top1_mean" in text

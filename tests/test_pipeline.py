@@ -316,9 +316,6 @@ def test_report_names_a_missing_run(study, params, tmp_path, layout):
 
 # --- The MLflow UI, seen as a user sees it: `locvit mlflow-ui` on the study, driven in headless Chromium. ---
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 UI_TIMEOUT_MS = 90_000  # the React app is slow to render on 2 busy cores
 
 
@@ -387,23 +384,6 @@ def test_mlflow_ui_command_binds_locally_and_names_what_is_missing(tmp_path, mon
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI is set .*browse http://tracking.example:5000"):
         ui_command(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's `chromium` package (apt-get install chromium) "
-                    f"to check the MLflow UI in a browser")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("playwright is missing: pip install -e '.[test]'")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture(scope="module")

@@ -198,6 +198,19 @@ def cmd_mlflow_ui(args) -> None:
     serve(args.study_dir, args.host, args.port, args.workers, study)
 
 
+def cmd_targets(args) -> None:
+    from locvit.versioning import stage_targets
+
+    print(" ".join(str(t) for t in stage_targets(load_params(args.params, check_models=False), args.stage,
+                                                 args.variant)))
+
+
+def cmd_pull(args) -> None:
+    from locvit.versioning import pull
+
+    pull(str(args.params))
+
+
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
 THREADS_HELP = "torch CPU threads (default: torch's choice)"
 
@@ -310,6 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interface to bind (default 127.0.0.1, this machine only; the UI has no login)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
     p.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+
+    p = add("targets", cmd_targets, "print the Snakemake targets of a DVC stage (dvc.yaml's commands use it)")
+    p.add_argument("stage", help="prepare, train, evaluate, analyse or report")
+    p.add_argument("variant", nargs="?", help="the variant, for train, evaluate and analyse")
+
+    add("pull", cmd_pull, "dvc pull the study's files, then give them Snakemake's order of times "
+                          "(snakemake --touch): afterwards snakemake has nothing to do")
     return parser
 
 

@@ -42,7 +42,7 @@ wildcard_constraints:
 
 def report_files():
     return [f"{REPORT_DIR}/results.{ext}" for ext in ("md", "csv", "tex")] + [f"{REPORT_DIR}/results_seeds.csv"] + [
-        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf")]
+        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf", "metrics")]
 
 
 def search_files():

@@ -16,6 +16,7 @@ rule report:
         figures=report(directory(f"{REPORT_DIR}/figures"), patterns=["{name}.png"],
                        caption="../report/figure.rst", category="Figures"),
         pdf=directory(f"{REPORT_DIR}/pdf"),
+        metrics=directory(f"{REPORT_DIR}/metrics"),  # one JSON per variant: dvc metrics show
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,

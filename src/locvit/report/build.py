@@ -62,6 +62,7 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
     report = {"study": study.name, "tables": {}, "figures": {}, "skipped": {}, "mlflow": {}}
 
     results = write_results(study, out_dir, link)
+    write_variant_metrics(study, out_dir / "metrics")
     report["tables"]["results"] = {ext: f"results.{ext}" for ext in ("md", "csv", "tex")}
 
     index = [f"# Report: {study.name}", "", to_markdown(results, link)]
@@ -90,6 +91,24 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
     _remove_stale(out_dir, previous, report)
     write_json(out_dir / "report.json", report)
     return report
+
+
+def write_variant_metrics(study: Study, folder: Path) -> None:
+    """``metrics/<variant>.json``: the headline numbers of one variant, for ``dvc metrics show``
+    (one row per variant): test top-1 mean and std over seeds (%), params (M), GMACs, training
+    images/s, mean ALS and mean attention distance (px). A number the study lacks is left out."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in set(folder.glob("*.json")) - {folder / f"{v}.json" for v in study.variants}:
+        stale.unlink()
+    for v in study.variants.values():
+        acc, profile = v.acc(), v.profile or {}
+        locality = {key: [a[key] for a in v.analyses.values() if a.get(key) is not None]
+                    for key in ("als_mean", "mad_mean")}
+        values = {"test_top1_mean": acc.mean, "test_top1_std": acc.std,
+                  "params_m": profile["params"] / 1e6 if "params" in profile else None,
+                  "gmacs": profile.get("gmacs"), "train_img_s": profile.get("train_images_per_s"),
+                  **{key: sum(xs) / len(xs) if xs else None for key, xs in locality.items()}}
+        write_json(folder / f"{v.name}.json", {k: round(float(x), 4) for k, x in values.items() if x is not None})
 
 
 def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[plots.FigureFile]:
