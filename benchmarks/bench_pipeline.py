@@ -5,7 +5,7 @@ validated, every variant's model checked) and building the DAG; DVC hashing what
 changed. Goal: under 5 s each on a finished study. Timed alternately, median of
 repeats, from the repository root on the study of params.yaml (the demo: run
 `make demo` first). With `--demo`, also the whole demo from scratch in a temporary
-copy of the workflow (its results table and training curves kept in benchmarks/results/demo/),
+copy of the workflow (its results table, training curves and locality table kept in benchmarks/results/demo/),
 and where its time goes: per rule, the jobs' summed wall time from
 Snakemake's log and, for training, how much of it the epochs took (metrics.json's
 train_time_s) and how much went to everything else (process start, imports, MLflow, loaders).
@@ -93,7 +93,9 @@ def demo_wall_time() -> tuple[float, dict]:
         keep.mkdir(parents=True, exist_ok=True)
         for name in ("results.md", "results.csv", "results_seeds.csv"):
             shutil.copy2(study / "report" / name, keep / name)
-        shutil.copy2(study / "report" / "figures" / "curves.png", keep / "curves.png")
+        for name in ("curves", "attention_distance"):
+            shutil.copy2(study / "report" / "figures" / f"{name}.png", keep / f"{name}.png")
+        shutil.copy2(study / "report" / "tables" / "locality.csv", keep / "locality.csv")
         return wall, breakdown(log, study)
 
 
