@@ -227,3 +227,23 @@ def test_drop_path_schedule(schedule):
     assert all(getattr(b.drop_path2, "drop_prob", 0.0) == r for b, r in zip(model.blocks, rates))
     with pytest.raises(ValueError, match="drop_path_schedule: 'cosine' is not allowed; allowed values: linear, constant"):
         timm.create_model("mait_tiny_patch16_224", drop_path_schedule="cosine", img_size=32, patch_size=8, depth=2)
+
+
+@pytest.mark.parametrize("masked_heads", ["sch1", "all"])
+def test_restrict_through_flex_attention_equals_dense_restrict(masked_heads):
+    """FlexAttention's block-sparse path (CUDA's default; here its eager reference on CPU, forward only)
+    against the dense boolean-mask path on the same weights."""
+    kwargs = dict(img_size=64, patch_size=4, embed_dim=48, depth=2, num_heads=3, masked_heads=masked_heads,
+                  mask_type="hard", mask_mode="restrict")  # a 16 x 16 grid: 257 tokens, three 128-blocks
+    torch.manual_seed(0)
+    flex = timm.create_model("mait_tiny_patch16_224", restrict_kernel="flex", **kwargs).eval()
+    dense = timm.create_model("mait_tiny_patch16_224", restrict_kernel="dense", **kwargs).eval()
+    dense.load_state_dict(flex.state_dict())
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x), dense(x), atol=1e-5, rtol=1e-4)
+    assert flex.blocks[0].attn._block_mask is not None  # it did take the flex path
+    assert timm.create_model("mait_tiny_patch16_224", mask_mode="restrict", img_size=32, patch_size=8,
+                             depth=2).blocks[0].attn.restrict_kernel == "auto"
+    with pytest.raises(ValueError, match="restrict_kernel: 'sparse' is not allowed; allowed values: auto, flex"):
+        timm.create_model("mait_tiny_patch16_224", restrict_kernel="sparse", img_size=32, patch_size=8, depth=2)

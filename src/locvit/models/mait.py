@@ -194,6 +194,8 @@ class MaskedAttention(Attention):
         super().__init__(*args, **kwargs)
         self.masks = _HeadMasks()
         self._restrict_cache: torch.Tensor | None = None  # built on first use (not in the state dict)
+        self.restrict_kernel = "auto"  # MaiT's option (see MaiT): flex on CUDA, dense elsewhere
+        self._block_mask = None  # FlexAttention's block-sparse mask, built on first use
 
     def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
@@ -207,6 +209,8 @@ class MaskedAttention(Attention):
                              "are masked by masked_heads; build the model with masked_heads='none' to use them")
         B, N, _ = x.shape
         n_masked = self.masks.heads.numel()
+        if self._flex(x):
+            return self._restrict_flex(x, B, N)
         restrict_fused = self.masks.mode == "restrict" and self.fused_attn
         if self.masks.leading and n_masked < self.num_heads and not restrict_fused:
             # Masked heads are heads 0..h'-1 (the usual case): split the projections per
@@ -237,6 +241,46 @@ class MaskedAttention(Attention):
         free_out = self._plain_attention(q[:, free], k[:, free], v[:, free])
         out = torch.zeros_like(q).index_copy(1, free, free_out).index_copy(1, masked, out)
         return self._finish(out, B, N)
+
+    def _flex(self, x: torch.Tensor) -> bool:
+        """Whether this call takes FlexAttention: restrict masks, ``restrict_kernel`` flex (or auto on
+        CUDA), and no attention dropout to apply (FlexAttention has none)."""
+        if self.masks.mode != "restrict" or self.restrict_kernel == "dense":
+            return False
+        if self.restrict_kernel == "auto" and x.device.type != "cuda":
+            return False
+        if self.training and (x.device.type != "cuda" or self.attn_drop.p > 0):
+            return False  # eager FlexAttention (off CUDA) has no correct backward; it has no dropout either
+        return True
+
+    def _restrict_flex(self, x: torch.Tensor, B: int, N: int) -> torch.Tensor:
+        """Masked heads through FlexAttention with a block-sparse neighbourhood mask (work skipped
+        for blocks of 128 x 128 tokens the mask leaves empty: it pays from about 1,000 tokens);
+        the other heads through the fused kernel."""
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, T, hd)
+        q, k = self.q_norm(q), self.k_norm(k)
+        masked = self.masks.heads
+        out_m = _flex_attention(x.device)(q[:, masked], k[:, masked], v[:, masked], block_mask=self._flex_mask(N),
+                                          scale=self.scale)
+        if masked.numel() == self.num_heads:
+            return self._finish(out_m, B, N)
+        free = self._free_heads()
+        out_f = self._plain_attention(q[:, free], k[:, free], v[:, free])
+        out = torch.zeros_like(q).index_copy(1, free, out_f).index_copy(1, masked, out_m.to(q.dtype))
+        return self._finish(out, B, N)
+
+    def _flex_mask(self, tokens: int):
+        keep = self.masks.keep
+        if self._block_mask is None or self._block_mask[0] != (keep.device, tokens):
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def neighbourhood(b, h, q_idx, kv_idx):
+                return keep[q_idx, kv_idx]
+
+            mask = create_block_mask(neighbourhood, None, None, tokens, tokens, device=keep.device)
+            self._block_mask = ((keep.device, tokens), mask)
+        return self._block_mask[1]
 
     def _finish(self, out: torch.Tensor, B: int, N: int) -> torch.Tensor:
         x = out.transpose(1, 2).reshape(B, N, self.attn_dim)  # (B, H, T, hd) -> (B, T, C)
@@ -303,6 +347,22 @@ class MaskedTalkingHeadAttn(TalkingHeadAttn):
         return self.proj_drop(self.proj(x))
 
 
+def _flex_attention(device: torch.device):
+    """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (a reference, for tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _COMPILED_FLEX
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+_COMPILED_FLEX = None
+RESTRICT_KERNELS = ("auto", "flex", "dense")
+
+
 def install_masks(model: nn.Module, attns: Sequence[nn.Module], num_prefix: int, masked_heads: HeadSpec,
                   mask_kernel: Sequence[int], mask_mode: str, mask_type: str | None, alpha_init: float,
                   random_seed: int) -> None:
@@ -330,6 +390,10 @@ class MaiT(VisionTransformer):
             default ``soft`` for ``sch3``, else ``hard``.
         alpha_init: initial soft-mask alpha in (0, 1).
         random_seed: seed of the random-mask control (layer l uses seed + l).
+        restrict_kernel: how ``restrict`` heads run: ``auto`` (FlexAttention with a block-sparse
+            neighbourhood mask on CUDA, dense masked attention elsewhere), ``flex`` or ``dense``.
+            FlexAttention has no attention dropout: with ``attn_drop_rate`` > 0 training uses dense;
+            off CUDA it runs (eager, forward only) in eval mode, training uses dense.
         drop_path_schedule: ``linear`` (timm's and DeiT's: 0 in the first block up to
             ``drop_path_rate`` in the last) or ``constant`` (``drop_path_rate`` in every block,
             as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
@@ -337,7 +401,11 @@ class MaiT(VisionTransformer):
 
     def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
                  mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
-                 random_seed: int = 0, drop_path_schedule: str = "linear", **kwargs):
+                 random_seed: int = 0, drop_path_schedule: str = "linear", restrict_kernel: str = "auto",
+                 **kwargs):
+        if restrict_kernel not in RESTRICT_KERNELS:
+            raise ValueError(f"restrict_kernel: {restrict_kernel!r} is not allowed; allowed values: "
+                             f"{', '.join(RESTRICT_KERNELS)}")
         if drop_path_schedule not in DROP_PATH_SCHEDULES:
             raise ValueError(f"drop_path_schedule: {drop_path_schedule!r} is not allowed; allowed values: "
                              f"{', '.join(DROP_PATH_SCHEDULES)}")
@@ -348,6 +416,8 @@ class MaiT(VisionTransformer):
             for block in self.blocks:  # every block's both branches at the full rate
                 block.drop_path1, block.drop_path2 = DropPath(rate), DropPath(rate)
         self.drop_path_schedule = drop_path_schedule
+        for block in self.blocks:
+            block.attn.restrict_kernel = restrict_kernel
         install_masks(self, [b.attn for b in self.blocks], self.num_prefix_tokens, masked_heads, mask_kernel,
                       mask_mode, mask_type, alpha_init, random_seed)
 
