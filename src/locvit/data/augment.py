@@ -14,22 +14,57 @@ Where each augmentation of DeiT's recipe runs (key in parentheses):
 
 Both augmentations here draw per image: each image gets its own ops, magnitudes and
 box. RandAugment is timm's (``rand_augment_transform``, so DeiT's spec strings mean what
-they mean in DeiT), applied with PIL image by image. Measured on one core of a shared
-2-core machine (benchmarks/bench_augment.py, DeiT's spec): about 7,200 images/s at
-32x32, 2.2 times torchvision's ``transforms.v2.RandAugment`` applied per image tensor
-(3,300), and about 630 images/s at 224x224, on par with it (580); an earlier run under
-more load gave half of each, same ratios. At 224 px PIL's pixel loops release the GIL,
-so ``workers`` threads share a batch (2 threads: 1.2-2x here, depending on the other
-core's load); at 32 px the work is Python overhead and threads do not help. On a GPU
-run the batch goes to the CPU for it and back.
+they mean in DeiT: the same op set, magnitude scale, magnitude noise and "inc" ops). Two
+backends apply the same draws (``TrainAugment(..., backend=...)``):
+
+- ``"tensor"`` (the default): batched tensor ops on the batch's device, CUDA or CPU
+  (:func:`apply_plans`). At each layer position the images are grouped by the op they
+  drew; a colour op runs once on its sub-batch with per-image arguments as tensors, and
+  the position's geometric ops run together through one ``grid_sample`` with each image's
+  own PIL matrix. Random erasing draws each image's box from the run's Generator and fills
+  all boxes of the batch with one normal draw from a ``torch.Generator`` of its own on the
+  device (timm's semantics: mode 'pixel', one box, area 2-33 %, log-uniform aspect 0.3-3.3,
+  ten tries to fit, probability per image).
+- ``"pil"``: timm's PIL ops image by image on the CPU (``workers`` threads; a GPU batch
+  goes to the CPU and back) and timm's ``RandomErasing``; kept to measure against.
+
+How the tensor ops differ from timm's PIL ops on the same draws and images (uint8 levels;
+tests/test_augment.py holds each op to these, benchmarks/bench_augment.py measures them at
+32 and 224 px; docs/benchmarks.md has the table at both sizes):
+
+=====================================================  ==========================================
+op (and its "Increasing" form)                         tensor result against PIL's
+=====================================================  ==========================================
+AutoContrast, Equalize, Invert, Posterize, Solarize,   equal to the bit (PIL's integer and float32
+SolarizeAdd, Brightness, Color, Contrast, Sharpness,   arithmetic reproduced; Equalize and Invert
+Desaturate                                             are torchvision's v2 kernels)
+Rotate, ShearX/Y, TranslateX/YRel (bicubic)            the interpolation kernel: PIL's bicubic is
+                                                       Keys' with a = -1, grid_sample's a = -0.75.
+                                                       32 px smooth images: mean 0.2-0.3, max 3;
+                                                       pixel noise: mean 1.9-3.4, max 23
+same, bilinear / nearest (other hparams)               equal but for float rounding (max 1, under
+                                                       1 % of pixels); nearest: ties can round
+                                                       the other way
+GaussianBlur (3-Augment's specs only)                  a true Gaussian, where PIL uses three box
+                                                       blurs: smooth mean 0.2, max 3; noise mean
+                                                       2.6, max 32
+=====================================================  ==========================================
+
+The geometry itself is PIL's to the bit: each output pixel centre's source point is
+computed from PIL's inverse matrix in float64, as PIL does, so the same pixels get the
+fill colour (timm's ``img_mean``); only the values sampled inside differ.
 
 Randomness: every draw comes from a numpy Generator seeded by (run seed, rank, step,
-which augmentation: 0 RandAugment, 1 random erasing, 2 MixUp/CutMix), so a seeded run repeats exactly, a resumed run continues as the
-uninterrupted one would (the engine passes the global step), the result does not depend
-on the thread count, and the global generators keep their streams. Two draws are not
-ours to route: timm's level functions pick signs with Python's ``random``, and timm's
-RandomErasing draws from Python's ``random`` and torch's default generator. Those are
-seeded from our Generator for the call and restored after it; that is safe because
+which augmentation: 0 RandAugment, 1 random erasing, 2 MixUp/CutMix), so a seeded run
+repeats exactly, a resumed run continues as the uninterrupted one would (the engine passes
+the global step), the result does not depend on the thread count or the backend's
+grouping, and the global generators keep their streams. timm's level functions pick signs
+with Python's ``random``: it is seeded from our Generator for the draw and restored after
+it (:meth:`TrainAugment._plans`, the same on both backends). The tensor backend's erasing
+noise comes from a ``torch.Generator`` of its own seeded from the same Generator, so the
+boxes are the same on every device and the noise differs between CPU and CUDA (their
+generators differ). The PIL backend's RandomErasing draws from Python's ``random`` and
+torch's default generator, seeded for the call and restored after it; that is safe because
 nothing else uses them concurrently (FFCV's loader thread draws from numpy only).
 """
 
@@ -74,6 +109,221 @@ def _apply(image: np.ndarray, plan: list) -> np.ndarray:
     return np.asarray(img)
 
 
+# --- RandAugment's ops as batched tensor ops (the "tensor" backend) ---------------------------
+# Every kernel takes a uint8 sub-batch (n, 3, H, W) and its images' arguments, one per image,
+# and returns uint8 (n, 3, H, W) on the same device; each rounds to uint8 as the PIL op does,
+# so a chain of ops sees what the PIL chain sees.
+
+def _aa():
+    from timm.data import auto_augment
+
+    return auto_augment
+
+
+def _on(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
+    """Host values (the draws) as a tensor on ``device``; to a GPU through pinned memory without
+    blocking, so the host never waits for the GPU in the middle of a batch's ops."""
+    t = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _affine_matrix(fn, arg: float, w: int, h: int) -> tuple[float, ...] | None:
+    """PIL's inverse affine matrix (a, b, c, d, e, f) of a geometric op (output pixel centre -> source
+    point, in pixels), as timm's op passes it to ``Image.transform``; None where PIL copies the image."""
+    aa = _aa()
+    if fn is aa.rotate:  # Image.rotate: about the centre (w/2, h/2); angle 0 is a copy
+        angle = arg % 360.0
+        if angle == 0:
+            return None
+        t = -math.radians(angle)
+        a, b, d, e = round(math.cos(t), 15), round(math.sin(t), 15), round(-math.sin(t), 15), round(math.cos(t), 15)
+        cx, cy = w / 2, h / 2
+        return a, b, a * -cx + b * -cy + cx, d, e, d * -cx + e * -cy + cy
+    matrix = {aa.shear_x: (1, arg, 0, 0, 1, 0), aa.shear_y: (1, 0, 0, arg, 1, 0),
+              aa.translate_x_rel: (1, 0, arg * w, 0, 1, 0), aa.translate_y_rel: (1, 0, 0, 0, 1, arg * h),
+              aa.translate_x_abs: (1, 0, arg, 0, 1, 0), aa.translate_y_abs: (1, 0, 0, 0, 1, arg)}[fn]
+    return None if matrix == (1, 0, 0, 0, 1, 0) else matrix  # an identity transform samples pixel centres: a copy
+
+
+def _warp(x: torch.Tensor, matrices: np.ndarray, fill: Sequence[int], mode: str) -> torch.Tensor:
+    """Each image through its own PIL affine matrix (n, 6), sampled by one ``grid_sample``.
+
+    PIL maps each output pixel centre (x + 0.5, y + 0.5) to a source point in float64, gives
+    ``fill`` where that point falls outside [0, W) x [0, H), samples inside with edge-clamped
+    neighbours, and truncates to uint8. The source points are computed here the same way, in
+    float64, so the fill decision is PIL's to the bit; the sampling kernel is grid_sample's.
+    """
+    n, _, h, w = x.shape
+    m = _on(x.device, matrices, torch.float64).T.reshape(6, n, 1, 1)
+    px = torch.arange(w, dtype=torch.float64, device=x.device).view(1, 1, w) + 0.5
+    py = torch.arange(h, dtype=torch.float64, device=x.device).view(1, h, 1) + 0.5
+    grid = torch.empty(n, h, w, 2, device=x.device)  # (n, H, W, 2): grid_sample's [-1, 1], align_corners=False
+    inside = torch.ones(n, h, w, dtype=torch.bool, device=x.device)
+    for k, size in ((0, w), (1, h)):
+        source = (m[3 * k] * px + m[3 * k + 1] * py).add_(m[3 * k + 2])  # (n, H, W): PIL's sums, in its order
+        inside &= (source >= 0) & (source < size)
+        grid[..., k] = source.mul_(2 / size).sub_(1)
+    inside = inside.unsqueeze(1)  # (n, 1, H, W)
+    out = torch.nn.functional.grid_sample(x.float(), grid, mode=mode, padding_mode="border", align_corners=False)
+    fill_t = _on(x.device, fill, torch.float32).view(1, 3, 1, 1)
+    # (v - fill) * inside + fill: exact on whole numbers, and cheaper than torch.where with broadcasting on CPU
+    return out.clamp_(0, 255).floor_().sub_(fill_t).mul_(inside).add_(fill_t).to(torch.uint8)
+
+
+def _per_image(values, x: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """One value per image as an (n, 1, 1, 1) tensor on the batch's device."""
+    return _on(x.device, values, dtype).view(-1, 1, 1, 1)
+
+
+def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's ``Image.blend(degenerate, x, factor)``: in1 + factor * (in2 - in1) in float32, clipped, truncated."""
+    diff = (x.to(torch.int16) - degenerate.to(torch.int16)).float()
+    out = degenerate.float() + factor * diff  # two roundings, as PIL's C does (no fused multiply-add)
+    return out.clamp_(0, 255).floor_().to(torch.uint8)
+
+
+def _luma(x: torch.Tensor) -> torch.Tensor:
+    """PIL's RGB -> L conversion (ITU-R 601-2 in 16-bit fixed point): int32 (n, 1, H, W)."""
+    r, g, b = x.to(torch.int32).unbind(1)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).unsqueeze(1)
+
+
+def _brightness(x, args):
+    return _blend(torch.zeros_like(x), x, _per_image(args[:, 0], x))
+
+
+def _color(x, args):
+    return _blend(_luma(x).to(torch.uint8).expand_as(x), x, _per_image(args[:, 0], x))
+
+
+def _desaturate(x, args):
+    return _color(x, np.clip(1.0 - args, 0.0, 1.0))  # timm's desaturate: enhance Color by 1 - level
+
+
+def _contrast(x, args):
+    # PIL's degenerate: the mean of the L image, rounded half up, in every pixel
+    mean = torch.floor(_luma(x).sum((1, 2, 3), dtype=torch.int64).double() / (x.shape[2] * x.shape[3]) + 0.5)
+    return _blend(mean.to(torch.uint8).view(-1, 1, 1, 1).expand_as(x), x, _per_image(args[:, 0], x))
+
+
+def _sharpness(x, args):
+    # PIL's SMOOTH filter ([[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13, rounded half up), border pixels left as they are
+    v = x.to(torch.int16)
+    rows = v[:, :, :-2] + v[:, :, 1:-1] + v[:, :, 2:]  # (n, 3, H-2, W): vertical sums of three
+    sums = rows[..., :-2] + rows[..., 1:-1] + rows[..., 2:] + 4 * v[:, :, 1:-1, 1:-1]  # (n, 3, H-2, W-2), exact
+    smooth = x.clone()
+    smooth[:, :, 1:-1, 1:-1] = torch.div(sums * 2 + 13, 26, rounding_mode="floor").to(torch.uint8)
+    return _blend(smooth, x, _per_image(args[:, 0], x))
+
+
+def _posterize(x, args):
+    bits = args[:, 0].astype(np.int64)  # 0 bits: black (Pillow 13 refuses it; older Pillow gave black)
+    masks = np.where(bits >= 8, 255, (~((1 << (8 - np.clip(bits, 0, 8))) - 1)) & 255)
+    return x & _per_image(masks, x, torch.uint8)
+
+
+def _solarize(x, args):
+    return torch.where(x.to(torch.int16) < _per_image(args[:, 0], x, torch.int16), x, 255 - x)
+
+
+def _solarize_add(x, args):
+    added = (x.to(torch.int16) + _per_image(args[:, 0], x, torch.int16)).clamp_(max=255).to(torch.uint8)
+    return torch.where(x < 128, added, x)
+
+
+def _invert(x, args):
+    from torchvision.transforms.v2.functional import invert
+
+    return invert(x)
+
+
+def _equalize(x, args):
+    from torchvision.transforms.v2.functional import equalize  # batched, per image and channel, PIL's LUT
+
+    return equalize(x)
+
+
+def _autocontrast(x, args):
+    # PIL's LUT, in float64: int(i * scale + offset), scale = 255 / (hi - lo), per image and channel
+    lo, hi = x.amin((2, 3)).double(), x.amax((2, 3)).double()  # (n, 3)
+    scale = torch.full_like(lo, 255.0) / (hi - lo).clamp(min=1)  # not 255.0 / t: torch multiplies by 1 / t
+    ramp = torch.arange(256, dtype=torch.float64, device=x.device)
+    lut = (ramp * scale[..., None] + (-lo * scale)[..., None]).trunc().clamp_(0, 255)  # (n, 3, 256)
+    lut = torch.where((hi > lo)[..., None], lut, ramp).to(torch.uint8)
+    return lut.gather(2, x.flatten(2).long()).view_as(x)
+
+
+def _gaussian_blur(x, args):
+    # A true Gaussian of sigma = radius (PIL approximates it with three box blurs), edges replicated
+    n, c, h, w = x.shape
+    sigma = _on(x.device, args[:, 0], torch.float32).clamp(min=1e-3)
+    r = min(int(math.ceil(3 * float(args[:, 0].max()))), (min(h, w) - 1) // 2)
+    taps = torch.arange(-r, r + 1, dtype=torch.float32, device=x.device)
+    k = torch.exp(-taps ** 2 / (2 * sigma[:, None] ** 2))
+    k = (k / k.sum(1, keepdim=True)).repeat_interleave(c, 0)  # (n*3, 2r+1)
+    y = torch.nn.functional.pad(x.float().reshape(1, n * c, h, w), (r, r, r, r), mode="replicate")
+    y = torch.nn.functional.conv2d(y, k.view(n * c, 1, 1, -1), groups=n * c)
+    y = torch.nn.functional.conv2d(y, k.view(n * c, 1, -1, 1), groups=n * c)
+    return y.view(n, c, h, w).add_(0.5).floor_().clamp_(0, 255).to(torch.uint8)
+
+
+def _colour_kernels() -> dict:
+    aa = _aa()
+    return {aa.brightness: _brightness, aa.color: _color, aa.contrast: _contrast, aa.sharpness: _sharpness,
+            aa.posterize: _posterize, aa.solarize: _solarize, aa.solarize_add: _solarize_add,
+            aa.invert: _invert, aa.equalize: _equalize, aa.auto_contrast: _autocontrast,
+            aa.desaturate: _desaturate, aa.gaussian_blur: _gaussian_blur}
+
+
+_INTERPOLATION = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes -> grid_sample's modes
+
+
+def apply_plans(images: torch.Tensor, plans: list[list]) -> torch.Tensor:
+    """RandAugment on the batch's device: uint8 (B, 3, H, W) -> uint8 (B, 3, H, W), image i through ``plans[i]``.
+
+    At each layer position the images are grouped by the op they drew there; a colour op runs
+    once on its sub-batch with per-image arguments, the geometric ops of the position run
+    together through one ``grid_sample`` with each image's matrix.
+    """
+    b, _, h, w = images.shape
+    x = images.clone(memory_format=torch.contiguous_format)
+    kernels = _colour_kernels()
+    geometric = {_aa().rotate, _aa().shear_x, _aa().shear_y, _aa().translate_x_rel, _aa().translate_y_rel,
+                 _aa().translate_x_abs, _aa().translate_y_abs}
+    for layer in range(max((len(p) for p in plans), default=0)):
+        groups: dict[tuple, tuple[list[int], list]] = {}
+        for i, plan in enumerate(plans):
+            if layer >= len(plan):
+                continue
+            op, args = plan[layer]
+            if op.aug_fn in geometric:
+                matrix = _affine_matrix(op.aug_fn, args[0], w, h)
+                if matrix is None:
+                    continue
+                resample = op.kwargs["resample"]
+                if resample not in _INTERPOLATION:
+                    raise ValueError(f"RandAugment's tensor backend needs one interpolation, not {resample!r}")
+                key, item = ("warp", tuple(op.kwargs["fillcolor"]), _INTERPOLATION[resample]), matrix
+            elif op.aug_fn in kernels:
+                key, item = ("colour", op.aug_fn), tuple(args)
+            else:
+                raise ValueError(f"RandAugment's tensor backend has no kernel for {op.name}; use backend='pil'")
+            ids, items = groups.setdefault(key, ([], []))
+            ids.append(i)
+            items.append(item)
+        for key, (ids, items) in groups.items():
+            idx = _on(x.device, ids, torch.int64)
+            sub = x.index_select(0, idx)
+            if key[0] == "warp":
+                out = _warp(sub, np.asarray(items, dtype=np.float64), key[1], key[2])
+            else:
+                out = kernels[key[1]](sub, np.asarray(items, dtype=np.float64).reshape(len(ids), -1))
+            x.index_copy_(0, idx, out)
+    return x
+
+
 class TrainAugment:
     """RandAugment (``before_normalise``) and random erasing (``after_normalise``), per image.
 
@@ -81,16 +331,23 @@ class TrainAugment:
     ``random_erasing``: the probability per image (DeiT 0.25), 0 for none. ``mean`` /
     ``std``: the model's normalisation (RandAugment fills uncovered pixels with the mean
     colour, as timm does). ``seed`` / ``rank``: the run's seed and the process's rank.
-    ``workers``: threads for RandAugment's pixel work (1: none).
+    ``backend``: ``"tensor"`` (batched tensor ops on the batch's device) or ``"pil"``
+    (timm's PIL ops image by image on the CPU, and timm's RandomErasing); both draw
+    RandAugment's ops and magnitudes the same way. ``workers``: threads for the PIL
+    backend's pixel work (1: none); the tensor backend uses torch's threads.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], randaugment: str | None = None,
-                 random_erasing: float = 0.0, seed: int = 0, rank: int = 0, workers: int = 1):
+                 random_erasing: float = 0.0, seed: int = 0, rank: int = 0, workers: int = 1,
+                 backend: str = "tensor"):
+        if backend not in ("tensor", "pil"):
+            raise ValueError(f"TrainAugment: backend must be 'tensor' or 'pil', not {backend!r}")
         self.mean, self.std = tuple(mean), tuple(std)
         self.spec, self.erase_prob = randaugment, float(random_erasing)
-        self.seed, self.rank, self.workers = int(seed), int(rank), int(workers)
+        self.seed, self.rank, self.workers, self.backend = int(seed), int(rank), int(workers), backend
         self._policies: dict[tuple[int, int], object] = {}
         self._erasers: dict[torch.device, object] = {}
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._pool: ThreadPoolExecutor | None = None
         if self.spec:
             self._policy(32, 32)  # a bad spec fails here, not at the first batch
@@ -141,6 +398,8 @@ class TrainAugment:
             return images
         b, _, h, w = images.shape
         plans = self._plans(b, h, w, self._rng(step, 0))
+        if self.backend == "tensor":
+            return apply_plans(images, plans)
         batch = images.permute(0, 2, 3, 1).cpu().numpy()  # (B, H, W, 3)
         out = np.empty((b, h, w, 3), dtype=np.uint8)
 
@@ -156,10 +415,55 @@ class TrainAugment:
                 run(i)
         return torch.from_numpy(out).permute(0, 3, 1, 2).to(images.device, non_blocking=True)  # (B, 3, H, W)
 
+    def erase_boxes(self, n: int, h: int, w: int, step: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Random erasing's draws for a batch: the erased images' indices, their boxes (k, 4) as
+        (top, left, height, width), and the seed of their noise; timm's RandomErasing semantics
+        (mode 'pixel', one box, area 0.02-1/3 of the image, log-uniform aspect 0.3-3.3, ten tries
+        to fit), drawn from the run's Generator for (seed, rank, step)."""
+        rng = self._rng(step, 1)
+        hit = rng.random(n) <= self.erase_prob  # timm skips an image when random() > p
+        area = rng.uniform(0.02, 1 / 3, (n, 10)) * (h * w)
+        aspect = np.exp(rng.uniform(math.log(0.3), math.log(1 / 0.3), (n, 10)))
+        bh = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: Python's round, half to even
+        bw = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+        fits = (bh < h) & (bw < w)
+        first = fits.argmax(1)  # the first of the ten tries that fits
+        bh, bw = bh[np.arange(n), first], bw[np.arange(n), first]
+        top = (rng.random(n) * (h - bh + 1)).astype(np.int64)
+        left = (rng.random(n) * (w - bw + 1)).astype(np.int64)
+        seed = int(rng.integers(2 ** 63))
+        ids = np.flatnonzero(hit & fits.any(1))
+        return ids, np.stack([top, left, bh, bw], 1)[ids], seed
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device)
+        return self._generators[device]
+
     def after_normalise(self, x: torch.Tensor, step: int) -> torch.Tensor:
         """Random erasing of the normalised float batch (B, 3, H, W), in place; the identity when off."""
         if self.erase_prob <= 0:
             return x
+        if self.backend == "pil":
+            return self._timm_erase(x, step)
+        b, c, h, w = x.shape
+        ids, boxes, seed = self.erase_boxes(b, h, w, step)
+        if len(ids) == 0:
+            return x
+        idx = _on(x.device, ids, torch.int64)
+        top, left, bh, bw = _on(x.device, boxes, torch.int64).unbind(1)  # (k,) each
+        rows, cols = torch.arange(h, device=x.device), torch.arange(w, device=x.device)
+        in_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])  # (k, H)
+        in_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])  # (k, W)
+        box = in_rows[:, None, :, None] & in_cols[:, None, None, :]  # (k, 1, H, W)
+        # Normal noise for the boxes' pixels only, from a generator of our own on the batch's device
+        # (torch's global one is untouched), written into the boxes in (image, channel, row, column) order.
+        noise = torch.randn(int((boxes[:, 2] * boxes[:, 3]).sum()) * c, device=x.device, dtype=x.dtype,
+                            generator=self._generator(x.device).manual_seed(seed))
+        return x.index_copy_(0, idx, x.index_select(0, idx).masked_scatter_(box, noise))
+
+    def _timm_erase(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The PIL backend's random erasing: timm's RandomErasing, its global draws seeded from our Generator."""
         if x.device not in self._erasers:
             from timm.data.random_erasing import RandomErasing
 
@@ -243,7 +547,8 @@ def make_train_augment(recipe: dict, mean: Sequence[float], std: Sequence[float]
     """The recipe's per-sample augmentations for a run, or None when both are off.
 
     ``rank``: the process's rank (default: torchrun's ``RANK``, else 0), so the processes
-    of a distributed run draw differently. RandAugment uses ``train.num_workers`` threads.
+    of a distributed run draw differently. Both run as batched tensor ops on the batch's
+    device (the tensor backend); ``train.num_workers`` is passed on for the PIL backend's threads.
     """
     if not recipe["randaugment"] and recipe["random_erasing"] <= 0:
         return None
