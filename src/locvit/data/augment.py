@@ -28,9 +28,10 @@ backends apply the same draws (``TrainAugment(..., backend=...)``):
 - ``"pil"``: timm's PIL ops image by image on the CPU (``workers`` threads; a GPU batch
   goes to the CPU and back) and timm's ``RandomErasing``; kept to measure against.
 
-How the tensor ops differ from timm's PIL ops on the same draws and images (uint8 levels;
-tests/test_augment.py holds each op to these, benchmarks/bench_augment.py measures them at
-32 and 224 px; docs/benchmarks.md has the table at both sizes):
+How the tensor ops differ from timm's PIL ops on the same draws and images, in uint8
+levels (benchmarks/bench_augment.py measures them at 32 and 224 px, on smooth images and on
+pixel noise; docs/benchmarks.md has the full table; tests/test_augment.py holds each op to
+bounds):
 
 =====================================================  ==========================================
 op (and its "Increasing" form)                         tensor result against PIL's
@@ -38,16 +39,17 @@ op (and its "Increasing" form)                         tensor result against PIL
 AutoContrast, Equalize, Invert, Posterize, Solarize,   equal to the bit (PIL's integer and float32
 SolarizeAdd, Brightness, Color, Contrast, Sharpness,   arithmetic reproduced; Equalize and Invert
 Desaturate                                             are torchvision's v2 kernels)
-Rotate, ShearX/Y, TranslateX/YRel (bicubic)            the interpolation kernel: PIL's bicubic is
+Rotate, ShearX/Y, TranslateX/Y(Rel) (bicubic)          the interpolation kernel: PIL's bicubic is
                                                        Keys' with a = -1, grid_sample's a = -0.75.
-                                                       32 px smooth images: mean 0.2-0.3, max 3;
-                                                       pixel noise: mean 1.9-3.4, max 23
+                                                       Mean |difference| 0.4-0.8 levels, max 6 on
+                                                       smooth 32 px images (0.1, max 1 at 224 px);
+                                                       on pixel noise 1.9-3.5, max 25
 same, bilinear / nearest (other hparams)               equal but for float rounding (max 1, under
                                                        1 % of pixels); nearest: ties can round
                                                        the other way
 GaussianBlur (3-Augment's specs only)                  a true Gaussian, where PIL uses three box
-                                                       blurs: smooth mean 0.2, max 3; noise mean
-                                                       2.6, max 32
+                                                       blurs: smooth 32 px mean 0.4, max 7; noise
+                                                       mean 2.6, max 36
 =====================================================  ==========================================
 
 The geometry itself is PIL's to the bit: each output pixel centre's source point is
