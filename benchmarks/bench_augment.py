@@ -1,12 +1,11 @@
 """What DeiT's augmentations cost on this machine, in images per second (CPU), and how far
 locvit's tensor backend is from timm's PIL ops.
 
-Side by side, at 32 px (batch 256) and 224 px
-(batch 32), with equal cores on both sides (1 thread each, then 2: torch threads for the
-tensor backend, PIL worker threads for timm's path): RandAugment m9 (DeiT's spec) +
-normalisation + random erasing 0.25, as the engine calls them, on locvit's batched tensor
-backend and on timm's per-image PIL path (``TrainAugment(..., backend="pil")``), and the
-ratio; RandAugment and erasing alone as well.
+Side by side, at 32 px (batch 256) and 224 px (batch 32), with equal cores on both sides
+(1 thread each, then 2: torch threads for the tensor backend, PIL worker threads for timm's
+path): RandAugment m9 (DeiT's spec) + normalisation + random erasing 0.25, as the engine
+calls them, on locvit's batched tensor backend and on timm's per-image PIL path
+(``TrainAugment(..., backend="pil")``), and the ratio; RandAugment alone as well.
 Per-augmentation costs on one thread: RandAugment as timm's PIL ops (1 and 2 threads) next
 to torchvision's ``transforms.v2.RandAugment`` per image tensor, random erasing (p 0.25,
 after normalisation) and normalisation alone. FFCV side, at 32 px: one epoch of the

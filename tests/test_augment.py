@@ -299,23 +299,26 @@ def test_random_erasing_writes_normal_noise_in_its_boxes_only():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_gives_the_cpu_result():
     # The same draws on the GPU: colour ops to the bit, geometric ops within a level (float rounding in
-    # grid_sample), the same erasing boxes (their noise comes from the GPU's own generator).
-    x = _batch(256)
-    aug = TrainAugment(MEAN, STD, DEIT, 1.0, seed=0)
-    cpu = aug.before_normalise(x, 0)
-    gpu = aug.before_normalise(x.cuda(), 0)
-    assert gpu.device.type == "cuda" and gpu.dtype == torch.uint8
-    assert (gpu.cpu().int() - cpu.int()).abs().max() <= 1
-    for name in EXACT + list(APPROX):
-        from locvit.data.augment import apply_plans
+    # grid_sample before PIL's truncation), the same erasing boxes (their noise comes from the GPU's generator).
+    from locvit.data.augment import apply_plans
 
+    for name in EXACT + list(APPROX):
         plans = _single_op_plans(_ops()[name], 48)
         d = (apply_plans(_noise(48).cuda(), plans).cpu().int() - apply_plans(_noise(48), plans).int()).abs()
         assert d.max() <= (0 if name in EXACT else 1), name
+    x = _batch(256)
+    aug = TrainAugment(MEAN, STD, DEIT, 1.0, seed=0)
+    cpu, gpu = aug.before_normalise(x, 0), aug.before_normalise(x.cuda(), 0)
+    assert gpu.device.type == "cuda" and gpu.dtype == torch.uint8
+    plans = aug._plans(256, 32, 32, aug._rng(0, 0))
+    exact = [i for i, plan in enumerate(plans) if all(op.name in EXACT for op, _ in plan)]
+    assert torch.equal(gpu.cpu()[exact], cpu[exact])
+    # a level's difference after a warp can be amplified by a later op (Solarize's threshold, Posterize), rarely
+    assert (gpu.cpu().int() - cpu.int()).abs().float().mean() < 0.1
     z = torch.zeros(256, 3, 32, 32)
     before = torch.cuda.get_rng_state()
     erased_gpu = aug.after_normalise(z.cuda(), 0)
-    assert torch.equal(before, torch.cuda.get_rng_state())
+    assert torch.equal(before, torch.cuda.get_rng_state())  # torch's global CUDA generator untouched
     assert torch.equal((erased_gpu != 0).cpu(), aug.after_normalise(z.clone(), 0) != 0)
 
 
