@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import to_model_input
 
 
@@ -55,7 +56,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
                     on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0) -> dict:
+                    bad_steps_before: int = 0, feed_ahead: int = 0) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
@@ -64,6 +65,9 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     ``on_step(step)`` runs after every optimiser step (the EMA update), with the steps done.
     ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
     uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
+    ``feed_ahead``: batches prepared ahead (augmented, normalised) in a background thread
+    while the step runs (:class:`locvit.data.feed.TrainFeed`; 0: in this thread); the
+    result is the same either way.
 
     A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
     the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
@@ -76,16 +80,12 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
     step = first_step
     start = time.perf_counter()
-    bar = tqdm(loader, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
-    for images, labels in bar:
+    feed = TrainFeed(loader, augment, compute, mean, std, first_step, feed_ahead)  # x: RandAugment, normalised, erased
+    bar = tqdm(feed, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
+    for x, labels in bar:
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if augment is not None:
-            images = augment.before_normalise(images, step)  # RandAugment, per image
-        x = compute.inputs(images, mean, std)
-        if augment is not None:
-            x = augment.after_normalise(x, step)  # random erasing, per image
         soft = None
         if mixup is not None:
             x, soft = mixup(x, labels, step)  # soft: (B, num_classes), smoothing included; drawn from the step

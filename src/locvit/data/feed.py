@@ -1,0 +1,103 @@
+"""Training batches ready for the model, prepared ahead of the training step.
+
+FFCV's loader hands over uint8 batches (decoded, cropped, flipped, translated, on the
+run's device). What DeiT's recipe does after that, per image (RandAugment, normalisation
+to the model's mean and std, channels_last when asked, random erasing), runs here.
+
+With ``ahead`` > 0 a background thread prepares the next ``ahead`` batches while the
+training step runs: on CPU its torch ops use a core the step does not, as a DataLoader's
+worker processes would; on CUDA it launches the augmentation kernels (and draws their
+ops and boxes on the host) while the step's kernels run. Its kernels go to the same CUDA
+stream as the step's, so they run in the order they were queued and need no
+synchronisation. With ``ahead`` = 0 every batch is prepared in the training thread,
+just before its step.
+
+A batch's draws depend only on (seed, rank, step) (:class:`locvit.data.augment.TrainAugment`),
+so preparing it early or late, in one thread or another, gives the same tensor: a seeded
+run repeats bitwise and a resumed run continues as the uninterrupted one would, whatever
+``ahead`` is.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Iterable, Iterator
+
+import torch
+
+_DONE = object()  # the end of the loader's epoch
+
+
+class TrainFeed:
+    """Iterate ``loader`` (uint8 (B, 3, H, W), labels) as (x, labels), x the model's float input.
+
+    ``augment``: :class:`locvit.data.augment.TrainAugment` or None; ``compute``:
+    :class:`locvit.train.engine.Compute` (normalisation and memory format); ``first_step``:
+    the global step of the epoch's first batch (the augmentations draw from it).
+    """
+
+    def __init__(self, loader: Iterable, augment: Any, compute: Any, mean, std, first_step: int, ahead: int = 2):
+        if ahead < 0:
+            raise ValueError(f"train.feed_ahead must be 0 or more batches, not {ahead}")
+        self.loader, self.augment, self.compute = loader, augment, compute
+        self.mean, self.std, self.first_step, self.ahead = mean, std, int(first_step), int(ahead)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def prepare(self, images: torch.Tensor, step: int) -> torch.Tensor:
+        """One batch: RandAugment on uint8, normalisation (and memory format), random erasing."""
+        if self.augment is not None:
+            images = self.augment.before_normalise(images, step)
+        x = self.compute.inputs(images, self.mean, self.std)
+        if self.augment is not None:
+            x = self.augment.after_normalise(x, step)
+        return x
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.ahead == 0:
+            for step, (images, labels) in enumerate(self.loader, self.first_step):
+                yield self.prepare(images, step), labels
+            return
+        yield from self._ahead()
+
+    def _ahead(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ready: queue.Queue = queue.Queue(maxsize=self.ahead)
+        stop = threading.Event()
+        threads = torch.get_num_threads()  # a new thread starts with torch's default: give it the run's
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            torch.set_num_threads(threads)
+            try:
+                for step, (images, labels) in enumerate(self.loader, self.first_step):
+                    # FFCV reuses its batch buffers a few batches later: keep no reference to them.
+                    # prepare() makes new tensors; the labels are copied.
+                    if not put((self.prepare(images, step), labels.clone())):
+                        return
+                put(_DONE)
+            except BaseException as err:  # handed to the training thread, which raises it
+                put(err)
+
+        worker = threading.Thread(target=work, name="locvit-feed", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # the consumer stopped early (an error, a break): the worker puts nothing more
+            worker.join()

@@ -1,0 +1,121 @@
+"""The training feed: batches augmented and normalised ahead of the step, equal to those made inline."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+import timm
+import torch
+
+from locvit.data.augment import TrainAugment
+from locvit.data.feed import TrainFeed
+from locvit.train.engine import Compute, train_one_epoch
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _batches(n: int, b: int = 8, size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [((torch.rand(b, 3, size, size, generator=g) * 255).to(torch.uint8), torch.randint(0, 10, (b,), generator=g))
+            for _ in range(n)]
+
+
+def _augment() -> TrainAugment:
+    return TrainAugment(MEAN, STD, "rand-m9-mstd0.5-inc1", 0.25, seed=3)
+
+
+class Recording:
+    """A loader that notes which thread pulls each batch, and how many it has handed out."""
+
+    def __init__(self, batches, fail_at: int | None = None):
+        self.batches, self.fail_at, self.pulled, self.threads = batches, fail_at, 0, set()
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.batches):
+            if i == self.fail_at:
+                raise OSError("the data file went away")
+            self.threads.add(threading.current_thread().name)
+            self.pulled += 1
+            yield batch
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_ahead_gives_the_inline_batches_from_another_thread(ahead):
+    batches = _batches(6)
+    inline = list(TrainFeed(batches, _augment(), Compute(), MEAN, STD, first_step=40, ahead=0))
+    loader = Recording(batches)
+    early = list(TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=40, ahead=ahead))
+    assert len(early) == len(inline) == 6
+    for (x0, y0), (x1, y1) in zip(inline, early):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+    assert loader.threads == {"locvit-feed"}
+    shifted = list(TrainFeed(batches[1:], _augment(), Compute(), MEAN, STD, first_step=41, ahead=ahead))
+    assert torch.equal(shifted[0][0], inline[1][0])  # batch k at step s is the same tensor however the epoch began
+
+
+def test_it_prepares_ahead_while_the_step_runs_and_no_further():
+    loader = Recording(_batches(8))
+    feed = iter(TrainFeed(loader, None, Compute(), MEAN, STD, first_step=0, ahead=2))
+    next(feed)
+    deadline = time.monotonic() + 10
+    while loader.pulled < 4 and time.monotonic() < deadline:  # 1 taken + 2 queued + 1 waiting to be queued
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert loader.pulled == 4
+    feed.close()
+
+
+def test_a_loader_error_reaches_the_training_thread():
+    feed = TrainFeed(Recording(_batches(4), fail_at=2), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2)
+    seen = []
+    with pytest.raises(OSError, match="the data file went away"):
+        for x, _ in feed:
+            seen.append(x)
+    assert len(seen) == 2
+
+
+def test_stopping_early_ends_the_worker():
+    before = {t for t in threading.enumerate() if t.name == "locvit-feed"}
+    feed = iter(TrainFeed(_batches(20), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2))
+    next(feed)
+    feed.close()  # what a `for` loop left by an exception does
+    assert {t for t in threading.enumerate() if t.name == "locvit-feed"} == before
+
+
+def test_negative_ahead_is_refused_by_name():
+    with pytest.raises(ValueError, match="train.feed_ahead"):
+        TrainFeed([], None, Compute(), MEAN, STD, first_step=0, ahead=-1)
+
+
+def test_training_fed_ahead_ends_with_the_weights_of_training_fed_inline():
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
+                              num_heads=2, num_classes=10)
+    batches = _batches(5)
+    weights = {}
+    for ahead in (0, 2):
+        net = copy.deepcopy(model)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        stats = train_one_epoch(net, batches, opt, lambda s: 1e-3, 7, MEAN, STD, show_progress=False,
+                                augment=_augment(), compute=Compute(channels_last=True), feed_ahead=ahead)
+        assert stats["steps"] == 12
+        weights[ahead] = net.state_dict()
+    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+
+
+def test_ffcvs_reused_buffers_do_not_reach_batches_held_ahead(prepared):
+    from locvit.data.ffcv_io import make_loader
+
+    def epoch(ahead: int) -> list:
+        loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
+        return [(x, y.clone()) for x, y in TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=0, ahead=ahead)]
+
+    inline, early = epoch(0), epoch(4)  # 4 batches held: more than FFCV's buffers keep valid
+    assert len(inline) == len(early) > 4
+    assert all(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]) for a, b in zip(inline, early))
