@@ -14,7 +14,7 @@ CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-cluster lint bench sweep efficiency clean
+.PHONY: install system-deps cluster-deps demo test test-cluster lint bench sweep efficiency clean wheelhouse gpu-check
 
 install: $(STAMP)
 
@@ -87,6 +87,27 @@ lint: install
 # bench_pipeline times snakemake -n / dvc status on the finished demo, and the demo from scratch in a copy.
 bench: demo
 	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py && ../$(BIN)/python bench_dataloader.py && ../$(BIN)/python bench_pipeline.py --demo
+
+# The GPU check (docs/benchmarks.md, "GPU check"). `make wheelhouse`, on a connected machine: the
+# wheels, shared libraries and demo data an offline GPU node lacks (benchmarks/wheelhouse.py).
+# `make gpu-check`, on the node: a venv over the node's packages (those of $(NODE_PYTHON), a conda
+# or virtual environment's too), installed from the wheelhouse without an index, then
+# benchmarks/gpu_check.py $(GPU_CHECK_ARGS) (results in benchmarks/results/gpu.json).
+WHEELHOUSE := wheelhouse
+GPU_VENV := .gpu-venv
+NODE_PYTHON ?= python3
+
+wheelhouse: install
+	$(BIN)/python benchmarks/wheelhouse.py $(WHEELHOUSE)
+
+gpu-check:
+	@test -f $(WHEELHOUSE)/requirements.txt || { echo "no $(WHEELHOUSE)/: run make wheelhouse on a connected machine and copy it here"; exit 1; }
+	@test -x $(GPU_VENV)/bin/python || $(NODE_PYTHON) -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	@site=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  echo $(CURDIR)/src > $$site/locvit-src.pth; \
+	  $(NODE_PYTHON) -c 'import site; print("import site; list(map(site.addsitedir, %r))" % site.getsitepackages())' > $$site/node-site.pth
+	LD_LIBRARY_PATH=$(CURDIR)/$(WHEELHOUSE)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} $(GPU_VENV)/bin/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf results .snakemake

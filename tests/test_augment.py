@@ -296,6 +296,7 @@ def test_random_erasing_writes_normal_noise_in_its_boxes_only():
     assert abs(noise.mean().item()) < 0.02 and abs(noise.std().item() - 1) < 0.02
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_gives_the_cpu_result():
     # The same draws on the GPU: colour ops to the bit, geometric ops within a level (float rounding in

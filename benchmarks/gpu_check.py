@@ -1,0 +1,468 @@
+"""The GPU check (``make gpu-check``): does locvit run on this NVIDIA GPU, and how fast.
+
+Sections, each a function returning a JSON-able dict (a section that fails records its
+error and the others still run), all written to ``benchmarks/results/gpu.json``:
+
+- ``cuda_tests``: the tests marked ``cuda`` (pytest -m cuda), their counts and exit status;
+- ``demo_training``: a short training of demo variants (params.yaml, 2 epochs, seed 0)
+  through ``locvit train`` with bf16 autocast, torch.compile and channels_last; needs
+  FFCV (else the section says why and the synthetic sections below still run);
+- ``throughput``: training images/s of each family at 224 px (forward, backward, AdamW
+  step on a fixed on-device batch; 64 px with ``--quick``), with model FLOPs utilisation: images/s x 3 x the
+  forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs` x 2, counted on the
+  CPU with dense attention) over the GPU's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`;
+  an unknown GPU gets MFU null and says so);
+- ``lsa_vs_nest``: LSA-T's training images/s over NesT-T's (the LSA paper reports 2.7x);
+- ``restrict_attention``: MaiT's restrict-masked attention (all heads, 3x3) through
+  FlexAttention vs dense masked attention vs unmasked fused attention, forward +
+  backward, at 196, 1024 and 4096 patch tokens (plus the class token);
+- ``augmentation``: the tensor backend's RandAugment m9 + normalisation + erasing 0.25
+  (locvit.data.augment) on synthetic uint8 batches on the device, images/s;
+- ``feed``: FFCV's loader over the demo's training split with that augmentation on the
+  device, images/s (or why it could not run).
+
+``--quick`` runs every section at tiny sizes (the CPU self-test, tests/test_gpu_check.py).
+Timings alternate between the things compared (benchmarks/common.py) and are medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (benchmarks/common.py)
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELHOUSE = REPO / "wheelhouse"
+
+# Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, without sparsity), matched in
+# this order against torch.cuda.get_device_name(): the more specific names first.
+PEAK_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM (e.g. "NVIDIA H100 80GB HBM3")
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10", 125.0),
+)
+
+# The families at 224 px: label -> (timm entrypoint, keyword arguments).
+FAMILIES = {
+    "deit_tiny": ("deit_tiny_patch16_224", {}),
+    "mait_tiny": ("mait_tiny_patch16_224", {}),
+    "mait_tiny_restrict": ("mait_tiny_patch16_224", {"mask_mode": "restrict", "mask_type": "hard"}),
+    "lsa_tiny": ("lsa_tiny_224", {}),
+    "ibit_tiny": ("ibit_tiny_patch16_224", {}),
+    "convit_tiny": ("convit_tiny", {}),
+    "nest_tiny": ("nest_tiny", {}),
+}
+LSA_PAPER_RATIO = 2.7  # LSA-T over NesT-T, as the LSA paper reports it
+DEMO_VARIANTS = ("deit", "mait_sch1", "lsa")
+RANDAUGMENT, ERASING = "rand-m9-mstd0.5-inc1", 0.25
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def peak_for_name(name: str) -> tuple[float | None, str]:
+    """The dense bf16 peak (TFLOP/s) of the GPU that torch names ``name``, and how it was found (or why not)."""
+    for key, tflops in PEAK_BF16_TFLOPS:
+        if key in name:
+            return tflops, f"{name!r} matched {key!r} in gpu_check.PEAK_BF16_TFLOPS"
+    return None, f"unknown GPU {name!r}: no bf16 peak in gpu_check.PEAK_BF16_TFLOPS, so MFU is null"
+
+
+def peak_bf16(device: torch.device) -> tuple[float | None, str]:
+    if device.type != "cuda":
+        return None, f"no bf16 peak for {device.type}: MFU is computed on NVIDIA GPUs only"
+    return peak_for_name(torch.cuda.get_device_name(device))
+
+
+def settings(device: torch.device, quick: bool) -> dict:
+    """Sizes and switches: the real ones on CUDA, tiny ones for --quick (the CPU self-test)."""
+    cuda = device.type == "cuda"
+    return {
+        "amp": "bf16" if cuda else "off", "compile": cuda, "channels_last": cuda,
+        "image_size": 64 if quick else 224, "train_batch": 2 if quick else 128, "repeats": 2 if quick else 10,
+        "steps_per_repeat": 1 if quick else 5,
+        "attention_sides": (4, 8) if quick else (14, 32, 64), "attention_tokens_per_batch": 256 if quick else 65536,
+        "augment_size": 32 if quick else 224, "augment_batch": 8 if quick else 256,
+        "demo_epochs": 2, "demo_variants": DEMO_VARIANTS[:1] if quick else DEMO_VARIANTS,
+        "feed_batch": 64 if quick else 256, "feed_epochs": 1 if quick else 3,
+    }
+
+
+def _autocast(device: torch.device, amp: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp == "bf16")
+
+
+# ---------------------------------------------------------------- sections
+
+def cuda_test_files(tests: Path = REPO / "tests") -> list[Path]:
+    """The test files holding a test marked ``cuda`` (only those are collected: on a node
+    without MLflow or Snakemake the others would not import)."""
+    marked = re.compile(r"^\s*(@pytest\.mark\.cuda\b|pytestmark\s*=.*\bpytest\.mark\.cuda\b)", re.M)
+    return sorted(p for p in tests.glob("test_*.py") if marked.search(p.read_text()))
+
+
+def cuda_tests(timeout: int = 900) -> dict:
+    files = cuda_test_files()
+    # Only the plugins named here: whatever else a node has installed stays out of the run.
+    plugins = ["-p", "pytest_timeout"] if importlib.util.find_spec("pytest_timeout") else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *plugins,
+           *(str(f.relative_to(REPO)) for f in files)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    out = proc.stdout + proc.stderr
+    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
+                                                summary)}
+    return {"command": " ".join(cmd[1:]), "files": [str(f.relative_to(REPO)) for f in files],
+            "returncode": proc.returncode, "counts": counts, "summary": summary,
+            "ok": proc.returncode == 0 and not counts.get("failed") and not counts.get("error"),
+            "output_tail": out[-3000:]}
+
+
+def ffcv_status() -> dict:
+    try:
+        import ffcv  # noqa: F401
+        import ffcv.loader  # noqa: F401  (loads the compiled extension and its shared libraries)
+    except Exception as err:  # ImportError, OSError from a missing shared library
+        return {"available": False, "reason": f"{type(err).__name__}: {err}"}
+    return {"available": True, "version": getattr(ffcv, "__version__", None)}
+
+
+def demo_data(work: Path, given: Path | None = None) -> tuple[Path | None, str]:
+    """The demo's prepared train/val files and manifest: ``given`` (--demo-data), the wheelhouse's
+    copy, results/demo/data, or ``locvit prepare`` here (which needs scikit-learn)."""
+    if given is not None:
+        return given, str(given)
+    packed = WHEELHOUSE / "demo-data.tar.gz"
+    if packed.is_file():
+        out = work / "demo-data"
+        with tarfile.open(packed) as tar:
+            tar.extractall(out, filter="data")
+        return out, str(packed.relative_to(REPO))
+    done = REPO / "results" / "demo" / "data"
+    if all((done / f).is_file() for f in ("train.beton", "val.beton", "manifest.json")):
+        return done, str(done.relative_to(REPO))
+    out = work / "demo-data"
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(REPO / "params.yaml"),
+                           "--train", str(out / "train.beton"), "--val", str(out / "val.beton"),
+                           "--test", str(out / "test.beton"), "--manifest", str(out / "manifest.json")],
+                          cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"locvit prepare failed: {(proc.stdout + proc.stderr)[-1500:]}"
+    return out, "locvit prepare (params.yaml) in a temporary folder"
+
+
+def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900) -> dict:
+    import yaml
+
+    status = ffcv_status()
+    if not status["available"]:
+        return {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}): locvit train cannot "
+                                        "read its data; the model and augmentation sections use synthetic batches"}
+    data, source = demo_data(work, s.get("demo_data"))
+    if data is None:
+        return {"ran": False, "reason": source}
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    recipe = dict(epochs=s["demo_epochs"], warmup_epochs=1, device=device.type, amp=s["amp"],
+                  compile=s["compile"], channels_last=s["channels_last"])
+    params["train"].update(recipe)
+    for v in params["variants"].values():  # a variant's own warm-up must stay below the epochs
+        if "warmup_epochs" in v.get("train", {}):
+            v["train"]["warmup_epochs"] = 1
+    params["seeds"] = [0]
+    params_file = work / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    runs = {}
+    for variant in s["demo_variants"]:
+        runs_dir = work / "runs" / variant
+        cmd = [sys.executable, "-m", "locvit", "train", "--params", str(params_file), "--variant", variant,
+               "--train-data", str(data / "train.beton"), "--val-data", str(data / "val.beton"),
+               "--manifest", str(data / "manifest.json"), "--runs-dir", str(runs_dir),
+               "--tracking-db", str(work / "mlflow.db"), "--no-progress"]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        wall = time.perf_counter() - start
+        metrics_file = runs_dir / "seed0" / "metrics.json"
+        run = {"returncode": proc.returncode, "wall_s": wall}
+        if proc.returncode == 0 and metrics_file.is_file():
+            m = json.loads(metrics_file.read_text())
+            run.update(history=[{k: row.get(k) for k in ("epoch", "train_loss", "train_images_per_s", "val_top1")}
+                                for row in m["history"]],
+                       final_val_top1=m["final_val_top1"],
+                       tracking=(m.get("tracking") or {}).get("status"))
+        else:
+            run["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
+        runs[variant] = run
+    return {"ran": True, "data": source, "recipe": recipe, "seed": 0, "runs": runs,
+            "ok": all(r["returncode"] == 0 and "history" in r for r in runs.values()),
+            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains"}
+
+
+def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: int, size: int):
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    if s["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    net = torch.compile(model) if s["compile"] else model
+
+    def step():
+        for _ in range(s["steps_per_repeat"]):
+            with _autocast(device, s["amp"]):
+                loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return step
+
+
+def throughput(device: torch.device, s: dict, families: dict = FAMILIES) -> dict:
+    import timm
+
+    import locvit.models  # noqa: F401  (registers locvit's families)
+    from locvit.analysis.profile import gmacs
+
+    peak, peak_note = peak_bf16(device)
+    size, batch = s["image_size"], s["train_batch"]
+    rows, fns = {}, {}
+    for label, (name, kwargs) in families.items():
+        try:
+            torch.manual_seed(0)
+            model = timm.create_model(name, img_size=size, **kwargs)
+            gm = gmacs(model, size)  # on the CPU: dense attention, every matmul counted
+            model = model.to(device).train()
+            fn = _train_step(model, device, s, batch, size)
+            fn()  # the first steps compile: out of the timing, and a failure is this family's alone
+            fns[label] = fn
+            rows[label] = {"model": name, "kwargs": kwargs, "gmacs_forward": gm,
+                           "train_flops_per_image": 3 * 2 * gm * 1e9,
+                           "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+        except Exception as err:
+            rows[label] = {"model": name, "kwargs": kwargs, "error": f"{type(err).__name__}: {err}",
+                           "images_per_s": None, "mfu": None}
+    times = common.alternate(fns, s["repeats"], warmup=1) if fns else {}
+    for label, t in times.items():
+        ips = batch * s["steps_per_repeat"] / common.median(t)
+        rows[label]["images_per_s"] = ips
+        rows[label]["achieved_tflops"] = ips * rows[label]["train_flops_per_image"] / 1e12
+        rows[label]["mfu"] = rows[label]["achieved_tflops"] / peak if peak else None
+    return {"image_size": size, "batch": batch, "amp": s["amp"], "compile": s["compile"],
+            "channels_last": s["channels_last"], "peak_bf16_tflops": peak, "peak_note": peak_note,
+            "flops_note": "training FLOPs = 3 x forward; forward counted by torch's FlopCounterMode on the CPU with "
+                          "dense attention (matmuls and convolutions only)",
+            "families": rows}
+
+
+def lsa_vs_nest(tp: dict) -> dict:
+    lsa, nest = tp["families"].get("lsa_tiny", {}), tp["families"].get("nest_tiny", {})
+    ratio = lsa["images_per_s"] / nest["images_per_s"] if lsa.get("images_per_s") and nest.get("images_per_s") \
+        else None
+    return {"lsa_tiny_images_per_s": lsa.get("images_per_s"), "nest_tiny_images_per_s": nest.get("images_per_s"),
+            "ratio": ratio, "paper_ratio": LSA_PAPER_RATIO}
+
+
+def restrict_attention(device: torch.device, s: dict) -> dict:
+    """Restrict-masked attention (every head, 3x3) by kernel, alone (one block's attention module)."""
+    import timm
+
+    import locvit.models  # noqa: F401
+
+    backward = device.type == "cuda"  # FlexAttention off CUDA runs eager and forward only
+    rows = {}
+    for side in s["attention_sides"]:
+        tokens = side * side
+        batch = max(1, s["attention_tokens_per_batch"] // tokens)
+        fns, row = {}, {"patch_tokens": tokens, "sequence": tokens + 1, "batch": batch}
+        for label, kwargs in (("flex", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
+                                            restrict_kernel="flex")),
+                              ("dense_masked", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
+                                                    restrict_kernel="dense")),
+                              ("full_fused", dict(masked_heads="none"))):
+            model = timm.create_model("mait_tiny_patch16_224", img_size=side * 16, depth=1, num_classes=0, **kwargs)
+            attn = model.blocks[0].attn.to(device).train(backward)
+            x = torch.randn(batch, tokens + 1, attn.qkv.in_features, device=device, requires_grad=backward)
+
+            def fn(attn=attn, x=x):
+                with _autocast(device, s["amp"]), torch.set_grad_enabled(backward):
+                    out = attn(x)
+                if backward:
+                    out.float().sum().backward()
+
+            try:
+                fn()
+                fns[label] = fn
+                row[f"{label}_kernel_used"] = "flex" if label == "flex" and attn._flex(x) else \
+                    ("sdpa" if label != "flex" else "dense (FlexAttention not taken here)")
+            except Exception as err:
+                row[f"{label}_error"] = f"{type(err).__name__}: {err}"
+        times = common.alternate(fns, s["repeats"], warmup=1)
+        for label, t in times.items():
+            row[f"{label}_ms"] = 1e3 * common.median(t)
+        for label in ("flex", "full_fused"):
+            if f"{label}_ms" in row and "dense_masked_ms" in row:
+                row[f"dense_masked_over_{label}"] = row["dense_masked_ms"] / row[f"{label}_ms"]
+        rows[str(tokens)] = row
+    return {"pass": "forward+backward" if backward else "forward only (FlexAttention off CUDA has no backward)",
+            "mask": "restrict, hard 3x3 neighbourhood on all 3 heads (mait_tiny: 192-d)", "amp": s["amp"],
+            "by_patch_tokens": rows}
+
+
+def _augment(device: torch.device):
+    from locvit.data.augment import TrainAugment
+    from locvit.data.ffcv_io import to_model_input
+
+    aug = TrainAugment(MEAN, STD, RANDAUGMENT, ERASING, seed=0)
+    state = {"step": 0}
+
+    def apply(images: torch.Tensor) -> torch.Tensor:
+        state["step"] += 1
+        x = to_model_input(aug.before_normalise(images, state["step"]), MEAN, STD)
+        return aug.after_normalise(x, state["step"])
+
+    return apply
+
+
+def augmentation(device: torch.device, s: dict) -> dict:
+    size, batch = s["augment_size"], s["augment_batch"]
+    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
+    apply = _augment(device)
+    times = common.alternate({"augment": lambda: apply(images)}, s["repeats"], warmup=1)
+    return {"backend": "tensor", "policy": f"{RANDAUGMENT} + normalise + erasing {ERASING}", "image_size": size,
+            "batch": batch, "images_per_s": batch / common.median(times["augment"]), "input": "synthetic uint8 on the device"}
+
+
+def feed(device: torch.device, s: dict, work: Path) -> dict:
+    status = ffcv_status()
+    if not status["available"]:
+        return {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}); the augmentation "
+                                        "section measures the device side on synthetic batches"}
+    data, source = demo_data(work, s.get("demo_data"))
+    if data is None:
+        return {"ran": False, "reason": source}
+    from locvit.data.ffcv_io import make_loader
+
+    loader = make_loader(data / "train.beton", s["feed_batch"], True, device, num_workers=min(8, os.cpu_count() or 1),
+                         seed=0, translate=1, jit=False)
+    apply = _augment(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rates = {}
+    for label, use_aug in (("loader", False), ("loader_augment", True)):
+        n, start = 0, None
+        for epoch in range(s["feed_epochs"] + 1):  # the first epoch warms up, untimed
+            if epoch == 1:
+                sync()
+                start = time.perf_counter()
+            for images, _ in loader:
+                x = apply(images) if use_aug else images
+                n += len(x) if epoch else 0
+        sync()
+        rates[label] = n / (time.perf_counter() - start)
+    return {"ran": True, "data": source, "image_size": 32, "batch": s["feed_batch"], "epochs_timed": s["feed_epochs"],
+            "loader_images_per_s": rates["loader"], "loader_augment_images_per_s": rates["loader_augment"]}
+
+
+# ---------------------------------------------------------------- the whole check
+
+SECTIONS = ("cuda_tests", "demo_training", "throughput", "lsa_vs_nest", "restrict_attention", "augmentation", "feed")
+
+
+def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, families: dict = FAMILIES,
+              demo_data_dir: Path | None = None) -> dict:
+    """Every section (a failing one records its error), then ``gpu.json`` written atomically
+    (benchmarks/common.py's ``write_result``, into ``common.RESULTS``)."""
+    s = settings(device, quick)
+    payload = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+               else None, "quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+               "ffcv": ffcv_status(), "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
+               "wheelhouse": _wheelhouse_info(), "sections_run": list(sections), "errors": {}}
+    s["demo_data"] = demo_data_dir
+    work = Path(tempfile.mkdtemp(prefix="locvit-gpu-check-"))
+    try:
+        for name in sections:
+            start = time.perf_counter()
+            print(f"gpu-check: {name} ...", flush=True)
+            try:
+                if name == "cuda_tests":
+                    payload[name] = cuda_tests()
+                elif name == "demo_training":
+                    payload[name] = demo_training(device, s, work)
+                elif name == "throughput":
+                    payload[name] = throughput(device, s, families)
+                elif name == "lsa_vs_nest":
+                    payload[name] = lsa_vs_nest(payload["throughput"])
+                elif name == "restrict_attention":
+                    payload[name] = restrict_attention(device, s)
+                elif name == "augmentation":
+                    payload[name] = augmentation(device, s)
+                elif name == "feed":
+                    payload[name] = feed(device, s, work)
+                else:
+                    raise ValueError(f"--sections: {name!r} is not a section; allowed: {', '.join(SECTIONS)}")
+            except Exception as err:
+                payload[name] = None
+                payload["errors"][name] = "".join(traceback.format_exception_only(err)).strip()
+                print(f"gpu-check: {name} failed: {payload['errors'][name]}", file=sys.stderr, flush=True)
+            payload.setdefault("section_seconds", {})[name] = time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    payload["path"] = str(common.write_result("gpu", payload))
+    return payload
+
+
+def _wheelhouse_info() -> dict | None:
+    f = WHEELHOUSE / "wheelhouse.json"
+    if not f.is_file():
+        return None
+    info = json.loads(f.read_text())
+    return {"total_bytes": info.get("total_bytes"), "requirements": info.get("requirements"),
+            "shared_libraries": info.get("shared_libraries"), "built_against": info.get("built_against")}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="locvit's GPU check; writes benchmarks/results/gpu.json")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the self-test's device)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs, measures nothing")
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
+                                                   "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
+    ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="where gpu.json goes (default %(default)s)")
+    args = ap.parse_args(argv)
+    common.RESULTS = args.results_dir
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
+                         "--device cpu runs the check on the CPU")
+    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data)
+    print(json.dumps({k: payload.get(k) for k in ("device_name", "errors", "section_seconds")}, indent=1))
+    print(f"gpu-check: wrote {payload['path']}")
+    if payload["errors"] or (payload.get("cuda_tests") or {}).get("ok") is False:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

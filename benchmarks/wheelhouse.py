@@ -1,0 +1,197 @@
+"""The wheelhouse of the GPU check: what an offline GPU node lacks to run benchmarks/gpu_check.py.
+
+The node this is built for (docs/benchmarks.md, "GPU check"): Linux x86_64, CPython 3.12,
+with torch (CUDA), timm, numba and opencv-python-headless installed, and everything
+those depend on; no package index. The check needs on top of that:
+
+- ffcv (``locvit train``'s loader), built here from its source release for CPython 3.12
+  and installed without its declared dependencies: locvit's path imports none of them
+  (fastargs, terminaltables, pytorch-pfn-extras, assertpy; opencv-python is the node's
+  headless OpenCV under another name), and its extension's shared libraries (OpenCV,
+  libjpeg-turbo and what they link, the C and C++ runtimes excepted) in ``lib/``;
+- jsonschema (locvit validates its configs) and pytest (the CUDA-marked tests), with
+  their dependencies that the node does not already have;
+- the demo study's prepared data (``demo-data.tar.gz``, made by ``locvit prepare``): the
+  node has no scikit-learn, which reads the digits.
+
+Not needed there: MLflow (a run whose tracking fails trains on and says so), Snakemake,
+DVC, scikit-learn, SciPy, pandas, matplotlib.
+
+    python benchmarks/wheelhouse.py wheelhouse      # (make wheelhouse) on a connected machine
+
+writes ``wheelhouse/``: the wheels, ``requirements.txt`` (exact pins, installed with
+``--no-deps``), ``lib/``, ``demo-data.tar.gz`` and ``wheelhouse.json`` (files and sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_PYTHON = "3.12"
+# What the node has (with everything these depend on).
+NODE_HAS = ("torch", "timm", "numba", "opencv-python-headless")
+# What the check imports beyond that.
+ROOTS = ("ffcv", "jsonschema", "pytest", "pytest-timeout")
+# Installed without their declared dependencies (see the module docstring).
+NO_DEPS = ("ffcv",)
+# Shared libraries every Linux node has: never shipped (a copy could clash with the node's C library).
+BASE_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so",
+             "libstdc++", "libgcc_s")
+PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64")
+
+
+def _node_environment() -> dict:
+    env = default_environment()
+    env.update(python_version=NODE_PYTHON, python_full_version=NODE_PYTHON + ".0", sys_platform="linux",
+               platform_system="Linux", platform_machine="x86_64", implementation_name="cpython")
+    return env
+
+
+def closure(roots, skip_deps_of=()) -> dict[str, str]:
+    """Canonical name -> installed version of ``roots`` and what they require on the node's Python,
+    read from this environment's metadata; distributions not installed here are left out."""
+    env, found, todo = _node_environment(), {}, [canonicalize_name(r) for r in roots]
+    skip = {canonicalize_name(n) for n in skip_deps_of}
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        found[name] = dist.version
+        if name in skip:
+            continue
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return found
+
+
+def requirements() -> dict[str, str]:
+    """What the wheelhouse holds: the check's closure minus the node's, pinned to this environment's versions."""
+    node = closure(NODE_HAS)
+    return {n: v for n, v in sorted(closure(ROOTS, skip_deps_of=NO_DEPS).items()) if n not in node}
+
+
+def python312() -> str:
+    """A CPython 3.12 to build ffcv's wheel with: ``python3.12`` on PATH, else pyenv's (one that runs)."""
+    candidates = [shutil.which("python" + NODE_PYTHON)] + sorted(
+        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{NODE_PYTHON}*/bin/python")), reverse=True)
+    for exe in filter(None, candidates):
+        if subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"],
+                          capture_output=True).returncode == 0:
+            return exe
+    raise SystemExit(f"wheelhouse: no CPython {NODE_PYTHON} to build ffcv's wheel with (python{NODE_PYTHON} on "
+                     f"PATH or `pyenv install {NODE_PYTHON}`)")
+
+
+def download(pins: dict[str, str], dest: Path) -> None:
+    """Binary wheels for CPython 3.12 on manylinux x86_64 (pure-Python ones fit any)."""
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
+           "--python-version", NODE_PYTHON, "--implementation", "cp", *platforms,
+           *(f"{n}=={v}" for n, v in pins.items())]
+    subprocess.run(cmd, check=True)
+
+
+def build_ffcv(version: str, dest: Path) -> Path:
+    """ffcv's wheel, built from its sdist with CPython 3.12 against this machine's OpenCV and libjpeg-turbo."""
+    subprocess.run([python312(), "-m", "pip", "wheel", "-q", "--no-deps", f"ffcv=={version}", "-w", str(dest)],
+                   check=True)
+    return next(dest.glob(f"ffcv-{version}-cp312-*.whl"))
+
+
+def shared_libraries(wheel: Path, lib_dir: Path) -> list[str]:
+    """Copy the shared libraries the wheel's extensions link (all of them, as ldd resolves them
+    here, but :data:`BASE_LIBS`) into ``lib_dir`` under their sonames; their names."""
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    copied = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(tmp)
+        for ext in Path(tmp).rglob("*.so"):
+            out = subprocess.run(["ldd", str(ext)], check=True, capture_output=True, text=True).stdout
+            for soname, path in re.findall(r"^\s*(\S+) => (/\S+)", out, flags=re.M):
+                if "not found" in path:
+                    raise SystemExit(f"wheelhouse: {ext.name} links {soname}, which is not installed here")
+                if soname.startswith(BASE_LIBS) or (lib_dir / soname).exists():
+                    continue
+                shutil.copy2(os.path.realpath(path), lib_dir / soname)
+                copied.append(soname)
+    return sorted(copied)
+
+
+def demo_data(dest: Path) -> Path:
+    """The demo study's train and val splits and manifest (``locvit prepare`` on params.yaml), as a .tar.gz."""
+    out = dest / "demo-data.tar.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(REPO / "params.yaml"),
+                        "--train", str(t / "train.beton"), "--val", str(t / "val.beton"),
+                        "--test", str(t / "test.beton"), "--manifest", str(t / "manifest.json")],
+                       check=True, cwd=REPO)
+        with tarfile.open(out.with_suffix(".tmp"), "w:gz") as tar:
+            for name in ("manifest.json", "train.beton", "val.beton"):
+                tar.add(t / name, arcname=name)
+        os.replace(out.with_suffix(".tmp"), out)
+    return out
+
+
+def gather(dest: Path) -> dict:
+    """Fill ``dest`` (emptied first) with the wheelhouse; its description (also ``wheelhouse.json``)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    pins = requirements()
+    download({n: v for n, v in pins.items() if n not in NO_DEPS}, dest)
+    libs = shared_libraries(build_ffcv(pins["ffcv"], dest), dest / "lib")
+    demo_data(dest)
+    (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
+    files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}
+    info = {"python": f"cp{NODE_PYTHON.replace('.', '')}", "node_has": list(NODE_HAS), "requirements": pins,
+            "shared_libraries": libs, "files": files, "total_bytes": sum(files.values()),
+            "built_against": _glibc()}
+    (dest / "wheelhouse.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _glibc() -> str:
+    out = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.splitlines()
+    return out[0] if out else "unknown"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dest", type=Path, nargs="?", default=REPO / "wheelhouse")
+    ap.add_argument("--list", action="store_true", help="print the pinned requirements and stop (no download)")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("".join(f"{n}=={v}\n" for n, v in requirements().items()), end="")
+        return
+    info = gather(args.dest)
+    print(f"wheelhouse {args.dest}: {len(info['requirements'])} distributions, {len(info['shared_libraries'])} "
+          f"shared libraries, {info['total_bytes'] / 2 ** 20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
