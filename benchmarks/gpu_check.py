@@ -221,14 +221,14 @@ def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900)
             "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains"}
 
 
-def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: int, size: int):
+def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: int, size: int, compile_: bool):
     x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
     if s["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    net = torch.compile(model) if s["compile"] else model
+    net = torch.compile(model) if compile_ else model
 
     def step():
         for _ in range(s["steps_per_repeat"]):
@@ -256,14 +256,21 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES) -> dict
             model = timm.create_model(name, img_size=size, **kwargs)
             gm = gmacs(model, size)  # on the CPU: dense attention, every matmul counted
             model = model.to(device).train()
-            fn = _train_step(model, device, s, batch, size)
-            fn()  # the first steps compile: out of the timing, and a failure is this family's alone
-            fns[label] = fn
-            rows[label] = {"model": name, "kwargs": kwargs, "gmacs_forward": gm,
-                           "train_flops_per_image": 3 * 2 * gm * 1e9,
-                           "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+            row = {"model": name, "kwargs": kwargs, "gmacs_forward": gm, "train_flops_per_image": 3 * 2 * gm * 1e9,
+                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "compiled": s["compile"]}
+            try:
+                fn = _train_step(model, device, s, batch, size, s["compile"])
+                fn()  # the first steps compile: out of the timing, and a failure is this family's alone
+            except Exception as err:
+                if not s["compile"]:
+                    raise
+                # torch.compile failed on this family: measured eager, and the error kept
+                row.update(compiled=False, compile_error=f"{type(err).__name__}: {str(err)[:2000]}")
+                fn = _train_step(model, device, s, batch, size, False)
+                fn()
+            fns[label], rows[label] = fn, row
         except Exception as err:
-            rows[label] = {"model": name, "kwargs": kwargs, "error": f"{type(err).__name__}: {err}",
+            rows[label] = {"model": name, "kwargs": kwargs, "error": f"{type(err).__name__}: {str(err)[:2000]}",
                            "images_per_s": None, "mfu": None}
     times = common.alternate(fns, s["repeats"], warmup=1) if fns else {}
     for label, t in times.items():
@@ -430,8 +437,26 @@ def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, fami
             payload.setdefault("section_seconds", {})[name] = time.perf_counter() - start
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    payload["problems"] = problems(payload)
     payload["path"] = str(common.write_result("gpu", payload))
     return payload
+
+
+def problems(payload: dict) -> list[str]:
+    """What went wrong, one line each (empty: everything that ran worked; make gpu-check then exits 0)."""
+    found = [f"{name}: {err}" for name, err in payload["errors"].items()]
+    tests = payload.get("cuda_tests")
+    if tests and not tests["ok"]:
+        found.append(f"cuda_tests: {tests['summary']}")
+    demo = payload.get("demo_training")
+    if demo and demo.get("ran") and not demo["ok"]:
+        found += [f"demo_training {v}: exit {r['returncode']}" for v, r in demo["runs"].items() if "history" not in r]
+    for label, row in ((payload.get("throughput") or {}).get("families") or {}).items():
+        if "error" in row:
+            found.append(f"throughput {label}: {row['error'][:300]}")
+    for tokens, row in ((payload.get("restrict_attention") or {}).get("by_patch_tokens") or {}).items():
+        found += [f"restrict_attention {tokens} tokens {k}: {v[:300]}" for k, v in row.items() if k.endswith("_error")]
+    return found
 
 
 def _wheelhouse_info() -> dict | None:
@@ -458,9 +483,9 @@ def main(argv=None) -> None:
         raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
                          "--device cpu runs the check on the CPU")
     payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data)
-    print(json.dumps({k: payload.get(k) for k in ("device_name", "errors", "section_seconds")}, indent=1))
+    print(json.dumps({k: payload.get(k) for k in ("device_name", "problems", "section_seconds")}, indent=1))
     print(f"gpu-check: wrote {payload['path']}")
-    if payload["errors"] or (payload.get("cuda_tests") or {}).get("ok") is False:
+    if payload["problems"]:
         sys.exit(1)
 
 

@@ -87,7 +87,7 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in results.iterdir()) == ["gpu.json"]  # replaced whole, no temporary left
     r = json.loads((results / "gpu.json").read_text())
-    assert r["errors"] == {} and r["machine"]["gpu"] is None and r["device"] == "cpu"
+    assert r["errors"] == {} and r["problems"] == [] and r["machine"]["gpu"] is None and r["device"] == "cpu"
     assert r["sections_run"] == list(gpu_check.SECTIONS)
     assert r["ffcv"]["available"] is True
 
@@ -108,7 +108,7 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
         assert "error" not in row, (label, row)
         assert _finite_positive(row["images_per_s"]) and _finite_positive(row["gmacs_forward"]), label
         assert row["train_flops_per_image"] == pytest.approx(6e9 * row["gmacs_forward"])
-        assert row["mfu"] is None
+        assert row["mfu"] is None and row["compiled"] is False
     ln = r["lsa_vs_nest"]
     assert ln["paper_ratio"] == 2.7 and ln["ratio"] == pytest.approx(
         ln["lsa_tiny_images_per_s"] / ln["nest_tiny_images_per_s"])
@@ -132,6 +132,7 @@ def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkey
     # lsa_vs_nest reads the throughput section, which is not run: it fails, augmentation still runs
     r = gpu_check.run_check(torch.device("cpu"), quick=True, sections=["lsa_vs_nest", "augmentation"])
     assert r["lsa_vs_nest"] is None and "KeyError" in r["errors"]["lsa_vs_nest"]
+    assert len(r["problems"]) == 1 and r["problems"][0].startswith("lsa_vs_nest: KeyError")
     assert _finite_positive(r["augmentation"]["images_per_s"])
     assert json.loads((tmp_path / "gpu.json").read_text())["errors"] == r["errors"]
 
