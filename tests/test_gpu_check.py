@@ -36,12 +36,12 @@ def _node_visible() -> set[str]:
     return set(wheelhouse.closure(wheelhouse.NODE_HAS)) | set(wheelhouse.requirements()) | {"locvit"} | SAME_AS_NODE
 
 
-def _hide_others(folder: Path) -> dict:
+def _hide_others(folder: Path, also: tuple[str, ...] = ()) -> dict:
     """A sitecustomize in ``folder`` that makes every top-level module of a distribution the node
-    would not have fail to import; the environment to run a process under it."""
+    would not have (and the modules ``also``) fail to import; the environment to run a process under it."""
     visible = _node_visible()
-    hidden = sorted(m for m, dists in md.packages_distributions().items()
-                    if not any(canonicalize_name(d) in visible for d in dists) and m.isidentifier())
+    hidden = sorted({m for m, dists in md.packages_distributions().items()
+                     if not any(canonicalize_name(d) in visible for d in dists) and m.isidentifier()} | set(also))
     (folder / "sitecustomize.py").write_text(textwrap.dedent(f"""
         import importlib.machinery, sys
         HIDDEN = set({hidden!r})
@@ -123,6 +123,21 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     assert _finite_positive(r["augmentation"]["images_per_s"])
     f = r["feed"]
     assert f["ran"] and _finite_positive(f["loader_images_per_s"]) and _finite_positive(f["loader_augment_images_per_s"])
+
+
+def test_without_ffcv_the_check_says_so_and_measures_synthetic_batches(tmp_path, demo_data):
+    hide = _hide_others(tmp_path, also=("ffcv",))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
+                           "--sections", "demo_training", "augmentation", "feed", "--demo-data", str(demo_data),
+                           "--results-dir", str(tmp_path)], cwd=REPO, env=hide["env"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "gpu.json").read_text())
+    assert r["ffcv"]["available"] is False and "ffcv" in r["ffcv"]["reason"]
+    for section in ("demo_training", "feed"):
+        assert r[section]["ran"] is False and "FFCV cannot be imported" in r[section]["reason"]
+    assert "synthetic" in r["feed"]["reason"] and _finite_positive(r["augmentation"]["images_per_s"])
+    assert r["problems"] == []
 
 
 def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
