@@ -31,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -146,7 +147,12 @@ def ffcv_status() -> dict:
         import ffcv  # noqa: F401
         import ffcv.loader  # noqa: F401  (loads the compiled extension and its shared libraries)
     except Exception as err:  # ImportError, OSError from a missing shared library
-        return {"available": False, "reason": f"{type(err).__name__}: {err}"}
+        reason = f"{type(err).__name__}: {err}"
+        needs = (_wheelhouse_info() or {}).get("node_needs")
+        if isinstance(err, OSError) and needs:
+            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')} and a libstdc++ "
+                       f"with GLIBCXX_{needs.get('glibcxx')}; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
+        return {"available": False, "reason": reason}
     return {"available": True, "version": getattr(ffcv, "__version__", None)}
 
 
@@ -406,6 +412,7 @@ def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, fami
     payload = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else None, "quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
                "ffcv": ffcv_status(), "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
+               "glibc": "".join(platform.libc_ver()),
                "wheelhouse": _wheelhouse_info(), "sections_run": list(sections), "errors": {}}
     s["demo_data"] = demo_data_dir
     work = Path(tempfile.mkdtemp(prefix="locvit-gpu-check-"))
@@ -465,7 +472,8 @@ def _wheelhouse_info() -> dict | None:
         return None
     info = json.loads(f.read_text())
     return {"total_bytes": info.get("total_bytes"), "requirements": info.get("requirements"),
-            "shared_libraries": info.get("shared_libraries"), "built_against": info.get("built_against")}
+            "shared_libraries": info.get("shared_libraries"), "built_against": info.get("built_against"),
+            "node_needs": info.get("node_needs")}
 
 
 def main(argv=None) -> None:

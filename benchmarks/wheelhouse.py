@@ -164,13 +164,18 @@ def gather(dest: Path) -> dict:
     dest.mkdir(parents=True)
     pins = requirements()
     download({n: v for n, v in pins.items() if n not in NO_DEPS}, dest)
-    libs = shared_libraries(build_ffcv(pins["ffcv"], dest), dest / "lib")
+    ffcv_wheel = build_ffcv(pins["ffcv"], dest)
+    libs = shared_libraries(ffcv_wheel, dest / "lib")
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(ffcv_wheel) as z:
+            z.extractall(tmp)
+        needs = needed_versions([*(dest / "lib").iterdir(), *Path(tmp).rglob("*.so")])
     demo_data(dest)
     (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}
     info = {"python": f"cp{NODE_PYTHON.replace('.', '')}", "node_has": list(NODE_HAS), "requirements": pins,
             "shared_libraries": libs, "files": files, "total_bytes": sum(files.values()),
-            "built_against": _glibc()}
+            "built_against": _glibc(), "node_needs": needs}
     (dest / "wheelhouse.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
@@ -178,6 +183,18 @@ def gather(dest: Path) -> dict:
 def _glibc() -> str:
     out = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.splitlines()
     return out[0] if out else "unknown"
+
+
+def needed_versions(libraries) -> dict[str, str]:
+    """The newest GLIBC_ and GLIBCXX_ symbol versions the shared libraries ask of the node's C and
+    C++ runtimes (objdump -T): the node's glibc and libstdc++ must provide them."""
+    found: dict[str, tuple[int, ...]] = {}
+    for lib in libraries:
+        out = subprocess.run(["objdump", "-T", str(lib)], check=True, capture_output=True, text=True).stdout
+        for name, version in re.findall(r"\b(GLIBC|GLIBCXX)_(\d+(?:\.\d+)+)\b", out):
+            v = tuple(int(x) for x in version.split("."))
+            found[name] = max(found.get(name, v), v)
+    return {name.lower(): ".".join(map(str, v)) for name, v in sorted(found.items())}
 
 
 def main(argv=None) -> None:
