@@ -8,10 +8,10 @@ error and the others still run), all written to ``benchmarks/results/gpu.json``:
   through ``locvit train`` with bf16 autocast, torch.compile and channels_last; needs
   FFCV (else the section says why and the synthetic sections below still run);
 - ``throughput``: training images/s of each family at 224 px (forward, backward, AdamW
-  step on a fixed on-device batch; 64 px with ``--quick``), with model FLOPs utilisation: images/s x 3 x the
-  forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs` x 2, counted on the
-  CPU with dense attention) over the GPU's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`;
-  an unknown GPU gets MFU null and says so);
+  step on a fixed on-device batch; 64 px with ``--quick``), with model FLOPs utilisation:
+  images/s x 3 x the forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs` x 2,
+  counted on the CPU with dense attention) over the GPU's dense bf16 peak
+  (:data:`PEAK_BF16_TFLOPS`; an unknown GPU gets MFU null and says so);
 - ``lsa_vs_nest``: LSA-T's training images/s over NesT-T's (the LSA paper reports 2.7x);
 - ``restrict_attention``: MaiT's restrict-masked attention (all heads, 3x3) through
   FlexAttention vs dense masked attention vs unmasked fused attention, forward +
@@ -22,6 +22,7 @@ error and the others still run), all written to ``benchmarks/results/gpu.json``:
   device, images/s (or why it could not run).
 
 ``--quick`` runs every section at tiny sizes (the CPU self-test, tests/test_gpu_check.py).
+``problems`` in gpu.json lists every failure; the command exits 1 when there is one.
 Timings alternate between the things compared (benchmarks/common.py) and are medians.
 """
 
