@@ -9,9 +9,11 @@ generator), with EMA on so the average is carried over too.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from conftest import env_with_venv, train_cmd
 from locvit.config import run_config
 from locvit.train.checkpoint import load_checkpoint, save_checkpoint
 from locvit.train.resume import plan_run
+from locvit.train.stop import EXIT_STOPPED
 
 EPOCHS = 3
 
@@ -143,3 +146,44 @@ def test_a_finished_run_is_restored_not_retrained_when_asked(runs, cfg, prepared
         assert after[key] == before[key], key
     assert json.loads((folder / "metrics.json").read_text())["history"] == before["history"]
     assert load_checkpoint(folder / "best.pt")["epoch"] == before["best_epoch"]
+
+
+def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_same_weights(runs, cfg, prepared,
+                                                                                           tmp_path):
+    """SIGUSR1 (what a SLURM job's warning before its time limit becomes) in the middle of the second epoch:
+    `locvit train` saves last.pt at the next step boundary and exits with EXIT_STOPPED; run again, it
+    continues at that step and ends bitwise equal to the uninterrupted run, in one MLflow run."""
+    import mlflow
+
+    per_epoch = load_checkpoint(runs["whole"] / "last.pt")["step"] // EPOCHS
+    at = per_epoch + per_epoch // 2  # optimiser step (0-based) in the middle of epoch 1
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {**env_with_venv(), "LOCVIT_HOLD_AT": f"train_step_{at}", "LOCVIT_HOLD_FILE": str(hold)}
+    out, db = tmp_path / "run", tmp_path / "mlflow.db"
+    proc = subprocess.Popen(train_cmd(cfg, prepared, out, db), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob("hold.*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGUSR1)  # while it holds after step `at`
+    hold.unlink()
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_STOPPED, log[-3000:]
+    state = load_checkpoint(out / "last.pt")
+    assert (state["epoch"], state["step"], state["partial"]["batches"]) == (0, at + 1, at + 1 - per_epoch), log
+    assert not (out / "metrics.json").exists() and "run it again to resume" in log
+
+    resumed = run_ok(train_cmd(cfg, prepared, out, db))
+    assert f"resuming after step {at + 1} (batch {at + 1 - per_epoch} of epoch 2)" in resumed
+    whole, cut = load_checkpoint(runs["whole"] / "last.pt"), load_checkpoint(out / "last.pt")
+    for part in ("model", "ema", "best_model"):
+        assert all(torch.equal(whole[part][k], cut[part][k]) for k in whole[part]), part
+    for a, b in zip(whole["optimizer"]["state"].values(), cut["optimizer"]["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    for a, b in zip(whole["history"], cut["history"]):
+        assert {k: v for k, v in a.items() if k != "train_images_per_s"} == \
+               {k: v for k, v in b.items() if k != "train_images_per_s"}
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    found = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    assert [r.info.status for r in found] == ["FINISHED"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section
 from locvit.layout import StudyLayout, per_seed
+from locvit.train.stop import EXIT_STOPPED, Stopped
 
 
 def cmd_validate(args) -> None:
@@ -39,8 +40,11 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from locvit.train import stop
     from locvit.train.distributed import distributed
     from locvit.train.loop import train_run
+
+    stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
 
     if args.run_config:
         given = json.loads(args.run_config)
@@ -360,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, FloatingPointError) as err:
         print(f"locvit {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except Stopped as err:
+        print(f"locvit {args.command}: {err}; run it again to resume (exit status {EXIT_STOPPED})",
+              file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     return 0
 
 

@@ -10,7 +10,10 @@ locvit's modules as they are imported (nothing in locvit knows about faults):
 with ``LOCVIT_HOLD_FILE=<path>`` makes it wait there while that file exists, after writing
 ``<path>.<pid>.json`` (the point, the run folder, the SLURM job id), so a test can preempt
 it at a known moment (``scancel``) and then remove the file to let the others go on.
-``<point>@<text>`` limits either to runs whose folder (or file) contains ``<text>``.
+``LOCVIT_STALL_AT=<point>`` with ``LOCVIT_STALL_FILE=<path>`` makes a training process wait
+there until it is asked to stop (SIGURG/SIGUSR1, :mod:`locvit.train.stop`), then removes the
+file, so the resumed run goes on: a job that meets its time limit at a known moment.
+``<point>@<text>`` limits any of them to runs whose folder (or file) contains ``<text>``.
 
 Points (``<where>`` is what ``@<text>`` is matched against):
 
@@ -37,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIABLES = ("LOCVIT_KILL_AT", "LOCVIT_HOLD_AT", "LOCVIT_NAN_AT")
+VARIABLES = ("LOCVIT_KILL_AT", "LOCVIT_HOLD_AT", "LOCVIT_STALL_AT", "LOCVIT_NAN_AT")
 _where = {"train": "", "evaluate": ""}  # the run folder being trained, the result files being scored
 
 
@@ -66,6 +69,20 @@ def hold_point(name: str, where) -> None:
     print(f"fault injection: holding at {name} while {hold} exists", flush=True)
     while hold.exists():
         time.sleep(0.2)
+
+
+def stall_point(name: str, where) -> None:
+    if not _armed("LOCVIT_STALL_AT", name, str(where)):
+        return
+    stall = Path(os.environ["LOCVIT_STALL_FILE"])
+    if not stall.exists():
+        return
+    from locvit.train.stop import REQUEST
+
+    print(f"fault injection: stalling at {name} until asked to stop", flush=True)
+    while not REQUEST.requested and stall.exists():
+        time.sleep(0.2)
+    stall.unlink(missing_ok=True)  # once: the resumed run goes on
 
 
 def _nan_steps() -> set[int]:
@@ -110,6 +127,8 @@ def _patch_loop(loop) -> None:
             if on_step is not None:
                 on_step(step)
             kill_point(f"train_step_{step - 1}", _where["train"])
+            hold_point(f"train_step_{step - 1}", _where["train"])
+            stall_point(f"train_step_{step - 1}", _where["train"])
 
         handle = model.register_forward_hook(
             lambda m, a, out: out * float("nan") if current.get("step") in nan_at else None) if nan_at else None
@@ -122,9 +141,9 @@ def _patch_loop(loop) -> None:
     def traced_evaluate(model, loader, *args, **kwargs):
         return evaluate(model, _counted(loader, "train"), *args, **kwargs)
 
-    def traced_save_epoch(run, p, improved, finished=False):
-        save_epoch(run, p, improved, finished)
-        if not finished:
+    def traced_save_epoch(run, p, improved, finished=False, **kwargs):
+        save_epoch(run, p, improved, finished, **kwargs)
+        if not finished and p.partial is None:  # an epoch's end, not a stop within one
             kill_point(f"after_epoch_{p.epoch - 1}", run.out_dir)
             hold_point(f"after_epoch_{p.epoch - 1}", run.out_dir)
 

@@ -56,7 +56,8 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
                     on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0, feed_ahead: int = 0) -> dict:
+                    bad_steps_before: int = 0, feed_ahead: int = 0, done: dict | None = None,
+                    stop: Callable[[], bool] | None = None) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
@@ -75,14 +76,27 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     is raised, before the epoch's checkpoint: last.pt stays the last good epoch's. The
     decision reads the gradient norm after backward, which DDP has already averaged, so
     every process skips the same steps.
+
+    ``stop()``, asked after every step but the epoch's last, ends the epoch early when it
+    says so (``stopped`` in the result). ``done``: the ``partial`` result of such an
+    epoch; its batches are drawn again from ``loader`` (the same order and numpy draws
+    when the generators are as they were at the epoch's start) and skipped, and its
+    sums carried on, so the resumed epoch ends as the uninterrupted one would.
     """
     model.train()
-    total_loss, total_correct, total_seen, bad_steps = 0.0, 0, 0, 0
+    done = done or {"batches": 0, "loss_sum": 0.0, "correct": 0, "seen": 0, "bad_steps": 0, "elapsed_s": 0.0}
+    total_loss, total_correct, total_seen, bad_steps = done["loss_sum"], done["correct"], done["seen"], done["bad_steps"]
+    batches, stopped = done["batches"], False
     step = first_step
-    start = time.perf_counter()
-    feed = TrainFeed(loader, augment, compute, mean, std, first_step, feed_ahead)  # x: RandAugment, normalised, erased
+    start = time.perf_counter() - done["elapsed_s"]
+    feed = TrainFeed(_Skip(loader, batches), augment, compute, mean, std, first_step, feed_ahead)  # x: RandAugment, normalised, erased
     bar = tqdm(feed, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
     for x, labels in bar:
+        batches += 1
+        if stop is not None and batches > done["batches"] + 1 and stop():
+            stopped = True  # asked after the previous step: that one was the last
+            batches -= 1
+            break
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -118,6 +132,9 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                         img_s=f"{total_seen / max(elapsed, 1e-9):.0f}")
     elapsed = time.perf_counter() - start
     return {
+        "stopped": stopped,
+        "partial": {"batches": batches, "loss_sum": total_loss, "correct": total_correct, "seen": total_seen,
+                    "bad_steps": bad_steps, "elapsed_s": elapsed},
         "train_loss": total_loss / max(total_seen, 1),
         "train_top1": total_correct / max(total_seen, 1),
         "train_images_per_s": total_seen / max(elapsed, 1e-9),
@@ -125,6 +142,22 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         "steps": step,
         "bad_steps": bad_steps,
     }
+
+
+class _Skip:
+    """``loader`` without its first ``n`` batches (read and dropped: FFCV draws for them as before)."""
+
+    def __init__(self, loader: Iterable, n: int):
+        self.loader, self.n = loader, n
+
+    def __len__(self) -> int:
+        return len(self.loader) - self.n
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        for _ in range(self.n):
+            next(batches)
+        yield from batches
 
 
 @torch.no_grad()

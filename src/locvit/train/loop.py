@@ -34,6 +34,7 @@ from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything,
 from locvit.train.distributed import Dist
 from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
 from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
+from locvit.train.stop import REQUEST, Stopped
 
 __all__ = ["param_groups", "train_run"]
 
@@ -173,6 +174,8 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
             restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
         train_epochs(run, progress)
         return finish(run, progress)
+    except Stopped:
+        raise  # last.pt holds the step; the MLflow run goes on when the run resumes
     except BaseException:
         if run.tracker is not None:
             run.tracker.mark_failed()
@@ -180,10 +183,18 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
 
 
 def train_epochs(run: Run, p: Progress) -> None:
-    """Train from epoch ``p.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0)."""
+    """Train from epoch ``p.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
+
+    A stop request (:mod:`locvit.train.stop`) ends training after the current step: last.pt
+    then holds the step, the epoch's sums so far and the generators, numpy's as they were
+    at the epoch's start (FFCV's loader thread draws from it ahead of the steps; the resumed
+    epoch reads its first batches again to draw the same), and :class:`Stopped` is raised.
+    """
     cfg, recipe = run.cfg, run.cfg["train"]
     on_step = (lambda step: run.ema.update(run.model, step=step)) if run.ema is not None else None
+    stop = functools.partial(REQUEST.agreed, run.dist, run.device)
     for epoch in range(p.epoch, recipe["epochs"]):
+        epoch_numpy = rng_state(run.device)["numpy"]  # before the loader's thread draws this epoch's augmentations
         started = time.perf_counter()
         # FFCV's RANDOM order is a function of (seed, the loader's epoch counter), and a new process
         # counts from 0: set it, so a resumed run sees the order the uninterrupted run saw.
@@ -194,8 +205,15 @@ def train_epochs(run: Run, p: Progress) -> None:
                                 compute=run.compute, on_step=on_step, augment=run.augment,
                                 feed_ahead=recipe["feed_ahead"],
                                 max_bad_steps=recipe["max_bad_steps"],
-                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history))
-        p.step = stats.pop("steps")
+                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
+                                done=p.partial, stop=stop)
+        p.step, p.partial = stats.pop("steps"), None
+        if stats.pop("stopped"):
+            p.partial = stats["partial"]
+            p.train_time_s += time.perf_counter() - started
+            save_epoch(run, p, improved=False, numpy_state=epoch_numpy)
+            raise Stopped(f"stopped on request after step {p.step} (epoch {epoch + 1}, batch "
+                          f"{p.partial['batches']} of {len(run.train_loader)}); last.pt holds it")
         row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run), "bad_steps": stats["bad_steps"]}
         p.history.append(row)
         p.epoch, p.train_time_s = epoch + 1, p.train_time_s + time.perf_counter() - started
@@ -210,6 +228,8 @@ def train_epochs(run: Run, p: Progress) -> None:
             print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
                   f"loss {row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
                   f"{row['train_images_per_s']:.0f} img/s", flush=True)
+        if epoch + 1 < recipe["epochs"] and stop():
+            raise Stopped(f"stopped on request after epoch {epoch + 1}; last.pt holds it")
 
 
 def reduce_train_stats(run: Run, stats: dict) -> dict:
@@ -238,9 +258,15 @@ def evaluate_run(run: Run) -> dict:
     return {"val_loss": loss_sum / n, "val_top1": correct / n}
 
 
-def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False) -> None:
-    """best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators)."""
-    rng = distributed.gather(rng_state(run.device), run.dist)
+def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False, numpy_state: dict | None = None) -> None:
+    """best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators).
+
+    ``numpy_state``: numpy's generator to record instead of the current one (a stop within an epoch).
+    """
+    rng = rng_state(run.device)
+    if numpy_state is not None:
+        rng["numpy"] = numpy_state
+    rng = distributed.gather(rng, run.dist)
     if not run.dist.main:
         return
     if improved:

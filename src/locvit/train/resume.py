@@ -23,7 +23,9 @@ manifest): a changed recipe, model or dataset never continues an old run.
 ``last.pt`` (written after every epoch) holds everything the next epoch depends on:
 weights, optimiser, EMA, step and epoch counters (the lr is a function of the step;
 FFCV's order of the epoch's index), every rank's generator states, the best epoch's
-weights (Snakemake deletes ``best.pt`` before re-running a job) and the history.
+weights (Snakemake deletes ``best.pt`` before re-running a job) and the history. A run
+stopped on request within an epoch (:mod:`locvit.train.stop`) writes it at that step, with
+the epoch's progress (``partial``), and resumes at the next step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Progress:
     best_model: dict[str, torch.Tensor] | None = None  # CPU copy of the best epoch's evaluated weights
     run_id: str | None = None  # MLflow
     train_time_s: float = 0.0
+    partial: dict | None = None  # epoch ``epoch`` stopped within: train_one_epoch's sums and batches done
 
 
 @dataclass
@@ -125,8 +128,11 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
     if state.get("finished"):
         return Plan("fresh", key, f"{out_dir}: finished run without metrics.json (removed for a re-run); "
                              "training from scratch")
-    return Plan("resume", key, f"{last_path}: resuming after epoch {state['epoch'] + 1} of {cfg['train']['epochs']} "
-                          f"(MLflow run {state['mlflow_run_id']})", state=state)
+    where = f"epoch {state['epoch'] + 1} of {cfg['train']['epochs']}"
+    if state.get("partial"):
+        where = f"step {state['step']} (batch {state['partial']['batches']} of epoch {state['epoch'] + 2})"
+    return Plan("resume", key, f"{last_path}: resuming after {where} (MLflow run {state['mlflow_run_id']})",
+                state=state)
 
 
 def last_state(run, progress: Progress, rng: list[dict], finished: bool = False) -> dict[str, Any]:
@@ -135,7 +141,8 @@ def last_state(run, progress: Progress, rng: list[dict], finished: bool = False)
         "model": run.model.state_dict(),  # the raw module: no 'module.' (DDP) or '_orig_mod.' (compile) prefixes
         "optimizer": run.optimizer.state_dict(),
         "config": run.cfg, "run_key": run.key, "epoch": progress.epoch - 1, "step": progress.step,
-        "val_top1": progress.history[-1]["val_top1"], "best_val_top1": progress.best_top1,
+        "val_top1": progress.history[-1]["val_top1"] if progress.history else None,
+        "best_val_top1": progress.best_top1, "partial": progress.partial,
         "best_epoch": progress.best_epoch, "best_model": progress.best_model, "history": progress.history,
         "mlflow_run_id": progress.run_id, "train_time_s": progress.train_time_s, "rng": rng,
         "world_size": run.dist.world_size, "weights": "model", "finished": finished,
@@ -161,8 +168,8 @@ def restore(run, state: dict[str, Any]) -> Progress:
     progress = Progress(epoch=state["epoch"] + 1, step=state["step"], history=list(state["history"]),
                         best_top1=state["best_val_top1"], best_epoch=state["best_epoch"],
                         best_model=state["best_model"], run_id=state["mlflow_run_id"],
-                        train_time_s=state["train_time_s"])
-    if run.dist.main:  # Snakemake removes best.pt before re-running a job; its weights are in last.pt
+                        train_time_s=state["train_time_s"], partial=state.get("partial"))
+    if run.dist.main and progress.best_model is not None:  # Snakemake removes best.pt before re-running a job
         save_checkpoint(run.out_dir / "best.pt", best_state(run, progress))
     return progress
 
