@@ -1,4 +1,4 @@
-"""FFCV's loader against torch's DataLoader on CPU: alone, and feeding our training loop.
+"""FFCV's loader against torch's DataLoader on CPU, the loaders alone (DeiT's whole recipe: bench_feed.py).
 
 Two data sets: the demo's digits (params.yaml's data section prepared into a temporary
 folder: 1,167 training images, batch 32, translate 2, no flip) and a generated
@@ -17,34 +17,14 @@ off run in separate processes, each alternating its FFCV and torch loaders; the 
 epoch (numba's compile; the torch workers' start) is timed apart. Also without any
 augmentation, 1 worker. Every torch loader forks its workers before FFCV runs.
 
-End to end (goal: FFCV-fed never slower). locvit's train_one_epoch, a fixed number of
-steps, on the demo's DeiT (32 px, patch 4, 48-d, 4 layers, 3 heads), fed (a) by FFCV
-with DeiT's recipe as locvit runs it (flip + translate 4 in the loader, RandAugment
-rand-m9-mstd0.5-inc1 and random erasing 0.25 in locvit.data.augment) and (b) by a
-DataLoader over PIL images of the same data with timm's
-create_transform(32, is_training=True) and DeiT's settings (RandomResizedCrop 0.08-1,
-flip, the same RandAugment, random erasing 0.25 pixel mode, bicubic), as most timm users
-train. MixUp/CutMix off (the same batch operation on both sides). Same model, batch and
-worker count (1 by default: on 2 cores a second loader worker next to the training
-thread only competes with it); the training process runs --threads torch threads (1) on
-both sides, set again after every iter(loader) because FFCV's Loader sets torch's
-thread count to its num_workers at each epoch (in trials on the shared 2-core machine,
-2 threads next to the loader's workers trained 3-9x slower than 1). Each measurement is
-a fresh epoch of --steps batches (the torch side's sampler draws exactly that many, so
-no worker keeps preparing batches into the next measurement). The digits use the demo's
-loader_jit (off), the generated set FFCV's default (on). Where the time goes, alternated
-with them: each loader alone, locvit's RandAugment + erasing call, timm's loader with its
-evaluation transform (no augmentation), and the training step on one fixed batch (compute).
+    cd benchmarks && ../.venv/bin/python bench_dataloader.py [--repeats 5] [--images 50000]
 
-    cd benchmarks && ../.venv/bin/python bench_dataloader.py [--repeats 5] [--images 50000] [--steps 6]
-
-About 9 minutes on the 2-core machine. Results: benchmarks/results/dataloader.json.
+About 5 minutes on the 2-core machine. Results: benchmarks/results/dataloader.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -57,10 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import SHAPES, alternate, median, write_result
+from common import alternate, median, write_result
 
 REPO = Path(__file__).resolve().parents[1]
-DEIT_RA = "rand-m9-mstd0.5-inc1"
 RAW = 1  # FFCV's mode of an image stored raw (ffcv.fields.rgb_image.IMAGE_MODES['raw']; 0 is JPEG)
 
 
@@ -149,50 +128,6 @@ class BetonImages(torch.utils.data.Dataset):
         else:
             out = img.copy()  # out of the read-only map
         return torch.from_numpy(out).permute(2, 0, 1), self.labels[i]  # (3, H, W)
-
-
-class PILImages(torch.utils.data.Dataset):
-    """torchvision's CIFAR10 in small: uint8 images in memory, each item a PIL image through ``transform``."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform):
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-
-        return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
-
-
-def _posterize(img, bits_to_keep, **kwargs):
-    """timm's posterize, but 0 bits kept gives black (older Pillow's answer) instead of Pillow 13's ValueError.
-
-    DeiT's magnitude noise (mstd0.5) reaches magnitude 10, where timm's PosterizeIncreasing
-    keeps 0 bits; locvit.data.augment does the same.
-    """
-    from PIL import Image
-    from timm.data.auto_augment import posterize
-
-    return Image.new(img.mode, img.size) if bits_to_keep < 1 else posterize(img, bits_to_keep, **kwargs)
-
-
-def timm_transform(train: bool, mean, std):
-    """timm's create_transform at 32 px: DeiT's training settings, or the evaluation transform (no augmentation)."""
-    from timm.data import create_transform
-    from timm.data.auto_augment import RandAugment, posterize
-
-    if not train:
-        return create_transform(input_size=32, is_training=False, crop_pct=1.0, interpolation="bicubic",
-                                mean=mean, std=std)
-    transform = create_transform(input_size=32, is_training=True, auto_augment=DEIT_RA, re_prob=0.25,
-                                 re_mode="pixel", re_count=1, interpolation="bicubic", mean=mean, std=std)
-    for t in transform.transforms:
-        for op in t.ops if isinstance(t, RandAugment) else ():
-            if op.aug_fn is posterize:
-                op.aug_fn = _posterize
-    return transform
 
 
 def torch_loader(dataset, batch: int, workers: int, samples: int | None = None) -> torch.utils.data.DataLoader:
@@ -293,86 +228,6 @@ def loaders_child(spec: dict) -> dict:
     return out
 
 
-class Prenormalised:
-    """The engine's Compute for batches timm's transforms already turned into normalised floats."""
-
-    def __init__(self):
-        from locvit.train.engine import Compute
-
-        self._plain = Compute()
-
-    def inputs(self, images, mean, std):
-        return images
-
-    def autocast(self, device):
-        return self._plain.autocast(device)
-
-
-def e2e_child(spec: dict) -> dict:
-    """Training steps fed by FFCV (+ locvit's augmentations) and by a DataLoader with timm's transforms."""
-    import timm
-
-    from locvit.data.augment import TrainAugment
-    from locvit.data.ffcv_io import make_loader, to_model_input
-    from locvit.train.engine import train_one_epoch
-
-    d, jit, repeats, steps, batch = spec["dataset"], spec["jit"], spec["repeats"], spec["steps"], spec["batch"]
-    threads = spec["threads"]
-    decoded = BetonImages(d["path"])
-    images = np.stack([decoded.decode(i) for i in range(len(decoded))])  # (N, 32, 32, 3): the file's images
-    labels = np.asarray(decoded.labels)
-    torch.manual_seed(0)
-    model = timm.create_model("deit_tiny_patch16_224", num_classes=10, **SHAPES["demo_32px_p4_48d_4L"])
-    mean, std = model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
-    fixed_x = torch.from_numpy(images[:batch]).permute(0, 3, 1, 2).contiguous()  # (B, 3, 32, 32) uint8
-    fixed_y = torch.from_numpy(labels[:batch]).long()
-    samples = steps * batch  # each measurement: a fresh epoch of `steps` batches on the torch side
-    timm_loaders = {}  # every torch worker forks here, before FFCV's first epoch (numba's threads)
-    for w in spec["workers"]:
-        for train in (True, False):
-            loader = torch_loader(PILImages(images, labels, timm_transform(train, mean, std)), batch, w, samples)
-            epochs(loader, 1)()
-            timm_loaders[w, train] = loader
-    out = {}
-    for w in spec["workers"]:
-        ffcv = make_loader(d["path"], batch, True, torch.device("cpu"), num_workers=w, seed=0, translate=4, hflip=True,
-                           jit=jit)
-        torch.set_num_threads(threads)  # FFCV's Loader constructor sets it to num_workers (its epochs keep ours)
-        augment = TrainAugment(mean, std, DEIT_RA, 0.25, seed=0, workers=w)
-        nets = {side: copy.deepcopy(model) for side in ("ffcv", "torch", "compute")}
-        opts = {side: torch.optim.AdamW(net.parameters(), lr=1e-3) for side, net in nets.items()}
-
-        def train(side, batches, **kwargs):
-            return lambda: train_one_epoch(nets[side], batches, opts[side], lambda step: 1e-3, 0, mean, std,
-                                           label_smoothing=0.1, clip_grad=1.0, show_progress=False, **kwargs)
-
-        def augment_only():
-            for step in range(steps):
-                augment.after_normalise(to_model_input(augment.before_normalise(fixed_x, step), mean, std), step)
-
-        fns = {
-            "torch_fed": train("torch", Steps(timm_loaders[w, True], steps), compute=Prenormalised()),
-            "torch_loader": lambda: [None for _ in Steps(timm_loaders[w, True], steps)],
-            "torch_loader_no_augmentation": lambda: [None for _ in Steps(timm_loaders[w, False], steps)],
-            "ffcv_fed": train("ffcv", Steps(ffcv, steps), augment=augment),
-            "ffcv_loader": lambda: [None for _ in Steps(ffcv, steps)],
-            "locvit_randaugment_erasing": augment_only,
-            "compute": train("compute", Steps([(fixed_x, fixed_y)], steps)),
-        }
-        start = time.perf_counter()
-        next(iter(Steps(ffcv, 1)))  # the first batch: numba's compile when the JIT is on
-        ffcv_first_batch_s = time.perf_counter() - start
-        times = alternate(fns, repeats, warmup=1)
-        img_s = {key: samples / median(t) for key, t in times.items()}
-        out[f"w{w}"] = {"images_per_s": img_s, "ratio_ffcv_fed_over_torch_fed": img_s["ffcv_fed"] / img_s["torch_fed"],
-                        "ffcv_first_batch_s": ffcv_first_batch_s}
-        print(f"end to end, {d['name']}, jit {jit}, {w} worker(s): "
-              + ", ".join(f"{k} {v:,.0f}" for k, v in img_s.items())
-              + f" img/s; FFCV-fed / torch-fed {out[f'w{w}']['ratio_ffcv_fed_over_torch_fed']:.2f}",
-              file=sys.stderr, flush=True)
-    return out
-
-
 def run_child(spec: dict) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -405,8 +260,8 @@ def make_datasets(tmp: Path, images: int, batch: int, passes: int, data: dict, r
     return datasets
 
 
-def goals(loaders: dict, e2e: dict) -> dict:
-    """FFCV's loader at least 2x torch's (with augmentation), and FFCV-fed training never slower."""
+def goals(loaders: dict) -> dict:
+    """FFCV's loader at least 2x torch's (with augmentation)."""
     ratios = {f"{name}/{jit}/{case}": r["ratio_ffcv_over_torch"] for jit, per in loaders.items()
               for name, d in per.items() for case, r in d["cases"].items() if case != "plain_w1"}
     best = {}  # each loader at its fastest worker count, both measured in the same process
@@ -417,13 +272,11 @@ def goals(loaders: dict, e2e: dict) -> dict:
             f_s, t_s = runs[f]["ffcv_images_per_s"], runs[t]["torch_images_per_s"]
             best[f"{name}/{jit}"] = {"ffcv": f, "ffcv_images_per_s": f_s, "torch": t, "torch_images_per_s": t_s,
                                      "ratio": f_s / t_s}
-    fed = {f"{name}/{w}": r["ratio_ffcv_fed_over_torch_fed"] for name, per in e2e.items() for w, r in per.items()}
     return {
         "ffcv_loader_2x_torch": {
             "ratios": ratios, "met_in": [k for k, v in ratios.items() if v >= 2],
             "not_met_in": [k for k, v in ratios.items() if v < 2], "best_vs_best": best,
             "met_best_vs_best_with_jit": all(b["ratio"] >= 2 for k, b in best.items() if k.endswith("/jit"))},
-        "ffcv_fed_never_slower": {"ratios": fed, "met": all(v >= 1 for v in fed.values())},
     }
 
 
@@ -433,16 +286,12 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=50_000, help="images of the generated CIFAR-sized set")
     parser.add_argument("--batch", type=int, default=256, help="loader batch on the generated set (digits: the demo's)")
     parser.add_argument("--workers", default="1,2", help="worker counts of the loaders alone, comma-separated")
-    parser.add_argument("--e2e-workers", default="1", help="worker counts of the end-to-end runs, comma-separated")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training process")
-    parser.add_argument("--steps", type=int, default=6, help="training steps per end-to-end measurement")
-    parser.add_argument("--e2e-batch", type=int, default=128, help="training batch of the end-to-end runs")
     parser.add_argument("--digits-passes", type=int, default=3, help="digits epochs per loader measurement")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(loaders_child(spec) if spec["part"] == "loaders" else e2e_child(spec)))
+        print(json.dumps(loaders_child(spec)))
         return
 
     from locvit.config import load_params
@@ -450,38 +299,26 @@ def main() -> None:
     began, load_before = time.perf_counter(), os.getloadavg()  # a shared machine: others' load is context
     params = load_params(REPO / "params.yaml", check_models=False)
     recipe = params["train"]
-    workers, e2e_workers = ([int(w) for w in arg.split(",")] for arg in (args.workers, args.e2e_workers))
+    workers = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         datasets = make_datasets(Path(tmp), args.images, args.batch, args.digits_passes, params["data"], recipe)
         loaders = {name: run_child(dict(part="loaders", jit=jit, datasets=datasets, workers=workers,
                                         repeats=args.repeats))
                    for name, jit in (("jit", True), ("no_jit", False))}
-        e2e = {name: run_child(dict(part="e2e", jit=jit, dataset=datasets[name], steps=args.steps, batch=args.e2e_batch,
-                                    workers=e2e_workers, threads=args.threads, repeats=args.repeats))
-               for name, jit in (("digits", recipe["loader_jit"]), ("generated", True))}
     result = {
         "command": " ".join(["cd benchmarks && ../.venv/bin/python bench_dataloader.py", *sys.argv[1:]]),
-        "settings": {"repeats": args.repeats, "workers": workers, "e2e_workers": e2e_workers, "e2e_steps": args.steps,
-                     "e2e_batch": args.e2e_batch, "e2e_torch_threads": args.threads,
-                     "e2e_model": "deit_tiny_patch16_224 " + json.dumps(SHAPES["demo_32px_p4_48d_4L"]),
-                     "e2e_ffcv_recipe": f"FFCV flip + translate 4; locvit.data.augment {DEIT_RA}, random erasing 0.25",
-                     "e2e_timm_recipe": f"timm create_transform(32, is_training=True, auto_augment={DEIT_RA}, "
-                                        "re_prob=0.25, re_mode=pixel, interpolation=bicubic)",
-                     "e2e_loader_jit": {"digits": recipe["loader_jit"], "generated": True}},
+        "settings": {"repeats": args.repeats, "workers": workers},
         "datasets": {name: {k: v for k, v in d.items() if k != "path"} for name, d in datasets.items()},
         "loaders": loaders,
-        "end_to_end": e2e,
-        "goals": goals(loaders, e2e),
+        "goals": goals(loaders),
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "elapsed_s": time.perf_counter() - began,
     }
-    loader_goal, fed_goal = result["goals"]["ffcv_loader_2x_torch"], result["goals"]["ffcv_fed_never_slower"]
+    loader_goal = result["goals"]["ffcv_loader_2x_torch"]
     print("FFCV loader >= 2x torch's, met in:", {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["met_in"]},
           "not met in:", {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["not_met_in"]})
     print("each at its best worker count:", {k: f"FFCV {b['ffcv']} / torch {b['torch']}: {b['ratio']:.2f}"
                                              for k, b in loader_goal["best_vs_best"].items()})
-    print("FFCV-fed never slower:", "met" if fed_goal["met"] else "NOT met",
-          {k: round(v, 2) for k, v in fed_goal["ratios"].items()})
     print("wrote", write_result("dataloader", result), f"in {result['elapsed_s']:.0f} s")
 
 
