@@ -45,17 +45,18 @@ class Recording:
             yield batch
 
 
-@pytest.mark.parametrize("ahead", [1, 3])
-def test_ahead_gives_the_inline_batches_from_another_thread(ahead):
+@pytest.mark.parametrize("ahead, workers", [(1, 1), (3, 1), (2, 2), (3, 3)])
+def test_ahead_gives_the_inline_batches_from_another_thread(ahead, workers):
     batches = _batches(6)
     inline = list(TrainFeed(batches, _augment(), Compute(), MEAN, STD, first_step=40, ahead=0))
     loader = Recording(batches)
-    early = list(TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=40, ahead=ahead))
+    early = list(TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=40, ahead=ahead, workers=workers))
     assert len(early) == len(inline) == 6
     for (x0, y0), (x1, y1) in zip(inline, early):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
     assert loader.threads == {"locvit-feed"}
-    shifted = list(TrainFeed(batches[1:], _augment(), Compute(), MEAN, STD, first_step=41, ahead=ahead))
+    shifted = list(TrainFeed(batches[1:], _augment(), Compute(), MEAN, STD, first_step=41, ahead=ahead,
+                             workers=workers))
     assert torch.equal(shifted[0][0], inline[1][0])  # batch k at step s is the same tensor however the epoch began
 
 
@@ -71,8 +72,10 @@ def test_it_prepares_ahead_while_the_step_runs_and_no_further():
     feed.close()
 
 
-def test_a_loader_error_reaches_the_training_thread():
-    feed = TrainFeed(Recording(_batches(4), fail_at=2), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_loader_error_reaches_the_training_thread(workers):
+    feed = TrainFeed(Recording(_batches(4), fail_at=2), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2,
+                     workers=workers)
     seen = []
     with pytest.raises(OSError, match="the data file went away"):
         for x, _ in feed:
@@ -80,17 +83,36 @@ def test_a_loader_error_reaches_the_training_thread():
     assert len(seen) == 2
 
 
-def test_stopping_early_ends_the_worker():
-    before = {t for t in threading.enumerate() if t.name == "locvit-feed"}
-    feed = iter(TrainFeed(_batches(20), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2))
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stopping_early_ends_the_worker(workers):
+    def ours() -> set:
+        return {t for t in threading.enumerate() if t.name.startswith("locvit-feed")}
+
+    before = ours()
+    feed = iter(TrainFeed(_batches(20), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2, workers=workers))
     next(feed)
     feed.close()  # what a `for` loop left by an exception does
-    assert {t for t in threading.enumerate() if t.name == "locvit-feed"} == before
+    assert ours() == before
 
 
-def test_negative_ahead_is_refused_by_name():
+def test_an_augmentation_error_in_the_pool_reaches_the_training_thread():
+    class Broken(TrainAugment):
+        def before_normalise(self, images, step):
+            if step == 2:
+                raise RuntimeError("bad op at step 2")
+            return super().before_normalise(images, step)
+
+    feed = TrainFeed(_batches(5), Broken(MEAN, STD, "rand-m9-mstd0.5-inc1"), Compute(), MEAN, STD, first_step=0,
+                     ahead=2, workers=2)
+    with pytest.raises(RuntimeError, match="bad op at step 2"):
+        list(feed)
+
+
+def test_bad_ahead_or_workers_are_refused_by_name():
     with pytest.raises(ValueError, match="train.feed_ahead"):
         TrainFeed([], None, Compute(), MEAN, STD, first_step=0, ahead=-1)
+    with pytest.raises(ValueError, match="train.feed_workers"):
+        TrainFeed([], None, Compute(), MEAN, STD, first_step=0, ahead=2, workers=0)
 
 
 def test_training_fed_ahead_ends_with_the_weights_of_training_fed_inline():
@@ -99,23 +121,27 @@ def test_training_fed_ahead_ends_with_the_weights_of_training_fed_inline():
                               num_heads=2, num_classes=10)
     batches = _batches(5)
     weights = {}
-    for ahead in (0, 2):
+    for ahead, workers in ((0, 1), (2, 1), (2, 2)):
         net = copy.deepcopy(model)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
         stats = train_one_epoch(net, batches, opt, lambda s: 1e-3, 7, MEAN, STD, show_progress=False,
-                                augment=_augment(), compute=Compute(channels_last=True), feed_ahead=ahead)
+                                augment=_augment(), compute=Compute(channels_last=True), feed_ahead=ahead,
+                                feed_workers=workers)
         assert stats["steps"] == 12
-        weights[ahead] = net.state_dict()
-    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+        weights[ahead, workers] = net.state_dict()
+    for other in ((2, 1), (2, 2)):
+        assert all(torch.equal(weights[0, 1][k], weights[other][k]) for k in weights[0, 1])
 
 
 def test_ffcvs_reused_buffers_do_not_reach_batches_held_ahead(prepared):
     from locvit.data.ffcv_io import make_loader
 
-    def epoch(ahead: int) -> list:
+    def epoch(ahead: int, workers: int = 1) -> list:
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
-        return [(x, y.clone()) for x, y in TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=0, ahead=ahead)]
+        feed = TrainFeed(loader, _augment(), Compute(), MEAN, STD, first_step=0, ahead=ahead, workers=workers)
+        return [(x, y.clone()) for x, y in feed]
 
-    inline, early = epoch(0), epoch(4)  # 4 batches held: more than FFCV's buffers keep valid
-    assert len(inline) == len(early) > 4
-    assert all(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]) for a, b in zip(inline, early))
+    inline = epoch(0)  # the engine takes each batch before the next: the labels are copied here to keep them
+    for early in (epoch(4), epoch(4, workers=2)):  # 4 batches held: more than FFCV's buffers keep valid
+        assert len(inline) == len(early) > 4
+        assert all(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]) for a, b in zip(inline, early))

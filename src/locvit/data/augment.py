@@ -76,6 +76,7 @@ import contextlib
 import math
 import os
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Sequence
 
@@ -349,7 +350,10 @@ class TrainAugment:
         self.seed, self.rank, self.workers, self.backend = int(seed), int(rank), int(workers), backend
         self._policies: dict[tuple[int, int], object] = {}
         self._erasers: dict[torch.device, object] = {}
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._local = threading.local()  # each thread's torch.Generator per device (erasing noise)
+        # Draws from process-wide state (Python's random, torch's default generator) are taken one
+        # thread at a time: the feed's threads prepare different batches at once (locvit.data.feed).
+        self._draw_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         if self.spec:
             self._policy(32, 32)  # a bad spec fails here, not at the first batch
@@ -359,6 +363,10 @@ class TrainAugment:
 
     def _policy(self, h: int, w: int):
         """timm's RandAugment for this image size, built with DeiT's hyper-parameters (timm's create_transform)."""
+        with self._draw_lock:
+            return self._policy_locked(h, w)
+
+    def _policy_locked(self, h: int, w: int):
         if (h, w) not in self._policies:
             from PIL import Image
             from timm.data.auto_augment import rand_augment_transform
@@ -377,7 +385,8 @@ class TrainAugment:
         policy = self._policy(h, w)
         ops, weights = policy.ops, policy.choice_weights
         plans = []
-        with _seeded_python_random(int(rng.integers(2 ** 63))):  # the signs timm's level functions pick
+        # the signs timm's level functions pick, from Python's random: seeded here, one thread at a time
+        with self._draw_lock, _seeded_python_random(int(rng.integers(2 ** 63))):
             for _ in range(n):
                 plan = []
                 for k in rng.choice(len(ops), policy.num_layers, replace=weights is None, p=weights):
@@ -438,9 +447,10 @@ class TrainAugment:
         return ids, np.stack([top, left, bh, bw], 1)[ids], seed
 
     def _generator(self, device: torch.device) -> torch.Generator:
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device)
-        return self._generators[device]
+        generators = self._local.__dict__.setdefault("generators", {})
+        if device not in generators:
+            generators[device] = torch.Generator(device=device)
+        return generators[device]
 
     def after_normalise(self, x: torch.Tensor, step: int) -> torch.Tensor:
         """Random erasing of the normalised float batch (B, 3, H, W), in place; the identity when off."""
@@ -473,7 +483,7 @@ class TrainAugment:
         seed = int(self._rng(step, 1).integers(2 ** 63))
         cuda = [x.device.index if x.device.index is not None else torch.cuda.current_device()] \
             if x.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), _seeded_python_random(seed):
+        with self._draw_lock, torch.random.fork_rng(devices=cuda), _seeded_python_random(seed):
             torch.default_generator.manual_seed(seed)
             if cuda:
                 with torch.cuda.device(cuda[0]):

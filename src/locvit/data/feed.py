@@ -4,24 +4,27 @@ FFCV's loader hands over uint8 batches (decoded, cropped, flipped, translated, o
 run's device). What DeiT's recipe does after that, per image (RandAugment, normalisation
 to the model's mean and std, channels_last when asked, random erasing), runs here.
 
-With ``ahead`` > 0 a background thread prepares the next ``ahead`` batches while the
-training step runs: on CPU its torch ops use a core the step does not, as a DataLoader's
-worker processes would; on CUDA it launches the augmentation kernels (and draws their
-ops and boxes on the host) while the step's kernels run. Its kernels go to the same CUDA
-stream as the step's, so they run in the order they were queued and need no
-synchronisation. With ``ahead`` = 0 every batch is prepared in the training thread,
-just before its step.
+With ``ahead`` > 0 a background thread takes the loader's batches and prepares the next
+``ahead`` of them while the training step runs: on CPU its torch ops use a core the step
+does not, as a DataLoader's worker processes would; on CUDA it launches the augmentation
+kernels (and draws their ops and boxes on the host) while the step's kernels run. Its
+kernels go to the same CUDA stream as the step's, so they run in the order they were
+queued and need no synchronisation. With ``workers`` > 1 that thread hands each batch to
+a pool of ``workers`` threads, which prepare different batches at once (torch's kernels
+release Python's GIL, so on a CPU with cores to spare they run side by side). With
+``ahead`` = 0 every batch is prepared in the training thread, just before its step.
 
 A batch's draws depend only on (seed, rank, step) (:class:`locvit.data.augment.TrainAugment`),
 so preparing it early or late, in one thread or another, gives the same tensor: a seeded
 run repeats bitwise and a resumed run continues as the uninterrupted one would, whatever
-``ahead`` is.
+``ahead`` and ``workers`` are.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -34,14 +37,19 @@ class TrainFeed:
 
     ``augment``: :class:`locvit.data.augment.TrainAugment` or None; ``compute``:
     :class:`locvit.train.engine.Compute` (normalisation and memory format); ``first_step``:
-    the global step of the epoch's first batch (the augmentations draw from it).
+    the global step of the epoch's first batch (the augmentations draw from it); ``ahead``
+    (``train.feed_ahead``) and ``workers`` (``train.feed_workers``): see the module.
     """
 
-    def __init__(self, loader: Iterable, augment: Any, compute: Any, mean, std, first_step: int, ahead: int = 2):
+    def __init__(self, loader: Iterable, augment: Any, compute: Any, mean, std, first_step: int, ahead: int = 2,
+                 workers: int = 1):
         if ahead < 0:
             raise ValueError(f"train.feed_ahead must be 0 or more batches, not {ahead}")
+        if workers < 1:
+            raise ValueError(f"train.feed_workers must be 1 or more threads, not {workers}")
         self.loader, self.augment, self.compute = loader, augment, compute
-        self.mean, self.std, self.first_step, self.ahead = mean, std, int(first_step), int(ahead)
+        self.mean, self.std, self.first_step = mean, std, int(first_step)
+        self.ahead, self.workers = int(ahead), int(workers)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -76,13 +84,22 @@ class TrainFeed:
                     continue
             return False
 
+        pool = None
+        if self.workers > 1:
+            pool = ThreadPoolExecutor(self.workers, thread_name_prefix="locvit-feed-pool",
+                                      initializer=torch.set_num_threads, initargs=(threads,))
+
         def work() -> None:
             torch.set_num_threads(threads)
             try:
                 for step, (images, labels) in enumerate(self.loader, self.first_step):
                     # FFCV reuses its batch buffers a few batches later: keep no reference to them.
-                    # prepare() makes new tensors; the labels are copied.
-                    if not put((self.prepare(images, step), labels.clone())):
+                    # prepare() makes new tensors (a pool's batch is copied first, as it waits); labels are copied.
+                    if pool is not None:
+                        x = pool.submit(self.prepare, images.clone(), step)
+                    else:
+                        x = self.prepare(images, step)
+                    if not put((x, labels.clone())):
                         return
                 put(_DONE)
             except BaseException as err:  # handed to the training thread, which raises it
@@ -97,7 +114,10 @@ class TrainFeed:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                x, labels = item
+                yield (x.result() if isinstance(x, Future) else x), labels
         finally:
             stop.set()  # the consumer stopped early (an error, a break): the worker puts nothing more
             worker.join()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)

@@ -56,7 +56,7 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
                     on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0, feed_ahead: int = 0, done: dict | None = None,
+                    bad_steps_before: int = 0, feed_ahead: int = 0, feed_workers: int = 1, done: dict | None = None,
                     stop: Callable[[], bool] | None = None) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
@@ -67,8 +67,8 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
     uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
     ``feed_ahead``: batches prepared ahead (augmented, normalised) in a background thread
-    while the step runs (:class:`locvit.data.feed.TrainFeed`; 0: in this thread); the
-    result is the same either way.
+    while the step runs, ``feed_workers`` at once (:class:`locvit.data.feed.TrainFeed`;
+    ahead 0: in this thread); the result is the same either way.
 
     A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
     the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
@@ -89,7 +89,8 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     batches, stopped = done["batches"], False
     step = first_step
     start = time.perf_counter() - done["elapsed_s"]
-    feed = TrainFeed(_Skip(loader, batches), augment, compute, mean, std, first_step, feed_ahead)  # x: RandAugment, normalised, erased
+    feed = TrainFeed(_Skip(loader, batches), augment, compute, mean, std, first_step, feed_ahead,
+                     feed_workers)  # x: RandAugment, normalised, erased
     bar = tqdm(feed, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
     for x, labels in bar:
         batches += 1

@@ -203,7 +203,7 @@ def train_epochs(run: Run, p: Progress) -> None:
                                 recipe["label_smoothing"], recipe["clip_grad"], mixup=run.mixup,
                                 desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
                                 compute=run.compute, on_step=on_step, augment=run.augment,
-                                feed_ahead=recipe["feed_ahead"],
+                                feed_ahead=recipe["feed_ahead"], feed_workers=recipe["feed_workers"],
                                 max_bad_steps=recipe["max_bad_steps"],
                                 bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
                                 done=p.partial, stop=stop)
