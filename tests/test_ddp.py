@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -17,16 +20,22 @@ from locvit.config import peak_lr
 from locvit.train.loop import per_process_batch
 
 
+def ddp_cmd(cfg: dict, prepared: dict, root) -> list[str]:
+    """torchrun: two gloo processes training ``cfg`` into root/run, tracked in root/mlflow.db."""
+    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "locvit", "train",
+            "--run-config", json.dumps(cfg), "--train-data", str(prepared["train"]),
+            "--val-data", str(prepared["val"]), "--manifest", str(prepared["manifest"]),
+            "--out-dir", str(root / "run"), "--tracking-db", str(root / "mlflow.db"), "--threads", "1",
+            "--no-progress"]
+
+
 @pytest.fixture(scope="module")
 def ddp_run(tiny_params, prepared, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("ddp")
     cfg = run_config(tiny_params, "deit_a", 0)
     cfg["train"].update(epochs=2, lr_scale_batch=64)
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "locvit", "train",
-           "--run-config", json.dumps(cfg), "--train-data", str(prepared["train"]),
-           "--val-data", str(prepared["val"]), "--manifest", str(prepared["manifest"]),
-           "--out-dir", str(root / "run"), "--tracking-db", str(root / "mlflow.db"), "--threads", "1", "--no-progress"]
-    proc = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(ddp_cmd(cfg, prepared, root), env=env_with_venv(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"root": root, "run": root / "run", "cfg": cfg, "stdout": proc.stdout}
 
@@ -83,3 +92,30 @@ def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     command = next(line for line in out.stdout.splitlines() if " train --run-config" in line)
     assert " -m torch.distributed.run --standalone --nproc_per_node 2 -m locvit train" in command
     assert "--threads 2" in command  # the job's 4 threads over 2 processes
+
+
+def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_equal(ddp_run, prepared, tmp_path):
+    """SIGUSR1 to one of the two processes, held after step 3: both stop after step 4 (the flag is
+    all-reduced), last.pt holds both ranks' generators, and the resumed run ends bitwise equal."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {**env_with_venv(), "LOCVIT_HOLD_AT": "train_step_3", "LOCVIT_HOLD_FILE": str(hold)}
+    proc = subprocess.Popen(ddp_cmd(ddp_run["cfg"], prepared, tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while len(list(tmp_path.glob("hold.*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    markers = sorted(tmp_path.glob("hold.*.json"))
+    assert len(markers) == 2, proc.communicate(timeout=60)[0][-3000:]
+    os.kill(json.loads(markers[0].read_text())["pid"], signal.SIGUSR1)  # one rank only
+    hold.unlink()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "stopped on request after step 4 (epoch 1, batch 4 of 18)" in out, out[-3000:]
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["step"] == 4 and state["partial"]["batches"] == 4 and len(state["rng"]) == 2
+    proc = subprocess.run(ddp_cmd(ddp_run["cfg"], prepared, tmp_path), env=env_with_venv(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    whole = load_checkpoint(ddp_run["run"] / "last.pt")
+    resumed = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert weights_digest(resumed["model"]) == weights_digest(whole["model"])
