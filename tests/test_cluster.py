@@ -6,6 +6,11 @@ README says, with the per-rule sizes scaled down to this machine on the command 
 (the one node has 2 CPUs and no GPU). One training job is preempted: it holds after its
 first epoch's checkpoint (LOCVIT_HOLD_AT, tests/faultinject), the test `scancel`s it,
 Snakemake's retry re-submits it and it resumes from last.pt into the same MLflow run.
+Another meets its time limit: its variant's group job has a 4-minute limit with the
+profile's warning signal 60 s before; the run stalls mid-epoch (LOCVIT_STALL_AT) until
+the signal comes, stops at the next step, and the re-submitted job resumes it to the
+weights of an uninterrupted run. The profile's grouping sends each variant's (and each
+mask-search round's) train, evaluate and analyse jobs to SLURM as one job.
 
 Skipped, with the reason, unless LOCVIT_CLUSTER_TEST=1 (set by `make test-cluster`), and
 where the cluster cannot run (not root, packages missing).
@@ -24,23 +29,33 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, REPO, copy_workflow, env_with_venv
+from conftest import BIN, REPO, copy_workflow, env_with_venv, train_cmd
+from locvit.train.checkpoint import load_checkpoint
 from slurm_cluster import LocalSlurm, unavailable
 
 pytestmark = pytest.mark.cluster
 TINY = "presets/tiny.yaml"
 PREEMPTED = "runs/deit_a/seed0"  # the training run the test cancels after its first epoch
+TIMED_OUT = "runs/mait_b/seed0"  # the training run that meets its time limit in the middle of epoch 0
+STALL_STEP = 5  # of 18 per epoch
+TIME_LIMIT = {"train": 3, "evaluate": 1, "analyse": 1}  # minutes: the variant's group job gets their sum
+WARNING_S = 60
 
 
 def small_node_overrides() -> list[str]:
     """Every sized rule of cluster/config.yaml fitted to one 2-CPU node without a GPU.
 
     These flags replace the profile's default-resources, set-resources and set-threads.
+    The variant groups' jobs get a 4-minute limit (TIME_LIMIT) and the warning WARNING_S before it.
     """
     profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
     resources = [f"{rule}:{key}={value}" for rule, sizes in profile["set-resources"].items()
-                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000), ("runtime", 30))
+                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000),
+                                    ("runtime", TIME_LIMIT.get(rule, 30)))
                  if key in sizes]
+    resources += [f"{rule}:slurm_extra={sizes['slurm_extra']}" for rule, sizes in profile["set-resources"].items()
+                  if rule != "train" and "slurm_extra" in sizes]
+    resources.append(f"train:slurm_extra='--signal=URG@{WARNING_S}'")
     threads = [f"{rule}=1" for rule in profile["set-threads"]]
     return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", "runtime=30", "cpus_per_task=1",
             "--set-resources", *resources, "--set-threads", *threads]
@@ -84,10 +99,12 @@ def preempt_once(slurm: LocalSlurm, hold: Path, done: threading.Event, record: d
 def study(cluster, tmp_path_factory):
     """The tiny study run through SLURM, with one training job preempted; (workdir, run output, preempted)."""
     work = copy_workflow(tmp_path_factory.mktemp("cluster"))
-    hold = work / "hold"
+    hold, stall = work / "hold", work / "stall"
     hold.touch()
+    stall.touch()
     env = {**env_with_venv(), **{k: v for k, v in cluster.env.items() if k == "SLURM_CONF"},
-           "LOCVIT_HOLD_AT": f"after_epoch_0@{PREEMPTED}", "LOCVIT_HOLD_FILE": str(hold)}
+           "LOCVIT_HOLD_AT": f"after_epoch_0@{PREEMPTED}", "LOCVIT_HOLD_FILE": str(hold),
+           "LOCVIT_STALL_AT": f"train_step_{STALL_STEP}@{TIMED_OUT}", "LOCVIT_STALL_FILE": str(stall)}
     done, record = threading.Event(), {}
     watcher = threading.Thread(target=preempt_once, args=(cluster, hold, done, record), daemon=True)
     watcher.start()
@@ -119,12 +136,25 @@ def test_every_output_is_there(study):
     assert not list(root.rglob("*.tmp"))
 
 
-def test_every_job_went_through_sbatch(study, cluster):
+def submitted(jobs: list[dict]) -> dict[str, int]:
+    """SLURM jobs per rule, or per group (``<group>_<its rules>``), from Snakemake's job comments."""
+    names = [j["comment"].split("_wildcards_")[0].removeprefix("rule_") for j in jobs]
+    return {name: names.count(name) for name in sorted(set(names))}
+
+
+def test_every_job_went_through_sbatch_grouped(study, cluster):
+    """Each variant's train, evaluate and analyse went as one SLURM job, each search round's likewise:
+    9 submissions for the tiny study where 17 jobs ran, plus one re-submission each for the preempted and
+    the timed-out run."""
     work, out, _ = study
     jobs = cluster.sacct()
-    rules = [j["comment"].split("_wildcards_")[0].removeprefix("rule_") for j in jobs]
-    for rule in ("prepare", "train", "evaluate", "analyse", "search_spec", "search_train", "report"):
-        assert rule in rules, f"no SLURM job for rule {rule}: {jobs}"
+    params = yaml.safe_load((work / TINY).read_text())
+    variants, rounds = len(params["variants"]), params["mask_search"]["rounds"]
+    assert submitted(jobs) == {
+        "prepare": 1, "report": 1, "search": 1, "search_spec": rounds,
+        "search_round_search_analyse_search_evaluate_search_train": rounds,
+        "variant_analyse_evaluate_train": variants + 2,  # the preempted and the timed-out job came back
+    }, jobs
     # Each training run's MLflow run names the SLURM job that finished it, and that job completed.
     import mlflow
 
@@ -136,7 +166,7 @@ def test_every_job_went_through_sbatch(study, cluster):
     for run in runs:
         job = by_id.get(run.data.tags.get("slurm_job_id"))
         assert job is not None, f"MLflow run {run.info.run_name} has no SLURM job id known to sacct"
-        assert job["state"] == "COMPLETED" and job["comment"].startswith(("rule_train_", "rule_search_train_"))
+        assert job["state"] == "COMPLETED" and job["comment"].startswith(("rule_variant_", "rule_search_round_"))
 
 
 def test_preempted_job_was_resubmitted_and_resumed(study, cluster):
@@ -160,3 +190,30 @@ def test_preempted_job_was_resubmitted_and_resumed(study, cluster):
     assert run.info.status == "FINISHED"
     assert run.data.tags["slurm_job_ids"] == ",".join(metrics["slurm_job_ids"])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0, 1]
+
+
+def test_a_job_at_its_time_limit_stops_at_a_step_and_resumes_to_an_uninterrupted_runs_weights(study, cluster,
+                                                                                                 tmp_path):
+    """SLURM's warning (SIGURG, WARNING_S before the limit) reached the training process through the job step
+    (Snakemake, bash and the rest ignore it): it saved last.pt at the next step and exited 75, so its job
+    FAILED before the limit; the re-submitted job resumed within epoch 0 and ended with the weights an
+    uninterrupted `locvit train` of the same config gets."""
+    work, _, _ = study
+    root = work / "results" / "tiny"
+    metrics = json.loads((root / TIMED_OUT / "metrics.json").read_text())
+    jobs = {j["job_id"]: j for j in cluster.sacct()}
+    first, *rest = metrics["slurm_job_ids"]
+    assert len(rest) == 1, metrics["slurm_job_ids"]
+    assert (jobs[first]["state"], jobs[rest[0]]["state"]) == ("FAILED", "COMPLETED"), (jobs[first], jobs[rest[0]])
+    log = (root / "logs" / "train" / "mait_b.log").read_text()  # the re-submitted job's
+    assert "resuming after step" in log and "of epoch 1)" in log, log[-2000:]
+
+    cfg = load_checkpoint(root / TIMED_OUT / "last.pt")["config"]
+    data = {split: root / "data" / f"{split}.beton" for split in ("train", "val")}
+    data["manifest"] = root / "data" / "manifest.json"
+    proc = subprocess.run(train_cmd(cfg, data, tmp_path / "run", tmp_path / "mlflow.db"), env=env_with_venv(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert whole["rank_weights_sha256"] == metrics["rank_weights_sha256"]
+    assert [row["val_top1"] for row in whole["history"]] == [row["val_top1"] for row in metrics["history"]]
