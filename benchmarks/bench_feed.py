@@ -8,7 +8,7 @@ processes it is built for:
     flipped, RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel mode),
     normalised to float). locvit: FFCV's loader (decode, crop, flip in its numba threads,
     ``num_workers``) and locvit.data.feed.TrainFeed (the tensor RandAugment, normalisation
-    and erasing, prepared ahead in its thread, torch's threads). torch: a DataLoader whose
+    and erasing, prepared ahead, ``feed_workers`` batches at once, 1 torch thread each). torch: a DataLoader whose
     worker processes run timm's ``create_transform(is_training=True)`` with DeiT's settings
     (RandomResizedCrop 0.08-1 bicubic, flip, the same RandAugment, ToTensor, Normalize,
     RandomErasing) on each image. Each side at each worker count in ``--workers``; the
@@ -175,20 +175,20 @@ def child(spec: dict) -> dict:
         next(iter(Steps(loader, 1)))
         first[w] = time.perf_counter() - start
 
-    def feed(w: int, threads: int, ahead: int = 2):
+    def feed(w: int, feed_workers: int, ahead: int = 2):
         augment = TrainAugment(MEAN, STD, DEIT_RA, 0.25, seed=0)
 
         def run():
-            torch.set_num_threads(threads)  # FFCV's Loader sets torch's thread count to num_workers at each epoch
-            for _ in TrainFeed(Steps(ffcv[w], steps), augment, Compute(), MEAN, STD, 0, ahead):
+            torch.set_num_threads(1)  # FFCV's Loader sets torch's thread count to num_workers at each epoch
+            for _ in TrainFeed(Steps(ffcv[w], steps), augment, Compute(), MEAN, STD, 0, ahead, feed_workers):
                 pass
         return run
 
     fns = {f"timm_dataloader_w{w}": (lambda loader=timm_loaders[w]: [None for _ in Steps(loader, steps)])
            for w in spec["workers"]}
     for w in spec["workers"]:
-        for t in sorted({1, w}):
-            fns[f"locvit_ffcv_w{w}_t{t}"] = feed(w, t)
+        for f in (1, 2):
+            fns[f"locvit_ffcv_w{w}_f{f}"] = feed(w, f)
         # FFCV's part alone (decode, crop, flip): all that is left on the CPU when the augmentation runs on a GPU
         fns[f"ffcv_loader_only_w{w}"] = lambda loader=ffcv[w]: [None for _ in Steps(loader, steps)]
     times = alternate(fns, repeats, warmup=1)
@@ -200,7 +200,7 @@ def child(spec: dict) -> dict:
                 "ratio_ffcv_loader_only_over_best_timm": feed_img_s[best_loader] / feed_img_s[best_timm],
                 "ratio_best_over_best": feed_img_s[best_locvit] / feed_img_s[best_timm],
                 "ratio_per_round": sorted(t / f for f, t in zip(times[best_locvit], times[best_timm])),
-                "ratio_at_equal_workers": {w: feed_img_s[f"locvit_ffcv_w{w}_t{w}"] / feed_img_s[f"timm_dataloader_w{w}"]
+                "ratio_at_equal_workers": {w: feed_img_s[f"locvit_ffcv_w{w}_f{w}"] / feed_img_s[f"timm_dataloader_w{w}"]
                                            for w in spec["workers"]},
                 "ffcv_first_batch_s": first}
     print(f"{size} px feed: " + ", ".join(f"{k} {v:,.0f}" for k, v in feed_img_s.items())
