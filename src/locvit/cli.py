@@ -153,7 +153,7 @@ def cmd_sync_tracking(args) -> None:
     uri = safe_uri(default_uri(args.tracking_db))
     try:
         outcome = sync_runs(args.runs_dir, args.tracking_db, args.eval_dir)
-    except ConnectionError as err:
+    except (ConnectionError, PermissionError) as err:
         print(f"locvit sync-tracking: error: {err}; nothing uploaded", file=sys.stderr)
         raise SystemExit(1) from err
     done = len(outcome["uploaded"]) + len(outcome["evaluation"])
@@ -200,6 +200,17 @@ def cmd_mlflow_ui(args) -> None:
         params = load_params(args.params, check_models=False)
         args.study_dir, study = StudyLayout.of(params).root, params["study"]
     serve(args.study_dir, args.host, args.port, args.workers, study)
+
+
+def cmd_mlflow_server(args) -> None:
+    from locvit.tracking.server import serve
+
+    if args.study_dir is None:
+        args.study_dir = StudyLayout.of(load_params(args.params, check_models=False)).root
+    try:
+        serve(args.study_dir, args.host, args.port, args.workers)
+    except ValueError as err:
+        raise SystemExit(f"locvit mlflow-server: error: {err}") from err
 
 
 def cmd_targets(args) -> None:
@@ -327,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interface to bind (default 127.0.0.1, this machine only; the UI has no login)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
     p.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+
+    p = add("mlflow-server", cmd_mlflow_server, "serve a study's tracking database to jobs on many nodes "
+            "(MLflow's tracking server; a login from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)")
+    p.add_argument("--study-dir", type=Path, help="results/<study> holding mlflow.db (default: the study of --params)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1, this machine only; any other needs the login)")
+    p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
+    p.add_argument("--workers", type=int, default=4, help="server processes (default 4)")
 
     p = add("targets", cmd_targets, "print the Snakemake targets of a DVC stage (dvc.yaml's commands use it)")
     p.add_argument("stage", help="prepare, train, evaluate, analyse or report")

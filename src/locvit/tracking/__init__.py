@@ -7,19 +7,21 @@
   SLURM provenance), test scores logged to it, and the loud notice when tracking fails;
 - :mod:`~locvit.tracking.sync`: ``locvit sync-tracking``, which uploads the records a run
   kept while its backend was unreachable (the offline spool is the run's metrics.json);
-- :mod:`~locvit.tracking.ui`: ``locvit mlflow-ui`` on a study's database.
+- :mod:`~locvit.tracking.ui`: ``locvit mlflow-ui`` on a study's database;
+- :mod:`~locvit.tracking.server`: ``locvit mlflow-server``, the study's database served to
+  jobs on many nodes, with MLflow's basic-auth login.
 
 One run per (variant, seed), in an experiment named after the study.
 """
 
-from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, bounded_http,
+from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, TrackingAuthError, bounded_http,
                                      check_reachable, connect, default_uri, experiments_of, log_files, retry, safe_uri,
                                      setup, ui_link)
 from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
                                  slurm_provenance, sync_command)
 from locvit.tracking.sync import sync_runs
 
-__all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrainingTracker", "bounded_http",
+__all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrackingAuthError", "TrainingTracker", "bounded_http",
            "check_reachable", "confirm_finished", "connect", "default_uri", "experiments_of", "failure_notice",
            "log_evaluation", "log_files", "ui_link",
            "retry", "safe_uri", "setup", "slurm_provenance", "sync_command", "sync_runs"]

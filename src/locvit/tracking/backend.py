@@ -247,9 +247,11 @@ def bounded_http():
 
 def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: float = PROBE_READ_TIMEOUT_S) -> None:
     """Raise ConnectionError unless the HTTP(S) server at ``uri`` accepts a connection within
-    ``timeout`` s and answers within ``read_timeout`` s more (one try).
+    ``timeout`` s and answers within ``read_timeout`` s more (one try each for ``/health`` and
+    one read of the tracking API); :class:`TrackingAuthError` when that read is refused
+    (HTTP 401 or 403) with the credentials in the environment.
 
-    Any HTTP answer counts (a proxy may refuse ``/health`` without credentials): this only
+    Any answer of ``/health`` counts (a proxy may refuse it without credentials): that only
     tells a dead or unreachable server from a live one. Other backends are not probed.
     """
     if not _is_http(uri):
@@ -260,7 +262,30 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: fl
         os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("true", "1")
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=(timeout, read_timeout), verify=verify)
+        # One read of the tracking API with the client's credentials, as MLflow's client sends them.
+        answer = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                              timeout=(timeout, read_timeout), verify=verify, **_client_auth())
     except requests.RequestException as err:
         raise ConnectionError(f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
                               f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
                               f"{type(err).__name__}: {err})") from err
+    if answer.status_code in (401, 403):
+        sent = "no credentials" if not _client_auth() else "the credentials of MLFLOW_TRACKING_USERNAME / " \
+            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+        raise TrackingAuthError(f"the tracking server {safe_uri(uri)} refused {sent} (HTTP {answer.status_code}): "
+                                "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to a user of that server "
+                                "(for `locvit mlflow-server`: the two it was started with) in the environment of "
+                                "every job (sbatch passes it on)")
+
+
+class TrackingAuthError(PermissionError):
+    """The tracking server answers but refuses the client's credentials (HTTP 401 or 403)."""
+
+
+def _client_auth() -> dict:
+    """The credentials MLflow's HTTP client would send, as keyword arguments of ``requests.get``."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        return {"auth": (user, password)}
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return {"headers": {"Authorization": f"Bearer {token}"}} if token else {}

@@ -1,0 +1,102 @@
+"""``locvit mlflow-server``: one MLflow tracking server for a study's jobs on many nodes.
+
+SQLite on a shared file system is not safe for many writers on many machines. On a
+cluster the jobs log over HTTP to one ``mlflow server`` instead, the only process that
+opens the study's ``mlflow.db``; it also stores the artifacts the jobs send (under the
+study's ``mlartifacts/``, :mod:`locvit.layout`). Jobs find it through
+``MLFLOW_TRACKING_URI``.
+
+Who may use it: the server binds to the interface the user names (``--host``, default
+127.0.0.1, this machine only). With ``MLFLOW_TRACKING_USERNAME`` and
+``MLFLOW_TRACKING_PASSWORD`` set it runs MLflow's basic-auth app: that user is its
+administrator, every request needs those credentials, and clients (the jobs) send them
+from the same two variables. A host other than the loopback without credentials is
+refused: the server would be open to everyone who reaches its port. The credentials are
+read from the environment only: never from params.yaml or the command line, and never
+written to a file (the auth app's own config, written under the study with mode 0600,
+holds the user name and database path; MLflow takes the admin password from
+``MLFLOW_AUTH_ADMIN_PASSWORD``, set here in the server's environment). The auth app keeps
+its users in ``mlflow-auth/basic_auth.db`` (passwords hashed): the first start creates the
+admin with the password of that start; a later start with another password is refused by
+the stored one, so change it through MLflow's update-password API or remove
+``mlflow-auth/``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from locvit.layout import StudyLayout
+from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
+
+USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+AUTH_DIR = "mlflow-auth"
+
+
+def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(user, password) from the environment, None when neither is set; half a pair is an error."""
+    env = os.environ if env is None else env
+    user, password = env.get(USER), env.get(PASSWORD)
+    if not user and not password:
+        return None
+    if not (user and password):
+        missing = USER if not user else PASSWORD
+        raise ValueError(f"{missing} is not set: set both {USER} and {PASSWORD} (the server's administrator, "
+                         f"and what its clients send), or neither for a server without a login on {LOCAL_HOST}")
+    return user, password
+
+
+def write_auth_config(study_dir: Path, user: str) -> Path:
+    """The basic-auth app's config under the study (mode 0600; no password in it); its path."""
+    folder = StudyLayout(study_dir).root / AUTH_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / "basic_auth.ini"
+    tmp = path.with_suffix(".ini.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("[mlflow]\n"
+                "default_permission = READ\n"
+                f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
+                f"admin_username = {user}\n"
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    os.replace(tmp, path)
+    return path
+
+
+def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
+                   env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The ``mlflow server`` command (an argument list, run without a shell) and its environment."""
+    env = dict(os.environ if env is None else env)
+    login = credentials(env)
+    if login is None and host not in LOOPBACK:
+        raise ValueError(f"--host {host}: a server reachable from other machines needs a login; set {USER} and "
+                         f"{PASSWORD} in the environment (the server's administrator; jobs send the same two "
+                         f"variables), or serve on {LOCAL_HOST}")
+    layout = StudyLayout(Path(study_dir).resolve())
+    layout.root.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mlflow", "server",
+           "--backend-store-uri", f"sqlite:///{layout.tracking_db}",
+           "--serve-artifacts", "--artifacts-destination", layout.artifacts.as_uri(),
+           "--host", host, "--port", str(port), "--workers", str(workers)]
+    env = {**ui_env(), **env}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the server's own store is the study's file, whatever the shell says
+    if login is not None:
+        cmd += ["--app-name", "basic-auth"]
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(layout.root, login[0]))
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = login[1]
+        # the auth app's CSRF secret, shared by the server's workers
+        env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
+    return cmd, env
+
+
+def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1) -> None:
+    """Replace this process by ``mlflow server`` (a signal to our pid reaches MLflow itself)."""
+    cmd, env = server_command(study_dir, host, port, workers)
+    login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
+    print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
+          f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
+          + " (Ctrl-C stops it)", flush=True)
+    os.execve(cmd[0], cmd, env)
