@@ -145,3 +145,23 @@ def test_ffcvs_reused_buffers_do_not_reach_batches_held_ahead(prepared):
     for early in (epoch(4), epoch(4, workers=2)):  # 4 batches held: more than FFCV's buffers keep valid
         assert len(inline) == len(early) > 4
         assert all(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]) for a, b in zip(inline, early))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_feed_threads_work_on_the_training_threads_gpu():
+    device = torch.cuda.device_count() - 1  # the last GPU: not the device a new thread starts on when there are two
+    torch.cuda.set_device(device)
+    seen = set()
+
+    class Noting(TrainAugment):
+        def before_normalise(self, images, step):
+            seen.add(torch.cuda.current_device())
+            return super().before_normalise(images, step)
+
+    batches = [(x.cuda(), y.cuda()) for x, y in _batches(3)]
+    inline = list(TrainFeed(batches, _augment(), Compute(), MEAN, STD, first_step=0, ahead=0))
+    early = list(TrainFeed(batches, Noting(MEAN, STD, "rand-m9-mstd0.5-inc1", 0.25, seed=3), Compute(), MEAN, STD,
+                           first_step=0, ahead=2, workers=2))
+    assert seen == {device}
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(inline, early))

@@ -74,6 +74,14 @@ class TrainFeed:
         ready: queue.Queue = queue.Queue(maxsize=self.ahead)
         stop = threading.Event()
         threads = torch.get_num_threads()  # a new thread starts with torch's default: give it the run's
+        # A new thread's current CUDA device is 0: give it the training thread's (DDP's rank's GPU), whose
+        # current stream FFCV's loader synchronises with and the kernels here are queued on.
+        cuda = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+        def adopt() -> None:
+            torch.set_num_threads(threads)
+            if cuda is not None:
+                torch.cuda.set_device(cuda)
 
         def put(item) -> bool:
             while not stop.is_set():
@@ -86,11 +94,10 @@ class TrainFeed:
 
         pool = None
         if self.workers > 1:
-            pool = ThreadPoolExecutor(self.workers, thread_name_prefix="locvit-feed-pool",
-                                      initializer=torch.set_num_threads, initargs=(threads,))
+            pool = ThreadPoolExecutor(self.workers, thread_name_prefix="locvit-feed-pool", initializer=adopt)
 
         def work() -> None:
-            torch.set_num_threads(threads)
+            adopt()
             try:
                 for step, (images, labels) in enumerate(self.loader, self.first_step):
                     # FFCV reuses its batch buffers a few batches later: keep no reference to them.
