@@ -141,13 +141,19 @@ def killed(works, prepared) -> dict:
     # are deterministic: the uninterrupted one says which epochs improve and so write best.pt.
     last = works["cut"] / RUN / "last.pt"
     resume = load_checkpoint(last)["epoch"] + 1 if last.exists() else 0
-    step = rng.randrange(resume * steps, EPOCHS * steps)
-    epoch = step // steps  # the mid-epoch, validation and checkpoint kills all hit this epoch
-    file = rng.choice(["last.pt", "metrics.json"] + (["best.pt"] if epoch in improving_epochs(works["whole"]) else []))
-    points = [
-        f"train_step_{step}@{RUN}",
-        f"eval_batch_{rng.randrange(-(-split['val']['size'] // 256))}@{RUN}",
-        f"before_rename_{file}@{RUN}",  # metrics.json: once training has ended
+    if resume < EPOCHS:
+        step = rng.randrange(resume * steps, EPOCHS * steps)
+        epoch = step // steps  # the mid-epoch, validation and checkpoint kills all hit this epoch
+        file = rng.choice(["last.pt", "metrics.json"] + (["best.pt"] if epoch in improving_epochs(works["whole"])
+                                                         else []))
+        points = [
+            f"train_step_{step}@{RUN}",
+            f"eval_batch_{rng.randrange(-(-split['val']['size'] // 256))}@{RUN}",
+            f"before_rename_{file}@{RUN}",  # metrics.json: once training has ended
+        ]
+    else:  # the outside kill came after the last epoch's last.pt (while the run was being finished): no step is left
+        points = [f"before_rename_metrics.json@{RUN}"]  # Snakemake removed the failed job's outputs: written again
+    points += [
         f"eval_batch_{rng.randrange(-(-split['test']['size'] // 256))}@eval/",  # locvit evaluate
         "before_rename_seed0.json@eval/",
     ]
