@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,17 +32,11 @@ from common import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO / "tests"))  # the test cluster
+sys.path.insert(0, str(REPO / "tests"))  # the test cluster, and the tests' copy of a checkout
+
+from conftest import copy_workflow  # noqa: E402
 
 GROUP_KEYS = ("groups", "group-components")
-
-
-def copy_workflow(dest: Path) -> Path:
-    for name in ("Snakefile", "params.yaml", "dvc.yaml"):
-        shutil.copy2(REPO / name, dest / name)
-    for name in ("workflow", "profiles", "cluster", "presets", "src"):
-        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return dest
 
 
 def node_overrides(profile: dict) -> list[str]:

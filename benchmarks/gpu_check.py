@@ -182,16 +182,23 @@ def demo_data(work: Path, given: Path | None = None) -> tuple[Path | None, str]:
     return out, "locvit prepare (params.yaml) in a temporary folder"
 
 
+def demo_data_or_skip(work: Path, s: dict, without_ffcv: str) -> tuple[Path | None, str | None, dict | None]:
+    """The demo's prepared data and where it came from, or a section's "did not run" record (FFCV
+    missing: ``without_ffcv`` says what happens instead)."""
+    status = ffcv_status()
+    if not status["available"]:
+        return None, None, {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}){without_ffcv}"}
+    data, source = demo_data(work, s.get("demo_data"))
+    return (data, source, None) if data is not None else (None, None, {"ran": False, "reason": source})
+
+
 def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900) -> dict:
     import yaml
 
-    status = ffcv_status()
-    if not status["available"]:
-        return {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}): locvit train cannot "
-                                        "read its data; the model and augmentation sections use synthetic batches"}
-    data, source = demo_data(work, s.get("demo_data"))
-    if data is None:
-        return {"ran": False, "reason": source}
+    data, source, skipped = demo_data_or_skip(
+        work, s, ": locvit train cannot read its data; the model and augmentation sections use synthetic batches")
+    if skipped:
+        return skipped
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     recipe = dict(epochs=s["demo_epochs"], warmup_epochs=1, device=device.type, amp=s["amp"],
                   compile=s["compile"], channels_last=s["channels_last"])
@@ -371,13 +378,10 @@ def augmentation(device: torch.device, s: dict) -> dict:
 
 
 def feed(device: torch.device, s: dict, work: Path) -> dict:
-    status = ffcv_status()
-    if not status["available"]:
-        return {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}); the augmentation "
-                                        "section measures the device side on synthetic batches"}
-    data, source = demo_data(work, s.get("demo_data"))
-    if data is None:
-        return {"ran": False, "reason": source}
+    data, source, skipped = demo_data_or_skip(
+        work, s, "; the augmentation section measures the device side on synthetic batches")
+    if skipped:
+        return skipped
     from locvit.data.ffcv_io import make_loader
 
     loader = make_loader(data / "train.beton", s["feed_batch"], True, device, num_workers=min(8, os.cpu_count() or 1),
