@@ -30,10 +30,11 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
 
     On any exception the temporary file is removed and ``path`` is left untouched.
+    ``mode``: the file's permissions (default: what open() would give under the umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +48,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(fd)  # the bytes on disk before the name: a crash leaves the old file or the whole new one
         finally:
             os.close(fd)
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600; the file gets the mode open() would give
+        os.chmod(tmp_path, 0o666 & ~_umask() if mode is None else mode)  # mkstemp makes it 0600
         rename_into_place(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -29,6 +29,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from locvit.io import atomic_path
 from locvit.layout import StudyLayout
 from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
@@ -54,15 +55,12 @@ def write_auth_config(study_dir: Path, user: str) -> Path:
     folder = StudyLayout(study_dir).root / AUTH_DIR
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / "basic_auth.ini"
-    tmp = path.with_suffix(".ini.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("[mlflow]\n"
-                "default_permission = READ\n"
-                f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
-                f"admin_username = {user}\n"
-                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    os.replace(tmp, path)
+    with atomic_path(path, mode=0o600) as tmp:
+        tmp.write_text("[mlflow]\n"
+                       "default_permission = READ\n"
+                       f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
+                       f"admin_username = {user}\n"
+                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
     return path
 
 
