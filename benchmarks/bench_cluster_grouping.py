@@ -35,19 +35,9 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests"))  # the test cluster, and the tests' copy of a checkout
 
 from conftest import copy_workflow  # noqa: E402
+from slurm_cluster import node_overrides  # noqa: E402
 
 GROUP_KEYS = ("groups", "group-components")
-
-
-def node_overrides(profile: dict) -> list[str]:
-    """cluster/config.yaml's sizes fitted to the one 2-CPU node without a GPU (as tests/test_cluster.py)."""
-    resources = [f"{rule}:{key}={value}" for rule, sizes in profile["set-resources"].items()
-                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000), ("runtime", 60))
-                 if key in sizes]
-    resources += [f"{rule}:slurm_extra={sizes['slurm_extra']}" for rule, sizes in profile["set-resources"].items()
-                  if "slurm_extra" in sizes]
-    return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", "runtime=60", "cpus_per_task=1",
-            "--set-resources", *resources, "--set-threads", *[f"{rule}=1" for rule in profile["set-threads"]]]
 
 
 def submitted(jobs: list[dict]) -> dict[str, int]:
@@ -89,7 +79,7 @@ def run_study(slurm, mode: str, epochs: int, root: Path) -> dict:
         (work / "cluster" / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     before = {j["job_id"] for j in slurm.sacct()}
     cmd = [str(BIN / "snakemake"), "--profile", "cluster", "all", "--config", "params=bench.yaml",
-           "--slurm-init-seconds-before-status-checks", "2", *node_overrides(profile)]
+           "--slurm-init-seconds-before-status-checks", "2", *node_overrides(default_runtime=60)]
     env = {**slurm.env, "PATH": f"{BIN}:{slurm.env.get('PATH', '')}"}
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)

@@ -41,6 +41,36 @@ CONF_DIR = Path("/etc/slurm")
 MARKER = "# written by locvit's tests/slurm_cluster.py; removed when its cluster stops\n"
 
 
+def node_overrides(runtimes: dict[str, int] | None = None, default_runtime: int = 30,
+                   train_extra: str | None = None) -> list[str]:
+    """Snakemake flags fitting every sized rule of cluster/config.yaml to the one 2-CPU node without a GPU.
+
+    They replace the profile's default-resources, set-resources and set-threads: 1 CPU, 2 GB and no GPU
+    a job, a rule's runtime from ``runtimes`` (minutes, else ``default_runtime``). train and search_train,
+    sized by the study's resources rather than the profile, are overridden too, nodes included: a
+    multi-node variant's tasks share the one node. ``train_extra`` replaces train's slurm_extra.
+    """
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    profile = yaml.safe_load((repo / "cluster" / "config.yaml").read_text())
+    runtimes = runtimes or {}
+    trainers = ("train", "search_train")
+    sized = profile["set-resources"]
+    resources = [f"{rule}:{key}={value}" for rule, sizes in sized.items()
+                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000),
+                                    ("runtime", runtimes.get(rule, default_runtime)))
+                 if key in sizes or rule in trainers]
+    resources += [f"{rule}:nodes=1" for rule in trainers]
+    resources += [f"{rule}:slurm_extra={sizes['slurm_extra']}" for rule, sizes in sized.items()
+                  if "slurm_extra" in sizes and not (rule == "train" and train_extra)]
+    if train_extra:
+        resources.append(f"train:slurm_extra={train_extra}")
+    return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", f"runtime={default_runtime}",
+            "cpus_per_task=1", "--set-resources", *resources,
+            "--set-threads", *[f"{rule}=1" for rule in profile["set-threads"]]]
+
+
 def _ours(path: Path) -> bool:
     try:
         return path.read_text().startswith(MARKER)
@@ -267,6 +297,12 @@ class LocalSlurm:
         return proc.returncode == 0 and "idle" in proc.stdout
 
     # --- queries for tests ------------------------------------------------------------
+    def steps(self, job_id: str) -> list[dict]:
+        """A job's steps (batch, the executor's srun steps, a multi-node launcher's): id, name, tasks, nodes, state."""
+        out = self._run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobIDRaw,JobName%60,NTasks,NNodes,State"])
+        keys = ("step_id", "name", "tasks", "nodes", "state")
+        return [dict(zip(keys, line.split("|", 4))) for line in out.splitlines() if line]
+
     def sacct(self) -> list[dict]:
         """Every job the cluster ran: id, name, state, exit code, comment (Snakemake's rule and wildcards)."""
         out = self._run(["sacct", "-X", "-n", "-P", "--starttime=2000-01-01", "-o",

@@ -3,7 +3,10 @@
 tests/slurm_cluster.py brings up munged, MariaDB, slurmdbd, slurmctld and slurmd in a
 private folder; the tiny study then runs through the SLURM executor exactly as the
 README says, with the per-rule sizes scaled down to this machine on the command line
-(the one node has 2 CPUs and no GPU). One training job is preempted: it holds after its
+(the one node has 2 CPUs and no GPU). One variant trains over "two nodes": its job has 2 SLURM
+tasks on the one node, each running one torchrun of one gloo process, through the same
+rule and launcher (locvit launch: srun, c10d rendezvous) a real two-node job uses, and
+ends with the weights of 2 processes on one node. That job is also preempted: it holds after its
 first epoch's checkpoint (LOCVIT_HOLD_AT, tests/faultinject), the test `scancel`s it,
 Snakemake's retry re-submits it and it resumes from last.pt into the same MLflow run.
 Another meets its time limit: its variant's group job has a 4-minute limit with the
@@ -31,34 +34,22 @@ import yaml
 
 from conftest import BIN, REPO, copy_workflow, env_with_venv, train_cmd
 from locvit.train.checkpoint import load_checkpoint
-from slurm_cluster import LocalSlurm, unavailable
+from slurm_cluster import LocalSlurm, node_overrides, unavailable
 
 pytestmark = pytest.mark.cluster
 TINY = "presets/tiny.yaml"
 PREEMPTED = "runs/deit_a/seed0"  # the training run the test cancels after its first epoch
+TWO_NODES = "deit_a"  # the variant that trains on 2 nodes (2 SLURM tasks on the one node)
 TIMED_OUT = "runs/mait_b/seed0"  # the training run that meets its time limit in the middle of epoch 0
 STALL_STEP = 5  # of 18 per epoch
-TIME_LIMIT = {"train": 3, "evaluate": 1, "analyse": 1}  # minutes: the variant's group job gets their sum
+TIME_LIMIT = {"train": 2, "evaluate": 1, "analyse": 1}  # minutes: the variant's group job gets their sum (4)
 WARNING_S = 60
 
 
 def small_node_overrides() -> list[str]:
-    """Every sized rule of cluster/config.yaml fitted to one 2-CPU node without a GPU.
-
-    These flags replace the profile's default-resources, set-resources and set-threads.
-    The variant groups' jobs get a 4-minute limit (TIME_LIMIT) and the warning WARNING_S before it.
-    """
-    profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
-    resources = [f"{rule}:{key}={value}" for rule, sizes in profile["set-resources"].items()
-                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000),
-                                    ("runtime", TIME_LIMIT.get(rule, 30)))
-                 if key in sizes]
-    resources += [f"{rule}:slurm_extra={sizes['slurm_extra']}" for rule, sizes in profile["set-resources"].items()
-                  if rule != "train" and "slurm_extra" in sizes]
-    resources.append(f"train:slurm_extra='--signal=URG@{WARNING_S}'")
-    threads = [f"{rule}=1" for rule in profile["set-threads"]]
-    return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", "runtime=30", "cpus_per_task=1",
-            "--set-resources", *resources, "--set-threads", *threads]
+    """The profile's sizes fitted to the one node; the variant groups' jobs get a 4-minute limit (TIME_LIMIT)
+    and the warning WARNING_S before it."""
+    return node_overrides(TIME_LIMIT, 30, f"'--signal=URG@{WARNING_S}'")
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +90,10 @@ def preempt_once(slurm: LocalSlurm, hold: Path, done: threading.Event, record: d
 def study(cluster, tmp_path_factory):
     """The tiny study run through SLURM, with one training job preempted; (workdir, run output, preempted)."""
     work = copy_workflow(tmp_path_factory.mktemp("cluster"))
+    preset = work / TINY
+    params = yaml.safe_load(preset.read_text())
+    params["variants"][TWO_NODES]["resources"] = {"nodes": 2, "gpus": 0}
+    preset.write_text(yaml.safe_dump(params, sort_keys=False))
     hold, stall = work / "hold", work / "stall"
     hold.touch()
     stall.touch()
@@ -190,6 +185,48 @@ def test_preempted_job_was_resubmitted_and_resumed(study, cluster):
     assert run.info.status == "FINISHED"
     assert run.data.tags["slurm_job_ids"] == ",".join(metrics["slurm_job_ids"])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0, 1]
+
+
+def test_a_two_node_job_trains_like_two_processes_on_one_node(study, cluster, tmp_path):
+    """The variant with resources.nodes 2 went to SLURM with 2 tasks; locvit launch started one torchrun
+    per task with srun, they met at the job's first node, and the run (preempted and resumed on the way)
+    ended with the weights of `torchrun --standalone --nproc_per_node 2` of the same config."""
+    work, _, _ = study
+    root = work / "results" / "tiny"
+    metrics = json.loads((root / PREEMPTED / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    last_job = metrics["slurm_job_ids"][-1]
+    steps = cluster.steps(last_job)  # batch, the launcher's srun of the agents, then evaluate's and analyse's
+    assert any(s["tasks"] == "2" and s["state"] == "COMPLETED" for s in steps), steps
+    log = (root / "logs" / "train" / f"{TWO_NODES}.log").read_text()
+    assert "locvit launch: 2 nodes x 1 processes" in log and "rendezvous at" in log, log[-2000:]
+
+    cfg = load_checkpoint(root / PREEMPTED / "last.pt")["config"]
+    data = {split: root / "data" / f"{split}.beton" for split in ("train", "val")}
+    data["manifest"] = root / "data" / "manifest.json"
+    cmd = train_cmd(cfg, data, tmp_path / "run", tmp_path / "mlflow.db")
+    cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "locvit"]
+    proc = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert whole["world_size"] == 2
+    assert whole["rank_weights_sha256"] == metrics["rank_weights_sha256"]
+
+
+def test_a_rendezvous_that_cannot_complete_fails_in_bounded_time(cluster, tmp_path):
+    """Through the real srun: a job whose second node never joins (1 task for 2 nodes) ends non-zero once
+    LOCVIT_RDZV_TIMEOUT has passed, with locvit's message naming the endpoint, not a hang."""
+    env = {**env_with_venv(), **{k: v for k, v in cluster.env.items() if k == "SLURM_CONF"},
+           "LOCVIT_RDZV_TIMEOUT": "15"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["srun", "--ntasks=1", "--partition=cpu", "--time=5", str(BIN / "python"), "-m", "locvit", "launch",
+         "--agent", "--nodes", "2", "--endpoint", "127.0.0.1:29417", "--rdzv-id", "never", "--", "train", "--help"],
+        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "the rendezvous of 2 nodes at 127.0.0.1:29417 did not complete" in proc.stderr, proc.stderr[-3000:]
+    assert took < 120, took
 
 
 def test_a_job_at_its_time_limit_stops_at_a_step_and_resumes_to_an_uninterrupted_runs_weights(study, cluster,

@@ -66,6 +66,28 @@ def test_a_ddp_checkpoint_loads_in_one_process(ddp_run, prepared):
         assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
 
 
+def test_two_nodes_of_one_process_end_with_the_weights_of_two_processes_on_one_node(ddp_run, prepared, tmp_path):
+    """`locvit launch --agent` twice, as the two SLURM tasks of a two-node job start it (node rank from
+    LOCVIT_NODE_RANK here, SLURM_PROCID there): torchrun's c10d rendezvous, node 0 hosting it, world size 2;
+    the same weights as torchrun --standalone --nproc_per_node 2."""
+    from locvit.train.launch import free_port
+
+    cmd = ddp_cmd(ddp_run["cfg"], prepared, tmp_path)
+    args = cmd[cmd.index("train"):]  # after torchrun's arguments
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [subprocess.Popen([str(BIN / "python"), "-m", "locvit", "launch", "--agent", "--nodes", "2",
+                                "--endpoint", endpoint, "--rdzv-id", "two-nodes", "--", *args],
+                               env={**env_with_venv(), "LOCVIT_NODE_RANK": str(node), "LOCVIT_RDZV_TIMEOUT": "120"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [agent.communicate(timeout=300) for agent in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    reference = json.loads((ddp_run["run"] / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["rank_weights_sha256"] == reference["rank_weights_sha256"]
+    assert [r["val_top1"] for r in metrics["history"]] == [r["val_top1"] for r in reference["history"]]
+
+
 def test_the_batch_is_global():
     recipe = {"batch_size": 64, "mixup": 0.0, "cutmix": 0.0, "lr": 5e-4, "lr_scale_batch": None}
     assert per_process_batch(recipe, 1) == 64 and per_process_batch(recipe, 4) == 16

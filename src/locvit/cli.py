@@ -213,6 +213,24 @@ def cmd_mlflow_server(args) -> None:
         raise SystemExit(f"locvit mlflow-server: error: {err}") from err
 
 
+def cmd_launch(args) -> None:
+    from locvit.train import launch
+
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if not rest:
+        raise SystemExit("locvit launch: error: name the command to run after --, e.g. -- train --run-config ...")
+    try:
+        if args.agent:
+            if not args.endpoint or not args.rdzv_id:
+                raise launch.LaunchError("--agent needs --endpoint and --rdzv-id")
+            code = launch.run_agent(args.nodes, args.gpus_per_node, args.endpoint, args.rdzv_id, rest)
+        else:
+            code = launch.run_job(args.nodes, args.gpus_per_node, rest)
+    except launch.LaunchError as err:
+        raise SystemExit(f"locvit launch: error: {err}") from err
+    raise SystemExit(code)
+
+
 def cmd_targets(args) -> None:
     from locvit.versioning import stage_targets
 
@@ -346,6 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interface to bind (default 127.0.0.1, this machine only; any other needs the login)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
     p.add_argument("--workers", type=int, default=4, help="server processes (default 4)")
+
+    p = add("launch", cmd_launch, "inside a SLURM job: run `locvit <command>` as one torchrun per node, joined by "
+            "c10d rendezvous on the job's first node (the train rule's launcher for resources.nodes > 1)")
+    p.add_argument("--nodes", type=int, required=True, help="nodes (SLURM tasks, one torchrun each)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node: one process each (0: one CPU process)")
+    p.add_argument("--agent", action="store_true", help="one node's torchrun (what the job's srun starts on each node)")
+    p.add_argument("--endpoint", help="with --agent: the rendezvous HOST:PORT")
+    p.add_argument("--rdzv-id", help="with --agent: the rendezvous id (the SLURM job id)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- and the locvit command, e.g. -- train --run-config ...")
 
     p = add("targets", cmd_targets, "print the Snakemake targets of a DVC stage (dvc.yaml's commands use it)")
     p.add_argument("stage", help="prepare, train, evaluate, analyse or report")

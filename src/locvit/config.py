@@ -82,6 +82,7 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
         sub = schema["properties"][section]
         sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
         out[section] = _fill_defaults_section(out[section], sub)
+    out["resources"] = {**schema["properties"]["resources"]["default"], **out["resources"]}  # key by key
     for variant in out["variants"].values():
         variant.setdefault("kwargs", {})
         variant.setdefault("train", {})
@@ -376,6 +377,11 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
         "train": {**params["train"], **spec["train"]},
     }
+
+
+def train_resources(params: dict, variant: str) -> dict:
+    """What the variant's training job asks the cluster for: the study's ``resources``, the variant's over them."""
+    return {**params["resources"], **params["variants"][variant].get("resources", {})}
 
 
 def peak_lr(recipe: dict) -> float:

@@ -1,7 +1,10 @@
+# analyse runs after its variant's evaluate (their input: its results): in a cluster group job the
+# two then come one after the other, and the group asks for one job's GPU and CPUs, not both.
 rule analyse:
     input:
         unpack(test_data),
         checkpoints=variant_checkpoints,
+        evaluated=expand(EVAL_FILE, seed=SEEDS, allow_missing=True),
     output:
         json=expand(ANALYSIS_FILE, seed=SEEDS, allow_missing=True),
         npz=expand(MAPS_FILE, seed=SEEDS, allow_missing=True),

@@ -5,8 +5,9 @@ import re
 import shlex
 import sys
 
-from locvit.config import run_config, variant_fraction
+from locvit.config import run_config, train_resources, variant_fraction
 from locvit.layout import StudyLayout
+from locvit.train import launch
 
 # Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
 LAYOUT = StudyLayout.of(P)
@@ -134,22 +135,62 @@ def search_round_files(name):
     return expand(f"{ROUND_DIR}/{name}", round=SEARCH_ROUNDS)
 
 
-def train_launcher(wildcards, resources):
-    """`python -m locvit`, or torchrun with one process per GPU when the job's `gpu` resource asks for several.
+# What a training job asks SLURM for: the variant's resources in params (locvit.config.train_resources),
+# as the SLURM executor's resources. A resource function that returns None leaves the resource unset.
+def job_variant(wildcards):
+    """The variant a training job trains (a mask-search round trains the search's variant)."""
+    return wildcards.get("variant") or SEARCH["variant"]
 
-    The cluster profile sets `gpu` for each step in cluster/config.yaml; on one machine, e.g.
-    `--set-resources train:gpu=4`. --standalone: a private rendezvous on a free local port, so jobs
-    sharing a node never meet.
+
+def train_resource(key):
+    """A resource function reading one key of the job's variant's resources."""
+    return lambda wildcards: train_resources(P, job_variant(wildcards))[key]
+
+
+def multi_node(wildcards):
+    return train_resources(P, job_variant(wildcards))["nodes"] > 1
+
+
+def train_gpu(wildcards):
+    """One node: its GPUs (sbatch --gpus). Several: None, their GPUs go per node through gres."""
+    return None if multi_node(wildcards) else train_resources(P, job_variant(wildcards))["gpus"]
+
+
+def train_gres(wildcards):
+    gpus = train_resources(P, job_variant(wildcards))["gpus"]
+    return f"gpu:{gpus}" if multi_node(wildcards) and gpus else None
+
+
+def train_mpi(wildcards):
+    """Several nodes: the executor's `mpi` resource, so the rule's shell starts the job steps itself (srun)."""
+    return "srun" if multi_node(wildcards) else None
+
+
+def train_tasks(wildcards):
+    """Several nodes: one SLURM task (one torchrun) per node."""
+    return train_resources(P, job_variant(wildcards))["nodes"] if multi_node(wildcards) else None
+
+
+def train_tasks_per_gpu(wildcards):
+    """Several nodes with GPUs: 0, so the executor adds no --ntasks-per-gpu beside the per-node gres."""
+    return 0 if multi_node(wildcards) else None
+
+
+def train_launcher(wildcards, resources):
+    """`python -m locvit`, torchrun with one process per GPU of the node, or `locvit launch` over several nodes.
+
+    Several nodes: one agent per SLURM task of the job (resources.tasks). One node: one process per
+    GPU of the `gpu` resource (the variant's gpus, or `--set-resources train:gpu=4`).
     """
-    gpus = int(resources.get("gpu", 0) or 0)
-    if gpus <= 1:
-        return LOCVIT
-    return f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc_per_node {gpus} -m locvit"
+    if resources.get("mpi"):
+        return launch.prefix(int(resources["tasks"]), train_resources(P, job_variant(wildcards))["gpus"])
+    return launch.prefix(1, int(resources.get("gpu", 0) or 0))
 
 
 def train_threads(wildcards, threads, resources):
-    """The job's CPU threads shared out over its processes (one per GPU)."""
-    return max(1, threads // max(1, int(resources.get("gpu", 0) or 0)))
+    """The job's CPU threads shared out over a node's processes (one per GPU)."""
+    gpus = train_resources(P, job_variant(wildcards))["gpus"] if resources.get("mpi") else resources.get("gpu", 0)
+    return max(1, threads // max(1, int(gpus or 0)))
 
 
 # train_jobs: one training job per run (variant, seed), or per variant (its seeds one after another in one process).

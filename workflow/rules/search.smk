@@ -39,7 +39,15 @@ rule search_train:
         threads=train_threads,
     threads: 1
     resources:
-        gpu=0,
+        nodes=train_resource("nodes"),
+        gpu=train_gpu,
+        gres=train_gres,
+        mpi=train_mpi,
+        tasks=train_tasks,
+        tasks_per_gpu=train_tasks_per_gpu,
+        cpus_per_task=train_resource("cpus"),
+        mem_mb=train_resource("mem_mb"),
+        runtime=train_resource("runtime"),
     conda:
         ENV
     log:
@@ -53,6 +61,7 @@ rule search_train:
 use rule analyse as search_analyse with:
     input:
         checkpoints=f"{ROUND_DIR}/best.pt",
+        evaluated=f"{ROUND_DIR}/eval.json",
         test=MAIN_DATA["test"],
         manifest=MAIN_DATA["manifest"],
     output:

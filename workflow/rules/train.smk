@@ -16,7 +16,15 @@ rule train:
         threads=train_threads,
     threads: 1
     resources:
-        gpu=0,
+        nodes=train_resource("nodes"),
+        gpu=train_gpu,
+        gres=train_gres,
+        mpi=train_mpi,
+        tasks=train_tasks,
+        tasks_per_gpu=train_tasks_per_gpu,
+        cpus_per_task=train_resource("cpus"),
+        mem_mb=train_resource("mem_mb"),
+        runtime=train_resource("runtime"),
     conda:
         ENV
     log:

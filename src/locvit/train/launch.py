@@ -1,0 +1,214 @@
+"""Starting a training job's processes: one, one per GPU of a node, or one torchrun per node of a SLURM job.
+
+The train rule (workflow/rules/common.smk) puts :func:`prefix` before ``train ...``:
+
+- one process: ``python -m locvit``;
+- one node, G > 1 GPUs: ``torchrun --standalone --nproc_per_node G`` (a private rendezvous
+  on a free local port, so jobs sharing a node never meet);
+- N > 1 nodes: ``locvit launch --nodes N --gpus-per-node G -- train ...``. That runs in the
+  SLURM job's batch step on its first node (the rule has the SLURM executor's ``mpi``
+  resource, so nothing wraps it in ``srun``) and does two things:
+
+  1. :func:`job_command`: reads the allocation with ``scontrol show job`` (the executor
+     drops the ``SLURM_*`` variables before the rule's shell), picks the rendezvous
+     endpoint — the job's first node (``LOCVIT_RDZV_HOST`` overrides it, e.g. with the
+     address of a faster interface) and a free port there (``LOCVIT_RDZV_PORT``) — and runs
+     ``srun --ntasks N --kill-on-bad-exit=1`` of
+  2. :func:`agent_command`, one per task (node): ``torchrun --nnodes N --nproc-per-node max(G, 1)
+     --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <job id>``. Task 0 hosts the
+     rendezvous store (``is_host`` set from ``SLURM_PROCID``, not guessed from host names);
+     torchrun assigns the ranks, and the world size is N x G.
+
+A rendezvous that cannot complete (the endpoint unreachable, a node that never joins)
+fails after ``LOCVIT_RDZV_TIMEOUT`` seconds (default 300; torchrun's ``join_timeout`` and
+store timeouts) with a message naming the endpoint and what to check, and a non-zero
+exit: srun's ``--kill-on-bad-exit`` then ends the other nodes' agents. Training itself is
+the same code for any number of processes (locvit.train.distributed): global batch, lr,
+sharded validation, rank 0 writing and exact resume do not depend on how the processes
+were started, so 2 nodes x 1 process end with the weights of 1 node x 2 processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+#: Seconds within which a rendezvous must complete (every node joined), else the job fails.
+DEFAULT_RDZV_TIMEOUT = 300
+#: torchrun's words for a rendezvous that did not complete (its exceptions' names).
+RDZV_FAILURES = ("RendezvousConnectionError", "RendezvousTimeoutError", "RendezvousClosedError",
+                 "RendezvousError", "RendezvousStateError")
+
+
+class LaunchError(RuntimeError):
+    """The processes of a training job could not be started; the message says what to do."""
+
+
+def prefix(nodes: int, gpus_per_node: int, python: str = sys.executable) -> str:
+    """The command before ``train ...`` for a job of ``nodes`` nodes with ``gpus_per_node`` GPUs each.
+
+    One process per GPU, or one per node without GPUs (gloo on the CPU).
+    """
+    py = shlex.quote(python)
+    if nodes > 1:
+        return f"{py} -m locvit launch --nodes {nodes} --gpus-per-node {gpus_per_node} --"
+    if gpus_per_node > 1:
+        return f"{py} -m torch.distributed.run --standalone --nproc_per_node {gpus_per_node} -m locvit"
+    return f"{py} -m locvit"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What ``scontrol show job`` says of a job: its id, nodes (in SLURM's order) and CPUs per task."""
+
+    job_id: str
+    nodes: list[str]
+    cpus_per_task: int
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """SLURM's compressed host list (``gpu[01-03,07],cpu1``) as host names, in order."""
+    hosts: list[str] = []
+    parts, depth, start = [], 0, 0  # split on the commas outside brackets
+    for i, ch in enumerate(hostlist):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(hostlist[start:i])
+            start = i + 1
+    parts.append(hostlist[start:])
+    for part in filter(None, parts):
+        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        head, ranges, tail = m.groups()
+        for rng in ranges.split(","):
+            lo, _, hi = rng.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{head}{n:0{len(lo)}d}{tail}")
+    return hosts
+
+
+def parse_scontrol(text: str) -> Allocation:
+    """An :class:`Allocation` from ``scontrol show job -o <id>`` (``Key=Value`` fields)."""
+    fields = dict(re.findall(r"(\S+?)=(\S*)", text))
+    missing = [k for k in ("JobId", "NodeList") if not fields.get(k)]
+    if missing or fields["NodeList"] in ("(null)", "None"):
+        raise LaunchError(f"scontrol did not describe a running job (no {', '.join(missing) or 'NodeList'}): "
+                          f"{text.strip()[:300]!r}")
+    return Allocation(fields["JobId"], expand_hostlist(fields["NodeList"]), int(fields.get("CPUs/Task", "1") or 1))
+
+
+def allocation(env: dict[str, str] | None = None) -> Allocation:
+    """This SLURM job's allocation (the batch step's ``SLURM_JOB_ID``)."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        raise LaunchError("training over several nodes runs inside a SLURM job (no SLURM_JOB_ID here): "
+                          "run the study with `snakemake --profile cluster`, or set the variant's "
+                          "resources.nodes to 1 on one machine")
+    proc = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise LaunchError(f"`scontrol show job -o {job}` failed: {proc.stderr.strip()}")
+    return parse_scontrol(proc.stdout)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rendezvous store binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rdzv_timeout(env: dict[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    raw = env.get("LOCVIT_RDZV_TIMEOUT", str(DEFAULT_RDZV_TIMEOUT))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise LaunchError(f"LOCVIT_RDZV_TIMEOUT={raw!r}: a whole number of seconds > 0 (default {DEFAULT_RDZV_TIMEOUT})")
+    return value
+
+
+def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[str],
+                env: dict[str, str] | None = None, python: str = sys.executable) -> list[str]:
+    """``srun`` of one agent per node of ``alloc`` (run on the job's first node).
+
+    The step asks for the job's CPUs per task and each node's GPUs itself: the executor
+    removed the variables through which srun would inherit them.
+    """
+    env = os.environ if env is None else env
+    host = env.get("LOCVIT_RDZV_HOST") or alloc.nodes[0]
+    port = int(env.get("LOCVIT_RDZV_PORT") or free_port())
+    step = ["srun", f"--ntasks={nodes}", "--kill-on-bad-exit=1", f"--cpus-per-task={alloc.cpus_per_task}"]
+    if gpus_per_node:
+        step.append(f"--gres=gpu:{gpus_per_node}")
+    return [*step, python, "-m", "locvit", "launch", "--agent", "--nodes", str(nodes),
+            "--gpus-per-node", str(gpus_per_node), "--endpoint", f"{host}:{port}", "--rdzv-id", alloc.job_id,
+            "--", *args]
+
+
+def agent_command(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, is_host: bool, timeout: int,
+                  args: list[str], python: str = sys.executable) -> list[str]:
+    """One node's torchrun: joins the c10d rendezvous at ``endpoint`` (hosting it when ``is_host``)."""
+    conf = f"is_host={int(is_host)},join_timeout={timeout},read_timeout={timeout},last_call_timeout=1"
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(max(1, gpus_per_node)),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
+            "--max-restarts", "0", "-m", "locvit", *args]
+
+
+def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args: list[str],
+              env: dict[str, str] | None = None) -> int:
+    """Run this node's torchrun; on a rendezvous that did not complete, say why and where, and return 1.
+
+    torchrun's output passes through unchanged; a line naming one of its rendezvous
+    exceptions marks the failure as the rendezvous's rather than training's.
+    """
+    env = dict(os.environ if env is None else env)
+    # SLURM's task number; LOCVIT_NODE_RANK where agents are started by hand (tests, no SLURM).
+    node = int(env.get("SLURM_PROCID", env.get("LOCVIT_NODE_RANK", "0")))
+    timeout = rdzv_timeout(env)
+    cmd = agent_command(nodes, gpus_per_node, endpoint, rdzv_id, node == 0, timeout, args)
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    seen: list[str] = []
+
+    def relay() -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if any(name in line for name in RDZV_FAILURES):
+                seen.append(line.strip())  # the last one is the exception's own line
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    code = proc.wait()
+    reader.join(timeout=10)
+    if code != 0 and seen:
+        waited = time.monotonic() - started
+        role = "hosting it" if node == 0 else "joining it"
+        print(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
+              f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
+              f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
+              "the host name's address; LOCVIT_RDZV_HOST names another address, LOCVIT_RDZV_PORT another port) "
+              f"and that all {nodes} tasks started (squeue, the job's log).", file=sys.stderr, flush=True)
+        return 1
+    return code
+
+
+def run_job(nodes: int, gpus_per_node: int, args: list[str]) -> int:
+    """On the job's first node: start one agent per node with srun and return its exit status."""
+    alloc = allocation()
+    cmd = job_command(alloc, nodes, gpus_per_node, args)
+    print(f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
+          f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}", file=sys.stderr, flush=True)
+    return subprocess.run(cmd).returncode

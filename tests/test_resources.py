@@ -1,0 +1,85 @@
+"""Sizes per variant: what `snakemake -n --profile cluster all` says each training job asks SLURM for.
+
+The study's `resources` hold every variant's; a variant's override single keys; the
+command line's --set-resources overrides them all. A variant on several nodes gets the
+SLURM executor's multi-node resources (nodes, one task per node, GPUs per node through
+gres, `mpi` so that the rule's shell starts the job steps) and locvit's multi-node launcher.
+No scheduler is needed: the dry run prints every job's resources.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import BIN, copy_workflow, env_with_venv
+from locvit.config import load_params, train_resources
+
+SIZES = {
+    "deit_a": {"mem_mb": 4000, "runtime": 30},  # a small model: less memory and time, the study's GPU
+    "mait_b": {"nodes": 2, "gpus": 4, "cpus": 32, "mem_mb": 200000, "runtime": 2880},  # a big one, two nodes
+}
+
+
+def dry_run(work, *extra) -> dict[str, dict]:
+    """The dry run's resources and shell command of each training job, by variant."""
+    out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
+                          "params=presets/sized.yaml", *extra],
+                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = {}
+    for block in out.stdout.split("\n\n"):
+        if not re.search(r"^\s*rule train:", block, re.M):
+            continue
+        variant = re.search(r"wildcards: variant=(\S+)", block).group(1)
+        resources = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block).group(1).split(", "))
+        jobs[variant] = {"resources": resources, "shell": re.search(r"Shell command: (.*)", block).group(1)}
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    work = copy_workflow(tmp_path_factory.mktemp("sized"))
+    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
+    params["study"] = "sized"
+    params["resources"] = {"cpus": 8, "gpus": 1}  # the study's: every variant's unless it says otherwise
+    for variant, sizes in SIZES.items():
+        params["variants"][variant]["resources"] = sizes
+    (work / "presets" / "sized.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return work
+
+
+def test_a_variants_resources_override_the_studys_key_by_key(work):
+    params = load_params(work / "presets" / "sized.yaml")
+    assert train_resources(params, "deit_a") == {"nodes": 1, "gpus": 1, "cpus": 8, "mem_mb": 4000, "runtime": 30}
+    assert train_resources(params, "mait_b") == {"nodes": 2, "gpus": 4, "cpus": 32, "mem_mb": 200000,
+                                                 "runtime": 2880}
+
+
+def test_the_cluster_dry_run_shows_each_variants_sizes(work):
+    jobs = dry_run(work)
+    small, big = jobs["deit_a"], jobs["mait_b"]
+    assert {k: small["resources"].get(k) for k in ("nodes", "gpu", "cpus_per_task", "mem_mb", "runtime")} == \
+        {"nodes": "1", "gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
+    assert not {"mpi", "tasks", "gres"} & set(small["resources"])
+    assert " -m locvit train " in small["shell"]
+    # Two nodes: one task (one torchrun) per node, 4 GPUs on each, and the launcher that starts them.
+    assert {k: big["resources"].get(k) for k in ("nodes", "tasks", "gres", "mpi", "tasks_per_gpu", "cpus_per_task",
+                                                 "mem_mb", "runtime")} == \
+        {"nodes": "2", "tasks": "2", "gres": "gpu:4", "mpi": "srun", "tasks_per_gpu": "0", "cpus_per_task": "32",
+         "mem_mb": "200000", "runtime": "2880"}
+    assert "gpu" not in big["resources"]  # per-node GPUs go through gres, not --gpus for the whole job
+    assert " -m locvit launch --nodes 2 --gpus-per-node 4 -- train " in big["shell"]
+    # The profile adds only the site's settings to them.
+    assert small["resources"]["slurm_partition"] == big["resources"]["slurm_partition"] == "gpu"
+    assert "--signal=URG@300" in big["resources"]["slurm_extra"]
+
+
+def test_the_command_line_overrides_every_variant(work):
+    jobs = dry_run(work, "--set-resources", "train:mem_mb=1000", "train:runtime=5")
+    for job in jobs.values():
+        assert (job["resources"]["mem_mb"], job["resources"]["runtime"]) == ("1000", "5")
+    assert jobs["mait_b"]["resources"]["nodes"] == "2"  # what was not overridden stays the variant's
