@@ -33,6 +33,7 @@ def test_the_prefix_follows_nodes_and_gpus():
     ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),
     ("gpu[08-10,12],cpu1", ["gpu08", "gpu09", "gpu10", "gpu12", "cpu1"]),
     ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
+    ("r[1-2]n[07-08]", ["r1n07", "r1n08", "r2n07", "r2n08"]),
 ])
 def test_slurm_host_lists_expand_in_order(hostlist, hosts):
     assert launch.expand_hostlist(hostlist) == hosts
@@ -49,20 +50,30 @@ def test_the_allocation_comes_from_scontrol():
 
 def test_the_job_runs_one_agent_per_node_meeting_at_its_first_node():
     alloc = launch.Allocation("4242", ["gpu07", "gpu08"], 32)
-    cmd = launch.job_command(alloc, 2, 4, ["train", "--x"], env={"LOCVIT_RDZV_PORT": "29611"}, python="py")
-    assert cmd[:5] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--cpus-per-task=32", "--gres=gpu:4"]
-    assert cmd[5:] == ["py", "-m", "locvit", "launch", "--agent", "--nodes", "2", "--gpus-per-node", "4",
-                       "--endpoint", "gpu07:29611", "--rdzv-id", "4242", "--", "train", "--x"]
-    cpu = launch.job_command(alloc, 2, 0, ["train"], env={"LOCVIT_RDZV_HOST": "10.1.0.7"}, python="py")
+    cmd = launch.job_command(alloc, 2, 4, ["train", "--x"], env={}, python="py")
+    assert cmd[:7] == ["srun", "--ntasks=2", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                       "--cpus-per-task=32", "--gres=gpu:4"]
+    host, port = cmd[cmd.index("--endpoint") + 1].split(":")
+    assert host == "gpu07" and 0 < int(port) < 65536  # a port free on this (the first) node
+    assert cmd[7:] == ["py", "-m", "locvit", "launch", "--agent", "--nodes", "2", "--gpus-per-node", "4",
+                       "--endpoint", f"gpu07:{port}", "--rdzv-id", "4242", "--", "train", "--x"]
+    # Without GPUs no gres; node names mapped to another network's addresses.
+    cpu = launch.job_command(alloc, 2, 0, ["train"], env={"LOCVIT_NODE_ADDRESS": "{node}-ib"}, python="py")
     assert not any(a.startswith("--gres") for a in cpu)
-    host, port = cpu[cpu.index("--endpoint") + 1].split(":")
-    assert host == "10.1.0.7" and 0 < int(port) < 65536  # a free port of this host
+    assert cpu[cpu.index("--endpoint") + 1].startswith("gpu07-ib:")
+    # The one-node test cluster: both agents on its node (no --nodes, no --ntasks-per-node).
+    one = launch.job_command(launch.Allocation("7", ["c1"], 1), 2, 0, ["train"], env={}, python="py")
+    assert one[:4] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--cpus-per-task=1"]
+    with pytest.raises(launch.LaunchError, match=r"LOCVIT_NODE_ADDRESS='10.1.0.7' must contain \{node\}"):
+        launch.job_command(alloc, 2, 0, ["train"], env={"LOCVIT_NODE_ADDRESS": "10.1.0.7"})
 
     agent = launch.agent_command(2, 4, "gpu07:29611", "4242", True, 300, ["train"], python="py")
     assert agent[agent.index("--nnodes") + 1] == "2" and agent[agent.index("--nproc-per-node") + 1] == "4"
     assert agent[agent.index("--rdzv-conf") + 1].startswith("is_host=1,join_timeout=300,read_timeout=300")
-    cpu_agent = launch.agent_command(2, 0, "h:1", "j", False, 9, ["train"])
+    assert "--local-addr" not in agent  # torchrun's default: the host's name
+    cpu_agent = launch.agent_command(2, 0, "h:1", "j", False, 9, ["train"], local_addr="gpu08-ib")
     assert cpu_agent[cpu_agent.index("--nproc-per-node") + 1] == "1"  # one CPU process a node
+    assert cpu_agent[cpu_agent.index("--local-addr") + 1] == "gpu08-ib"
 
 
 def test_outside_slurm_and_with_a_bad_timeout_it_says_what_to_do():

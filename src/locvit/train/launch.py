@@ -11,13 +11,17 @@ The train rule (workflow/rules/common.smk) puts :func:`prefix` before ``train ..
 
   1. :func:`job_command`: reads the allocation with ``scontrol show job`` (the executor
      drops the ``SLURM_*`` variables before the rule's shell), picks the rendezvous
-     endpoint — the job's first node (``LOCVIT_RDZV_HOST`` overrides it, e.g. with the
-     address of a faster interface) and a free port there (``LOCVIT_RDZV_PORT``) — and runs
-     ``srun --ntasks N --kill-on-bad-exit=1`` of
+     endpoint — the job's first node and a port free there — and runs ``srun --nodes N
+     --ntasks-per-node 1 --kill-on-bad-exit=1`` of
   2. :func:`agent_command`, one per task (node): ``torchrun --nnodes N --nproc-per-node max(G, 1)
-     --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <job id>``. Task 0 hosts the
-     rendezvous store (``is_host`` set from ``SLURM_PROCID``, not guessed from host names);
-     torchrun assigns the ranks, and the world size is N x G.
+     --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <job id>``. Task 0, on the
+     first node, hosts the rendezvous store (``is_host`` set from ``SLURM_PROCID``, not
+     guessed from host names); torchrun assigns the ranks, and the world size is N x G.
+
+Nodes are reached by their SLURM names unless ``LOCVIT_NODE_ADDRESS`` maps a name to an
+address, e.g. ``{node}-ib`` for a faster network: it is applied to the rendezvous host and
+passed to each node's torchrun as ``--local-addr``, the address the process group's
+master (rank 0) is reached at.
 
 A rendezvous that cannot complete (the endpoint unreachable, a node that never joins)
 fails after ``LOCVIT_RDZV_TIMEOUT`` seconds (default 300; torchrun's ``join_timeout`` and
@@ -42,9 +46,12 @@ from dataclasses import dataclass
 
 #: Seconds within which a rendezvous must complete (every node joined), else the job fails.
 DEFAULT_RDZV_TIMEOUT = 300
-#: torchrun's words for a rendezvous that did not complete (its exceptions' names).
-RDZV_FAILURES = ("RendezvousConnectionError", "RendezvousTimeoutError", "RendezvousClosedError",
-                 "RendezvousError", "RendezvousStateError")
+#: torchrun's words for a rendezvous that did not complete (its exceptions' names). Not
+#: RendezvousClosedError: a rendezvous closes when another node's training failed, which
+#: that node's log explains.
+RDZV_FAILURES = ("RendezvousConnectionError", "RendezvousTimeoutError", "RendezvousStateError")
+#: How a SLURM node name becomes the address other nodes reach it at (``{node}`` replaced).
+ADDRESS_VAR = "LOCVIT_NODE_ADDRESS"
 
 
 class LaunchError(RuntimeError):
@@ -64,6 +71,54 @@ def prefix(nodes: int, gpus_per_node: int, python: str = sys.executable) -> str:
     return f"{py} -m locvit"
 
 
+#: The SLURM executor's resources of a training job (workflow/rules/train.smk), in that order.
+SLURM_KEYS = ("nodes", "gpu", "gres", "mpi", "tasks", "tasks_per_gpu", "cpus_per_task", "mem_mb", "runtime")
+
+
+def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
+    """A training job's SLURM executor resources from a variant's ``resources`` (locvit.config.train_resources).
+
+    One node: ``gpu`` (sbatch ``--gpus``) and no node count (one task lands on one node).
+    N > 1 nodes: ``nodes``, one task per node (``tasks``), the GPUs per node through
+    ``gres``, and ``mpi`` so that the executor runs the rule's shell in the batch step
+    (``locvit launch`` starts the job steps); ``tasks_per_gpu`` 0 keeps the executor from
+    adding ``--ntasks-per-gpu``. None leaves a resource unset.
+    """
+    nodes, gpus = sizes["nodes"], sizes["gpus"]
+    several = nodes > 1
+    return {"nodes": nodes if several else None,
+            "gpu": None if several else gpus,
+            "gres": f"gpu:{gpus}" if several and gpus else None,
+            "mpi": "srun" if several else None,
+            "tasks": nodes if several else None,
+            "tasks_per_gpu": 0 if several else None,
+            "cpus_per_task": sizes["cpus"], "mem_mb": sizes["mem_mb"], "runtime": sizes["runtime"]}
+
+
+def shape(resources) -> tuple[int, int]:
+    """(nodes, processes per node) of a job from the resources SLURM was asked for (``--set-resources`` included).
+
+    Raises LaunchError for a node count that the command would not use: more than one
+    node without the multi-node resources, which only a variant's ``resources.nodes`` sets.
+    """
+    if resources.get("mpi"):
+        gres = str(resources.get("gres") or "")
+        gpus = int(gres.rsplit(":", 1)[1]) if gres.startswith("gpu") and ":" in gres else 0
+        return int(resources["tasks"]), max(1, gpus)
+    if int(resources.get("nodes") or 1) > 1:
+        raise LaunchError(f"train: nodes={resources['nodes']} from --set-resources: a training job's nodes come "
+                          "from its variant's resources.nodes in params (which also sets one task per node and "
+                          "the launcher); set it there")
+    return 1, max(1, int(resources.get("gpu") or 0))
+
+
+def rule_prefix(resources, python: str = sys.executable) -> str:
+    """:func:`prefix` for a job of these resources (see :func:`shape`)."""
+    nodes, per_node = shape(resources)
+    gpus = per_node if resources.get("gpu") or resources.get("gres") else 0
+    return prefix(nodes, gpus, python)
+
+
 @dataclass(frozen=True)
 class Allocation:
     """What ``scontrol show job`` says of a job: its id, nodes (in SLURM's order) and CPUs per task."""
@@ -74,7 +129,7 @@ class Allocation:
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
-    """SLURM's compressed host list (``gpu[01-03,07],cpu1``) as host names, in order."""
+    """SLURM's compressed host list (``gpu[01-03,07],cpu1``, ``r[1-2]n[1-2]``) as host names, in order."""
     hosts: list[str] = []
     parts, depth, start = [], 0, 0  # split on the commas outside brackets
     for i, ch in enumerate(hostlist):
@@ -85,15 +140,15 @@ def expand_hostlist(hostlist: str) -> list[str]:
             start = i + 1
     parts.append(hostlist[start:])
     for part in filter(None, parts):
-        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
+        m = re.match(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
         if not m:
             hosts.append(part)
             continue
-        head, ranges, tail = m.groups()
+        head, ranges, tail = m.groups()  # the first bracket; the tail's own brackets expand recursively
         for rng in ranges.split(","):
             lo, _, hi = rng.partition("-")
             for n in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{head}{n:0{len(lo)}d}{tail}")
+                hosts.extend(expand_hostlist(f"{head}{n:0{len(lo)}d}{tail}"))
     return hosts
 
 
@@ -140,31 +195,51 @@ def rdzv_timeout(env: dict[str, str] | None = None) -> int:
     return value
 
 
+def node_address(node: str, env: dict[str, str] | None = None) -> str:
+    """The address at which other nodes reach ``node``: its name, or ``LOCVIT_NODE_ADDRESS`` filled in."""
+    env = os.environ if env is None else env
+    pattern = env.get(ADDRESS_VAR)
+    if not pattern:
+        return node
+    if "{node}" not in pattern:
+        raise LaunchError(f"{ADDRESS_VAR}={pattern!r} must contain {{node}} (e.g. '{{node}}-ib'): it maps every "
+                          "job's node names to addresses, and a fixed address would be one job's node only")
+    return pattern.replace("{node}", node)
+
+
 def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[str],
                 env: dict[str, str] | None = None, python: str = sys.executable) -> list[str]:
     """``srun`` of one agent per node of ``alloc`` (run on the job's first node).
 
-    The step asks for the job's CPUs per task and each node's GPUs itself: the executor
-    removed the variables through which srun would inherit them.
+    One task a node, task 0 on the first (SLURM's block distribution), where the endpoint
+    is. An allocation of fewer nodes than agents (the one-node test cluster) puts several
+    on a node. The step asks for the job's CPUs per task and each node's GPUs itself: the
+    executor removed the variables through which srun would inherit them.
     """
-    env = os.environ if env is None else env
-    host = env.get("LOCVIT_RDZV_HOST") or alloc.nodes[0]
-    port = int(env.get("LOCVIT_RDZV_PORT") or free_port())
-    step = ["srun", f"--ntasks={nodes}", "--kill-on-bad-exit=1", f"--cpus-per-task={alloc.cpus_per_task}"]
+    host = node_address(alloc.nodes[0], env)
+    step = ["srun", f"--ntasks={nodes}"]
+    if len(alloc.nodes) >= nodes:
+        step += [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    step += ["--kill-on-bad-exit=1", f"--cpus-per-task={alloc.cpus_per_task}"]
     if gpus_per_node:
         step.append(f"--gres=gpu:{gpus_per_node}")
     return [*step, python, "-m", "locvit", "launch", "--agent", "--nodes", str(nodes),
-            "--gpus-per-node", str(gpus_per_node), "--endpoint", f"{host}:{port}", "--rdzv-id", alloc.job_id,
+            "--gpus-per-node", str(gpus_per_node), "--endpoint", f"{host}:{free_port()}", "--rdzv-id", alloc.job_id,
             "--", *args]
 
 
 def agent_command(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, is_host: bool, timeout: int,
-                  args: list[str], python: str = sys.executable) -> list[str]:
-    """One node's torchrun: joins the c10d rendezvous at ``endpoint`` (hosting it when ``is_host``)."""
+                  args: list[str], python: str = sys.executable, local_addr: str | None = None) -> list[str]:
+    """One node's torchrun: joins the c10d rendezvous at ``endpoint`` (hosting it when ``is_host``).
+
+    ``local_addr``: this node's address for the others (torchrun's ``--local-addr``; by
+    default torchrun takes the host's fully qualified name).
+    """
     conf = f"is_host={int(is_host)},join_timeout={timeout},read_timeout={timeout},last_call_timeout=1"
+    addr = ["--local-addr", local_addr] if local_addr else []
     return [python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(max(1, gpus_per_node)),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
-            "--max-restarts", "0", "-m", "locvit", *args]
+            *addr, "--max-restarts", "0", "-m", "locvit", *args]
 
 
 def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args: list[str],
@@ -178,7 +253,8 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
     # SLURM's task number; LOCVIT_NODE_RANK where agents are started by hand (tests, no SLURM).
     node = int(env.get("SLURM_PROCID", env.get("LOCVIT_NODE_RANK", "0")))
     timeout = rdzv_timeout(env)
-    cmd = agent_command(nodes, gpus_per_node, endpoint, rdzv_id, node == 0, timeout, args)
+    local_addr = node_address(env.get("SLURMD_NODENAME") or socket.gethostname(), env) if env.get(ADDRESS_VAR) else None
+    cmd = agent_command(nodes, gpus_per_node, endpoint, rdzv_id, node == 0, timeout, args, local_addr=local_addr)
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
     seen: list[str] = []
@@ -199,7 +275,7 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
         print(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
               f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
               f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
-              "the host name's address; LOCVIT_RDZV_HOST names another address, LOCVIT_RDZV_PORT another port) "
+              f"the address of its name; {ADDRESS_VAR}, e.g. '{{node}}-ib', maps names to other addresses) "
               f"and that all {nodes} tasks started (squeue, the job's log).", file=sys.stderr, flush=True)
         return 1
     return code
@@ -209,6 +285,10 @@ def run_job(nodes: int, gpus_per_node: int, args: list[str]) -> int:
     """On the job's first node: start one agent per node with srun and return its exit status."""
     alloc = allocation()
     cmd = job_command(alloc, nodes, gpus_per_node, args)
+    if len(alloc.nodes) < nodes:
+        print(f"locvit launch: job {alloc.job_id} has {len(alloc.nodes)} node(s) for {nodes} agents: they share "
+              "nodes (the job asks SLURM for resources.nodes; a --set-resources nodes override lowered it?)",
+              file=sys.stderr, flush=True)
     print(f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
           f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}", file=sys.stderr, flush=True)
     return subprocess.run(cmd).returncode
