@@ -4,7 +4,9 @@ The study's `resources` hold every variant's; a variant's override single keys; 
 command line's --set-resources overrides them all. A variant on several nodes gets the
 SLURM executor's multi-node resources (nodes, one task per node, GPUs per node through
 gres, `mpi` so that the rule's shell starts the job steps) and locvit's multi-node launcher.
-No scheduler is needed: the dry run prints every job's resources.
+A one-node training job joins its variant's group job (with evaluate and analyse); a
+multi-node one goes alone. No scheduler is needed: the dry run prints every job's resources
+and its groups.
 """
 
 from __future__ import annotations
@@ -25,18 +27,19 @@ SIZES = {
 
 
 def dry_run(work, *extra) -> dict[str, dict]:
-    """The dry run's resources and shell command of each training job, by variant."""
+    """The dry run's resources, shell command and grouping of each training job, by variant."""
     out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
                           "params=presets/sized.yaml", *extra],
                          cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    jobs = {}
+    jobs: dict[str, dict] = {}
     for block in out.stdout.split("\n\n"):
         if not re.search(r"^\s*rule train:", block, re.M):
             continue
         variant = re.search(r"wildcards: variant=(\S+)", block).group(1)
         resources = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block).group(1).split(", "))
-        jobs[variant] = {"resources": resources, "shell": re.search(r"Shell command: (.*)", block).group(1)}
+        jobs[variant] = {"resources": resources, "shell": re.search(r"Shell command: (.*)", block).group(1),
+                         "grouped": bool(re.search(r"^\s+rule train:", block, re.M))}  # a group's jobs: indented
     return jobs
 
 
@@ -62,9 +65,9 @@ def test_a_variants_resources_override_the_studys_key_by_key(work):
 def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     jobs = dry_run(work)
     small, big = jobs["deit_a"], jobs["mait_b"]
-    assert {k: small["resources"].get(k) for k in ("nodes", "gpu", "cpus_per_task", "mem_mb", "runtime")} == \
-        {"nodes": "1", "gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
-    assert not {"mpi", "tasks", "gres"} & set(small["resources"])
+    assert {k: small["resources"].get(k) for k in ("gpu", "cpus_per_task", "mem_mb", "runtime")} == \
+        {"gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
+    assert not {"nodes", "mpi", "tasks", "gres"} & set(small["resources"])  # one task: one node
     assert " -m locvit train " in small["shell"]
     # Two nodes: one task (one torchrun) per node, 4 GPUs on each, and the launcher that starts them.
     assert {k: big["resources"].get(k) for k in ("nodes", "tasks", "gres", "mpi", "tasks_per_gpu", "cpus_per_task",
@@ -76,10 +79,27 @@ def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     # The profile adds only the site's settings to them.
     assert small["resources"]["slurm_partition"] == big["resources"]["slurm_partition"] == "gpu"
     assert "--signal=URG@300" in big["resources"]["slurm_extra"]
+    # The small one trains in its variant's group job; the two-node one alone, so that its evaluate and
+    # analyse (one GPU) do not hold its two nodes, and no group mixes --gres=gpu:4 with --gpus=1.
+    assert small["grouped"] and not big["grouped"]
 
 
 def test_the_command_line_overrides_every_variant(work):
-    jobs = dry_run(work, "--set-resources", "train:mem_mb=1000", "train:runtime=5")
+    jobs = dry_run(work, "--set-resources", "train:mem_mb=1000", "train:runtime=5", "train:gres=gpu:8")
     for job in jobs.values():
         assert (job["resources"]["mem_mb"], job["resources"]["runtime"]) == ("1000", "5")
     assert jobs["mait_b"]["resources"]["nodes"] == "2"  # what was not overridden stays the variant's
+    # The GPUs SLURM gives a node are the processes the launcher starts there.
+    assert " -m locvit launch --nodes 2 --gpus-per-node 8 -- train " in jobs["mait_b"]["shell"]
+    one = dry_run(work, "--set-resources", "train:gpu=4")["deit_a"]
+    assert one["resources"]["gpu"] == "4" and " --nproc_per_node 4 -m locvit train " in one["shell"]
+
+
+def test_nodes_from_the_command_line_are_refused_with_where_to_set_them(work):
+    """--set-resources train:nodes=2 would give a one-node variant two nodes and use one."""
+    out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
+                          "params=presets/sized.yaml", "--set-resources", "train:nodes=2"],
+                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    assert "train: nodes=2 from --set-resources" in said and "variant's resources.nodes in params" in said

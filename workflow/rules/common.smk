@@ -135,62 +135,35 @@ def search_round_files(name):
     return expand(f"{ROUND_DIR}/{name}", round=SEARCH_ROUNDS)
 
 
-# What a training job asks SLURM for: the variant's resources in params (locvit.config.train_resources),
-# as the SLURM executor's resources. A resource function that returns None leaves the resource unset.
+# What a training job asks SLURM for: its variant's resources in params (locvit.config.train_resources)
+# as the SLURM executor's resources (locvit.train.launch.slurm_resources); None leaves one unset.
 def job_variant(wildcards):
     """The variant a training job trains (a mask-search round trains the search's variant)."""
     return wildcards.get("variant") or SEARCH["variant"]
 
 
 def train_resource(key):
-    """A resource function reading one key of the job's variant's resources."""
-    return lambda wildcards: train_resources(P, job_variant(wildcards))[key]
-
-
-def multi_node(wildcards):
-    return train_resources(P, job_variant(wildcards))["nodes"] > 1
-
-
-def train_gpu(wildcards):
-    """One node: its GPUs (sbatch --gpus). Several: None, their GPUs go per node through gres."""
-    return None if multi_node(wildcards) else train_resources(P, job_variant(wildcards))["gpus"]
-
-
-def train_gres(wildcards):
-    gpus = train_resources(P, job_variant(wildcards))["gpus"]
-    return f"gpu:{gpus}" if multi_node(wildcards) and gpus else None
-
-
-def train_mpi(wildcards):
-    """Several nodes: the executor's `mpi` resource, so the rule's shell starts the job steps itself (srun)."""
-    return "srun" if multi_node(wildcards) else None
-
-
-def train_tasks(wildcards):
-    """Several nodes: one SLURM task (one torchrun) per node."""
-    return train_resources(P, job_variant(wildcards))["nodes"] if multi_node(wildcards) else None
-
-
-def train_tasks_per_gpu(wildcards):
-    """Several nodes with GPUs: 0, so the executor adds no --ntasks-per-gpu beside the per-node gres."""
-    return 0 if multi_node(wildcards) else None
+    return lambda wildcards: launch.slurm_resources(train_resources(P, job_variant(wildcards)))[key]
 
 
 def train_launcher(wildcards, resources):
-    """`python -m locvit`, torchrun with one process per GPU of the node, or `locvit launch` over several nodes.
-
-    Several nodes: one agent per SLURM task of the job (resources.tasks). One node: one process per
-    GPU of the `gpu` resource (the variant's gpus, or `--set-resources train:gpu=4`).
-    """
-    if resources.get("mpi"):
-        return launch.prefix(int(resources["tasks"]), train_resources(P, job_variant(wildcards))["gpus"])
-    return launch.prefix(1, int(resources.get("gpu", 0) or 0))
+    """`python -m locvit`, torchrun over the node's GPUs, or `locvit launch` over several nodes."""
+    return launch.rule_prefix(resources)
 
 
 def train_threads(wildcards, threads, resources):
-    """The job's CPU threads shared out over a node's processes (one per GPU)."""
-    gpus = train_resources(P, job_variant(wildcards))["gpus"] if resources.get("mpi") else resources.get("gpu", 0)
-    return max(1, threads // max(1, int(gpus or 0)))
+    """The job's CPU threads shared out over a node's processes."""
+    return max(1, threads // launch.shape(resources)[1])
+
+
+def grouped_with(rule_name):
+    """A training job's group on the cluster: its evaluation's (the profile's `groups`), or none over
+    several nodes (their allocation is not held for the one-GPU steps after them)."""
+    def group(wildcards):
+        if train_resources(P, job_variant(wildcards))["nodes"] > 1:
+            return None
+        return workflow.group_settings.overwrite_groups.get(rule_name)
+    return group
 
 
 # train_jobs: one training job per run (variant, seed), or per variant (its seeds one after another in one process).

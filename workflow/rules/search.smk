@@ -37,15 +37,16 @@ rule search_train:
         out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
         threads=train_threads,
+    group: grouped_with("search_evaluate")  # the cluster profile groups it with search_evaluate (one node)
     threads: 1
     resources:
         nodes=train_resource("nodes"),
-        gpu=train_gpu,
-        gres=train_gres,
-        mpi=train_mpi,
-        tasks=train_tasks,
-        tasks_per_gpu=train_tasks_per_gpu,
-        cpus_per_task=train_resource("cpus"),
+        gpu=train_resource("gpu"),
+        gres=train_resource("gres"),
+        mpi=train_resource("mpi"),
+        tasks=train_resource("tasks"),
+        tasks_per_gpu=train_resource("tasks_per_gpu"),
+        cpus_per_task=train_resource("cpus_per_task"),
         mem_mb=train_resource("mem_mb"),
         runtime=train_resource("runtime"),
     conda:

@@ -14,15 +14,16 @@ rule train:
         keep=keep_finished,
         tracking_db=TRACKING_DB,
         threads=train_threads,
+    group: grouped_with("evaluate")  # the cluster profile groups it with evaluate (one node)
     threads: 1
     resources:
         nodes=train_resource("nodes"),
-        gpu=train_gpu,
-        gres=train_gres,
-        mpi=train_mpi,
-        tasks=train_tasks,
-        tasks_per_gpu=train_tasks_per_gpu,
-        cpus_per_task=train_resource("cpus"),
+        gpu=train_resource("gpu"),
+        gres=train_resource("gres"),
+        mpi=train_resource("mpi"),
+        tasks=train_resource("tasks"),
+        tasks_per_gpu=train_resource("tasks_per_gpu"),
+        cpus_per_task=train_resource("cpus_per_task"),
         mem_mb=train_resource("mem_mb"),
         runtime=train_resource("runtime"),
     conda:
