@@ -126,8 +126,8 @@ def main() -> None:
                    + (f" --epochs {args.epochs}" if args.epochs else ""),
         "study": "params.yaml (the demo)" + (f", train.epochs {epochs} instead of {full} (warm-up {epochs / 2} "
                                              "epochs where it was longer)" if epochs != full else ""),
-        "node": "one SLURM node, 2 CPUs, no GPU; every job 1 CPU and 2 GB; a variant's group job 2 CPUs and 4 GB "
-                "(Snakemake's estimate), its jobs run one after another",
+        "node": "one SLURM node, 2 CPUs, no GPU; every job 1 CPU and 2 GB; a variant's group job Snakemake's "
+                "estimate for its jobs (cpus_per_job), which run one after another",
         **results,
         "jobs_saved": results["ungrouped"]["slurm_jobs"] - results["grouped"]["slurm_jobs"],
         "wall_ratio_grouped_over_ungrouped": round(results["grouped"]["wall_s"] / results["ungrouped"]["wall_s"], 3),

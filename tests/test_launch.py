@@ -28,6 +28,21 @@ def test_the_prefix_follows_nodes_and_gpus():
     assert launch.prefix(3, 0, py) == f"{py} -m locvit launch --nodes 3 --gpus-per-node 0 --"
 
 
+def test_a_jobs_processes_follow_what_slurm_was_asked_for():
+    one = launch.slurm_resources({"nodes": 1, "gpus": 4, "cpus": 32, "mem_mb": 1000, "runtime": 60})
+    assert (one["nodes"], one["gpu"], one["mpi"], one["tasks"], one["gres"]) == (1, 4, None, None, None)
+    assert launch.shape(one) == (1, 4) and "--nproc_per_node 4 -m locvit" in launch.rule_prefix(one)
+    two = launch.slurm_resources({"nodes": 2, "gpus": 8, "cpus": 64, "mem_mb": 1000, "runtime": 60})
+    assert (two["nodes"], two["gpu"], two["mpi"], two["tasks"], two["gres"]) == (2, None, "srun", 2, "gpu:8")
+    assert launch.shape(two) == (2, 8) and launch.shape({**two, "gres": "gpu:a100:4"}) == (2, 4)
+    assert launch.rule_prefix(two).endswith("-m locvit launch --nodes 2 --gpus-per-node 8 --")
+    assert launch.shape({**two, "nodes": 1}) == (2, 8)  # the agents share one node (the test cluster)
+    with pytest.raises(launch.LaunchError, match="nodes=3 from --set-resources for a job of 2 nodes"):
+        launch.shape({**two, "nodes": 3})
+    with pytest.raises(launch.LaunchError, match="nodes=2 from --set-resources: .* resources.nodes in params"):
+        launch.shape({**one, "nodes": 2})
+
+
 @pytest.mark.parametrize("hostlist, hosts", [
     ("node7", ["node7"]),
     ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),

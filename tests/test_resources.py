@@ -65,9 +65,9 @@ def test_a_variants_resources_override_the_studys_key_by_key(work):
 def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     jobs = dry_run(work)
     small, big = jobs["deit_a"], jobs["mait_b"]
-    assert {k: small["resources"].get(k) for k in ("gpu", "cpus_per_task", "mem_mb", "runtime")} == \
-        {"gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
-    assert not {"nodes", "mpi", "tasks", "gres"} & set(small["resources"])  # one task: one node
+    assert {k: small["resources"].get(k) for k in ("nodes", "gpu", "cpus_per_task", "mem_mb", "runtime")} == \
+        {"nodes": "1", "gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
+    assert not {"mpi", "tasks", "gres"} & set(small["resources"])
     assert " -m locvit train " in small["shell"]
     # Two nodes: one task (one torchrun) per node, 4 GPUs on each, and the launcher that starts them.
     assert {k: big["resources"].get(k) for k in ("nodes", "tasks", "gres", "mpi", "tasks_per_gpu", "cpus_per_task",
@@ -96,10 +96,28 @@ def test_the_command_line_overrides_every_variant(work):
 
 
 def test_nodes_from_the_command_line_are_refused_with_where_to_set_them(work):
-    """--set-resources train:nodes=2 would give a one-node variant two nodes and use one."""
+    """deit_a would get two nodes and use one (a multi-node job's override: test_launch)."""
     out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
                           "params=presets/sized.yaml", "--set-resources", "train:nodes=2"],
                          cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     said = out.stdout + out.stderr
     assert "train: nodes=2 from --set-resources" in said and "variant's resources.nodes in params" in said
+
+
+@pytest.mark.parametrize("train_jobs, extra", [("per_variant", ["--group-components", "variant=2"]),
+                                               ("per_run", [])])
+def test_trainings_that_a_group_would_hold_side_by_side_go_alone(work, train_jobs, extra):
+    """Inside a group job the SLURM executor runs one job at a time, while Snakemake would size side-by-side
+    trainings (two variants' groups in one job; a variant's seeds as separate jobs) as parallel: sizes
+    added, the longest runtime. So those trainings go to SLURM alone; evaluations stay grouped."""
+    params = yaml.safe_load((work / "presets" / "sized.yaml").read_text())
+    params["train_jobs"] = train_jobs
+    (work / "presets" / "side_by_side.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
+                          "params=presets/side_by_side.yaml", *extra],
+                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^rule train:", out.stdout, re.M)  # at the top level: not in a group
+    assert not re.search(r"^\s+rule train:", out.stdout, re.M)
+    assert re.search(r"^\s+rule evaluate:", out.stdout, re.M)

@@ -156,13 +156,21 @@ def train_threads(wildcards, threads, resources):
     return max(1, threads // launch.shape(resources)[1])
 
 
-def grouped_with(rule_name):
-    """A training job's group on the cluster: its evaluation's (the profile's `groups`), or none over
-    several nodes (their allocation is not held for the one-GPU steps after them)."""
+def grouped_with(rule_name, alone_if_side_by_side=False):
+    """A training job's group on the cluster: its evaluation's (the profile's `groups`), or none.
+
+    None over several nodes (their allocation is not held for the one-GPU steps after them), and,
+    with alone_if_side_by_side, where a group would hold several trainings side by side (seeds with
+    train_jobs per_run, group-components > 1): the SLURM executor runs a group's jobs one at a
+    time, but Snakemake sizes side-by-side jobs as parallel (sizes added, the longest runtime).
+    """
     def group(wildcards):
-        if train_resources(P, job_variant(wildcards))["nodes"] > 1:
+        name = workflow.group_settings.overwrite_groups.get(rule_name)
+        if name is None or train_resources(P, job_variant(wildcards))["nodes"] > 1:
             return None
-        return workflow.group_settings.overwrite_groups.get(rule_name)
+        several = workflow.group_settings.group_components.get(name, 1) > 1 or (
+            P["train_jobs"] == "per_run" and len(SEEDS) > 1)
+        return None if alone_if_side_by_side and several else name
     return group
 
 

@@ -37,7 +37,7 @@ rule search_train:
         out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
         threads=train_threads,
-    group: grouped_with("search_evaluate")  # the cluster profile groups it with search_evaluate (one node)
+    group: grouped_with("search_evaluate")  # cluster profile: with search_evaluate (rounds run in turn)
     threads: 1
     resources:
         nodes=train_resource("nodes"),

@@ -14,7 +14,7 @@ rule train:
         keep=keep_finished,
         tracking_db=TRACKING_DB,
         threads=train_threads,
-    group: grouped_with("evaluate")  # the cluster profile groups it with evaluate (one node)
+    group: grouped_with("evaluate", alone_if_side_by_side=True)  # cluster profile: with evaluate
     threads: 1
     resources:
         nodes=train_resource("nodes"),

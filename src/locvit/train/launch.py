@@ -78,15 +78,15 @@ SLURM_KEYS = ("nodes", "gpu", "gres", "mpi", "tasks", "tasks_per_gpu", "cpus_per
 def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
     """A training job's SLURM executor resources from a variant's ``resources`` (locvit.config.train_resources).
 
-    One node: ``gpu`` (sbatch ``--gpus``) and no node count (one task lands on one node).
-    N > 1 nodes: ``nodes``, one task per node (``tasks``), the GPUs per node through
+    One node: ``nodes`` 1 (else SLURM may spread ``--gpus`` over nodes) and ``gpu`` (sbatch
+    ``--gpus``). N > 1 nodes: ``nodes``, one task per node (``tasks``), the GPUs per node through
     ``gres``, and ``mpi`` so that the executor runs the rule's shell in the batch step
     (``locvit launch`` starts the job steps); ``tasks_per_gpu`` 0 keeps the executor from
     adding ``--ntasks-per-gpu``. None leaves a resource unset.
     """
     nodes, gpus = sizes["nodes"], sizes["gpus"]
     several = nodes > 1
-    return {"nodes": nodes if several else None,
+    return {"nodes": nodes,
             "gpu": None if several else gpus,
             "gres": f"gpu:{gpus}" if several and gpus else None,
             "mpi": "srun" if several else None,
@@ -98,14 +98,20 @@ def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
 def shape(resources) -> tuple[int, int]:
     """(nodes, processes per node) of a job from the resources SLURM was asked for (``--set-resources`` included).
 
-    Raises LaunchError for a node count that the command would not use: more than one
-    node without the multi-node resources, which only a variant's ``resources.nodes`` sets.
+    Raises LaunchError for a node count the launcher would not use: only a variant's
+    ``resources.nodes`` sets the multi-node resources (tasks, mpi). Over several nodes,
+    ``nodes`` 1 is allowed: the agents then share one node (the one-node test cluster).
     """
+    nodes = int(resources.get("nodes") or 1)
     if resources.get("mpi"):
+        if nodes not in (1, int(resources["tasks"])):
+            raise LaunchError(f"train: nodes={nodes} from --set-resources for a job of {resources['tasks']} nodes: "
+                              "a training job's nodes come from its variant's resources.nodes in params (which "
+                              "also sets one task per node); set it there")
         gres = str(resources.get("gres") or "")
         gpus = int(gres.rsplit(":", 1)[1]) if gres.startswith("gpu") and ":" in gres else 0
         return int(resources["tasks"]), max(1, gpus)
-    if int(resources.get("nodes") or 1) > 1:
+    if nodes > 1:
         raise LaunchError(f"train: nodes={resources['nodes']} from --set-resources: a training job's nodes come "
                           "from its variant's resources.nodes in params (which also sets one task per node and "
                           "the launcher); set it there")
@@ -212,7 +218,8 @@ def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[st
     """``srun`` of one agent per node of ``alloc`` (run on the job's first node).
 
     One task a node, task 0 on the first (SLURM's block distribution), where the endpoint
-    is. An allocation of fewer nodes than agents (the one-node test cluster) puts several
+    is: SLURM runs the batch script, and so this launcher, on an allocation's first node, so
+    the port is checked free where the rendezvous binds it. An allocation of fewer nodes than agents (the one-node test cluster) puts several
     on a node. The step asks for the job's CPUs per task and each node's GPUs itself: the
     executor removed the variables through which srun would inherit them.
     """
@@ -262,15 +269,17 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
     def relay() -> None:
         for line in proc.stderr:
             sys.stderr.write(line)
-            if any(name in line for name in RDZV_FAILURES):
+            # (heartbeat warnings name the same errors when another node dies during training)
+            if any(name in line for name in RDZV_FAILURES) and "heartbeat" not in line:
                 seen.append(line.strip())  # the last one is the exception's own line
 
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
     code = proc.wait()
     reader.join(timeout=10)
-    if code != 0 and seen:
-        waited = time.monotonic() - started
+    waited = time.monotonic() - started
+    # A rendezvous gives up within its timeout; a failure long after it came from training.
+    if code != 0 and seen and waited < timeout + 120:
         role = "hosting it" if node == 0 else "joining it"
         print(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
               f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
