@@ -146,6 +146,9 @@ def train_resource(key):
     return lambda wildcards: launch.slurm_resources(train_resources(P, job_variant(wildcards)))[key]
 
 
+TRAIN_RESOURCES = {key: train_resource(key) for key in launch.SLURM_KEYS}  # rules train, search_train
+
+
 def train_launcher(wildcards, resources):
     """`python -m locvit`, torchrun over the node's GPUs, or `locvit launch` over several nodes."""
     return launch.rule_prefix(resources)

@@ -40,15 +40,7 @@ rule search_train:
     group: grouped_with("search_evaluate")  # cluster profile: with search_evaluate (rounds run in turn)
     threads: 1
     resources:
-        nodes=train_resource("nodes"),
-        gpu=train_resource("gpu"),
-        gres=train_resource("gres"),
-        mpi=train_resource("mpi"),
-        tasks=train_resource("tasks"),
-        tasks_per_gpu=train_resource("tasks_per_gpu"),
-        cpus_per_task=train_resource("cpus_per_task"),
-        mem_mb=train_resource("mem_mb"),
-        runtime=train_resource("runtime"),
+        **TRAIN_RESOURCES,
     conda:
         ENV
     log:

@@ -17,15 +17,7 @@ rule train:
     group: grouped_with("evaluate", alone_if_side_by_side=True)  # cluster profile: with evaluate
     threads: 1
     resources:
-        nodes=train_resource("nodes"),
-        gpu=train_resource("gpu"),
-        gres=train_resource("gres"),
-        mpi=train_resource("mpi"),
-        tasks=train_resource("tasks"),
-        tasks_per_gpu=train_resource("tasks_per_gpu"),
-        cpus_per_task=train_resource("cpus_per_task"),
-        mem_mb=train_resource("mem_mb"),
-        runtime=train_resource("runtime"),
+        **TRAIN_RESOURCES,
     conda:
         ENV
     log:
