@@ -156,7 +156,7 @@ def train_launcher(wildcards, resources):
 
 def train_threads(wildcards, threads, resources):
     """The job's CPU threads shared out over a node's processes."""
-    return max(1, threads // launch.shape(resources)[1])
+    return max(1, threads // max(1, launch.shape(resources)[1]))  # a process per GPU, or one without
 
 
 def grouped_with(rule_name, alone_if_side_by_side=False):

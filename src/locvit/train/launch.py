@@ -96,7 +96,7 @@ def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
 
 
 def shape(resources) -> tuple[int, int]:
-    """(nodes, processes per node) of a job from the resources SLURM was asked for (``--set-resources`` included).
+    """(nodes, GPUs per node) of a job from the resources SLURM was asked for (``--set-resources`` included).
 
     Raises LaunchError for a node count the launcher would not use: only a variant's
     ``resources.nodes`` sets the multi-node resources (tasks, mpi). Over several nodes,
@@ -110,19 +110,17 @@ def shape(resources) -> tuple[int, int]:
                               "also sets one task per node); set it there")
         gres = str(resources.get("gres") or "")
         gpus = int(gres.rsplit(":", 1)[1]) if gres.startswith("gpu") and ":" in gres else 0
-        return int(resources["tasks"]), max(1, gpus)
+        return int(resources["tasks"]), gpus
     if nodes > 1:
         raise LaunchError(f"train: nodes={resources['nodes']} from --set-resources: a training job's nodes come "
                           "from its variant's resources.nodes in params (which also sets one task per node and "
                           "the launcher); set it there")
-    return 1, max(1, int(resources.get("gpu") or 0))
+    return 1, int(resources.get("gpu") or 0)
 
 
 def rule_prefix(resources, python: str = sys.executable) -> str:
     """:func:`prefix` for a job of these resources (see :func:`shape`)."""
-    nodes, per_node = shape(resources)
-    gpus = per_node if resources.get("gpu") or resources.get("gres") else 0
-    return prefix(nodes, gpus, python)
+    return prefix(*shape(resources), python)
 
 
 @dataclass(frozen=True)
