@@ -377,3 +377,56 @@ def test_a_dead_server_costs_one_short_probe(monkeypatch):
         assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "33"
         assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == tracking.HTTP_LIMITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+def test_runs_logging_one_dataset_at_once_all_get_it(tmp_path, monkeypatch):
+    """MLflow checks for a dataset, then inserts it: four runs of a study starting together collide
+    on the insert (a unique-constraint error in about half the calls here without the retry)."""
+    import threading
+
+    from locvit.tracking.run import log_datasets
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.create_experiment("race")
+    runs = [client.create_run(experiment).info.run_id for _ in range(4)]
+    files = {split: tmp_path / f"{split}.beton" for split in ("train", "val")}
+    errors, rounds = [], 8
+    for round_ in range(rounds):
+        manifest = {"source": "digits", "data_hash": f"{round_:016x}", "splits": {s: {"size": 10} for s in files}}
+        barrier = threading.Barrier(len(runs))
+
+        def log(run_id):
+            barrier.wait()
+            try:
+                log_datasets(client_for(os.environ["MLFLOW_TRACKING_URI"]), run_id, manifest, files)
+            except Exception as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=log, args=(run_id,)) for run_id in runs]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    assert not errors, errors[:2]
+    for run_id in runs:
+        logged = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
+        assert logged == {(f"digits-{s}", f"{r:016x}") for s in files for r in range(rounds)}
+
+
+def test_a_lost_race_is_retried_over_http_and_a_bad_request_is_not(monkeypatch):
+    from mlflow.exceptions import RestException
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    calls = []
+
+    def answer(message):
+        calls.append(message)
+        if len(calls) < tracking.backend.RACE_ATTEMPTS:
+            raise RestException({"error_code": "BAD_REQUEST", "message": message})
+        return "logged"
+
+    race = "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name"
+    assert tracking.backend.retry(answer, race) == "logged" and len(calls) == tracking.backend.RACE_ATTEMPTS
+    calls.clear()
+    with pytest.raises(RestException, match="Invalid value"):
+        tracking.backend.retry(answer, "Invalid value for parameter lr")
+    assert len(calls) == 1  # one try: HTTP retries are MLflow's own, and a bad request stays bad

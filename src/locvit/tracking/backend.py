@@ -39,27 +39,40 @@ def default_uri(db: str | Path) -> str:
     return f"sqlite:///{Path(db).resolve()}"
 
 
+#: Words of a database's answer to an insert that lost a race with another writer's same insert.
+#: MLflow checks for a dataset and then inserts it, so runs logging one dataset at once collide
+#: (SQLite, PostgreSQL and MySQL wordings); the retry finds the winner's row and uses it.
+LOST_RACE = ("unique constraint", "duplicate key", "duplicate entry")
+
+#: Tries for a lost race, over HTTP too: the server answered, so a retry costs no network wait.
+RACE_ATTEMPTS = 3
+
+
 def retry(fn: Callable[..., T], *args, attempts: int | None = None, **kwargs) -> T:
-    """Call ``fn`` retrying transient backend errors (locked SQLite, a busy server).
+    """Call ``fn`` retrying transient backend errors (locked SQLite, a busy server, a lost race).
 
     ``attempts`` defaults to 8, or to 1 for an HTTP(S) server: MLflow's HTTP client
     retries those itself (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), and a second layer of
-    retries would multiply the wait on a server that is gone.
+    retries would multiply the wait on a server that is gone. An insert that lost a race
+    with a concurrent writer (:data:`LOST_RACE`) gets at least :data:`RACE_ATTEMPTS` tries
+    either way: MLflow's client does not retry an answer of the server.
     """
     if attempts is None:
         attempts = 1 if _is_http(current_uri()) else 8
     delay = 0.2
-    for attempt in range(attempts):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return fn(*args, **kwargs)
         except Exception as err:  # MLflow wraps backend errors in several types
             text = str(err).lower()
-            transient = any(s in text for s in ("locked", "busy", "timed out", "temporarily", "connection"))
-            if not transient or attempt == attempts - 1:
+            raced = any(s in text for s in LOST_RACE)
+            transient = raced or any(s in text for s in ("locked", "busy", "timed out", "temporarily", "connection"))
+            if not transient or attempt >= (max(attempts, RACE_ATTEMPTS) if raced else attempts):
                 raise
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
 
 
 def setup(study: str, db: str | Path) -> str:
