@@ -217,9 +217,10 @@ def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[st
 
     One task a node, task 0 on the first (SLURM's block distribution), where the endpoint
     is: SLURM runs the batch script, and so this launcher, on an allocation's first node, so
-    the port is checked free where the rendezvous binds it. An allocation of fewer nodes than agents (the one-node test cluster) puts several
-    on a node. The step asks for the job's CPUs per task and each node's GPUs itself: the
-    executor removed the variables through which srun would inherit them.
+    the port is checked free where the rendezvous binds it. An allocation of fewer nodes than
+    agents (the one-node test cluster) puts several on a node. The step asks for the job's CPUs
+    per task and each node's GPUs itself: the executor removed the variables through which
+    srun would inherit them.
     """
     host = node_address(alloc.nodes[0], env)
     step = ["srun", f"--ntasks={nodes}"]
