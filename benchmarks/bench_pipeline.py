@@ -10,9 +10,10 @@ and where its time goes: per rule, the jobs' summed wall time from
 Snakemake's log and, for training, how much of it the epochs took (metrics.json's
 train_time_s) and how much went to everything else (process start, imports, MLflow, loaders).
 
-    cd benchmarks && ../.venv/bin/python bench_pipeline.py [--repeats 5] [--demo]
+    cd benchmarks && ../.venv/bin/python bench_pipeline.py [--repeats 5] [--demo [--keep NAME]]
 
-Results: benchmarks/results/pipeline.json.
+Results: benchmarks/results/pipeline.json; with ``--keep NAME`` (another machine's run, kept
+beside the README's) the demo's files go to results/NAME/ and the timings to pipeline_NAME.json.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def breakdown(log: str, study_dir: Path) -> dict:
     return rules
 
 
-def demo_wall_time() -> tuple[float, dict]:
+def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
     """`snakemake --cores all all` on params.yaml in a fresh copy of the workflow (nothing cached but models),
     and where the time went (:func:`breakdown`)."""
     from locvit.config import load_params
@@ -89,7 +90,7 @@ def demo_wall_time() -> tuple[float, dict]:
         wall = time.perf_counter() - start
         params = load_params(work / "params.yaml", check_models=False)
         study = work / params["results_dir"] / params["study"]
-        keep = Path(__file__).parent / "results" / "demo"  # the table this run produced, quoted by the README
+        keep = Path(__file__).parent / "results" / keep_name  # the table this run produced, quoted by the README
         keep.mkdir(parents=True, exist_ok=True)
         for name in ("results.md", "results.csv", "results_seeds.csv"):
             shutil.copy2(study / "report" / name, keep / name)
@@ -103,7 +104,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--demo", action="store_true", help="also time the whole demo from scratch")
+    parser.add_argument("--keep", default="demo", metavar="NAME",
+                        help="with --demo: keep its table and figures in results/NAME/ and the timings in "
+                             "pipeline_NAME.json (default demo: results/demo/ and pipeline.json)")
     args = parser.parse_args()
+    if not re.fullmatch(r"\w[\w.-]*", args.keep):
+        parser.error(f"--keep {args.keep!r}: a folder name under benchmarks/results (letters, digits, _ . -)")
+    if args.keep != "demo" and not args.demo:
+        parser.error("--keep names where the demo run by --demo is kept: give --demo too")
 
     payload = {"goal_s": GOAL_S, "repeats": args.repeats, "study": "params.yaml (demo)"}
     dry = run([str(BIN / "snakemake"), "-n", "all"])
@@ -124,14 +132,14 @@ def main() -> None:
     else:
         print("the study of params.yaml is not finished here: timing only the demo from scratch")
     if args.demo:
-        wall, where = demo_wall_time()
+        wall, where = demo_wall_time(args.keep)
         payload["demo_wall_s"] = round(wall, 1)
         payload["demo_breakdown"] = where
         print(f"demo from scratch: {wall / 60:.1f} min")
         for rule, r in where.items():
             print(f"  {rule:16s} {r['jobs']:3d} job(s), {r['job_s']:7.1f} s of job time" +
                   (f" ({r['epochs_s']:.1f} s in epochs, {r['other_s']:.1f} s around them)" if "epochs_s" in r else ""))
-    print(f"wrote {write_result('pipeline', payload)}")
+    print(f"wrote {write_result('pipeline' if args.keep == 'demo' else f'pipeline_{args.keep}', payload)}")
 
 
 if __name__ == "__main__":
