@@ -31,6 +31,7 @@ from pathlib import Path
 
 from locvit.io import atomic_path
 from locvit.layout import StudyLayout
+from locvit.tracking.backend import create_sqlite, sqlite_lock
 from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
 USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
@@ -93,6 +94,9 @@ def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 50
 def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1) -> None:
     """Replace this process by ``mlflow server`` (a signal to our pid reaches MLflow itself)."""
     cmd, env = server_command(study_dir, host, port, workers)
+    db = StudyLayout(Path(study_dir).resolve()).tracking_db
+    with sqlite_lock(db):
+        create_sqlite(db)  # whole or not at all, as jobs create it (the server would build it in place)
     login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
     print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
           f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
