@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -139,3 +140,42 @@ def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
             "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
             "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
             "--threads", "1", "--no-progress"]
+
+
+#: A process that creates an MLflow database and SIGKILLs itself at its k-th CREATE TABLE; argv: how
+#: ("setup": the tracking store through locvit, "mlflow": MLflow alone builds it in place, "auth": the
+#: server's login store through locvit), the file, k.
+CREATE_AND_DIE = """
+import os, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+created = 0
+
+@event.listens_for(Engine, "after_cursor_execute")
+def die_half_way(conn, cursor, statement, *args):
+    global created
+    created += statement.lstrip().upper().startswith("CREATE TABLE")
+    if created == int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+how, db = sys.argv[1:3]
+if how == "setup":
+    from locvit.tracking.backend import setup
+    setup("study", db)
+elif how == "auth":
+    from pathlib import Path
+    from locvit.tracking.backend import create_sqlite
+    from locvit.tracking.server import open_auth_store
+    create_sqlite(Path(db), open_auth_store)
+else:
+    import mlflow
+    mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+"""
+
+
+def create_and_die(how: str, db: Path, at: int) -> None:
+    """Run :data:`CREATE_AND_DIE`; it must have died at the ``at``-th table."""
+    proc = subprocess.run([str(BIN / "python"), "-c", CREATE_AND_DIE, how, str(db), str(at)], env=env_with_venv(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, env_with_venv, free_port, train_cmd
+from conftest import BIN, create_and_die, env_with_venv, free_port, train_cmd
 from locvit import cli, tracking
 from locvit.config import run_config
 
@@ -433,38 +433,6 @@ def test_a_lost_race_is_retried_over_http_and_a_bad_request_is_not(monkeypatch):
     assert len(calls) == 1  # one try: HTTP retries are MLflow's own, and a bad request stays bad
 
 
-#: A process that creates MLflow's database and SIGKILLs itself at its 20th CREATE TABLE, half-way
-#: through the schema (about 60 tables); argv: "setup" (through locvit) or "mlflow" (MLflow alone), the file.
-CREATE_AND_DIE = """
-import os, signal, sys
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
-
-created = 0
-
-@event.listens_for(Engine, "after_cursor_execute")
-def die_half_way(conn, cursor, statement, *args):
-    global created
-    created += statement.lstrip().upper().startswith("CREATE TABLE")
-    if created == 20:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-how, db = sys.argv[1:]
-if how == "setup":
-    from locvit.tracking.backend import setup
-    setup("study", db)
-else:
-    import mlflow
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-"""
-
-
-def create_and_die(how: str, db: Path) -> None:
-    proc = subprocess.run([str(BIN / "python"), "-c", CREATE_AND_DIE, how, str(db)], env=env_with_venv(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-
-
 def test_a_job_killed_while_it_creates_the_database_leaves_none_half_made(tmp_path, monkeypatch):
     """A job killed in MLflow's schema creation left a file that no later job could open (CI saw it
     in test_kill); the schema is now built under a temporary name and renamed when whole."""
@@ -472,7 +440,7 @@ def test_a_job_killed_while_it_creates_the_database_leaves_none_half_made(tmp_pa
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db = tmp_path / "mlflow.db"
-    create_and_die("setup", db)
+    create_and_die("setup", db, at=20)  # of about 60 tables
     assert not db.exists() and len(temporaries(db)) == 1  # killed half-way, under the temporary name
     experiment = tracking.setup("study", db)  # the next job creates it whole, and clears the leftover
     assert temporaries(db) == []
@@ -484,7 +452,7 @@ def test_a_job_killed_while_it_creates_the_database_leaves_none_half_made(tmp_pa
 def test_a_half_created_database_is_named_with_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db = tmp_path / "mlflow.db"
-    create_and_die("mlflow", db)  # MLflow alone builds it in place
+    create_and_die("mlflow", db, at=20)  # MLflow alone builds it in place
     with pytest.raises(RuntimeError, match=rf"{db} is a half-created MLflow database .* delete it and run"):
         tracking.setup("study", db)
     db.unlink()  # what the message says to do; a new process (this one's MLflow keeps the old file open)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -122,3 +123,28 @@ def test_a_server_for_other_machines_needs_the_login(tmp_path):
     assert PASSWORD not in " ".join(cmd) and env["MLFLOW_AUTH_ADMIN_PASSWORD"] == PASSWORD
     cmd, _ = server_command(tmp_path, host="127.0.0.1", env={})
     assert "--app-name" not in cmd  # this machine only: no login needed
+
+
+def test_the_server_runs_on_the_databases_locvit_built(server):
+    """`locvit mlflow-server` builds the study's database and its login database itself, under
+    temporary names, before MLflow starts (which would build them in place); MLflow takes them."""
+    from locvit.io import temporaries
+
+    for db in (server["study"] / "mlflow.db", server["study"] / "mlflow-auth" / "basic_auth.db"):
+        assert db.is_file() and temporaries(db) == [], db
+
+
+def test_a_login_database_whose_creation_was_killed_is_built_whole_next_time(tmp_path):
+    from conftest import create_and_die
+    from locvit.io import temporaries
+    from locvit.tracking.backend import create_sqlite
+    from locvit.tracking.server import open_auth_store
+
+    db = tmp_path / "basic_auth.db"
+    create_and_die("auth", db, at=4)  # of 14 tables
+    assert not db.exists() and len(temporaries(db)) == 1
+    create_sqlite(db, open_auth_store)
+    assert temporaries(db) == []
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "users" in tables

@@ -88,7 +88,14 @@ def sqlite_lock(path: Path):
     return FileLock(f"{path}.lock")
 
 
-def create_sqlite(path: Path) -> None:
+def open_tracking_store(uri: str) -> None:
+    """Open MLflow's tracking store at ``uri``: creates its schema when the database is new."""
+    import mlflow
+
+    mlflow.MlflowClient(tracking_uri=uri)
+
+
+def create_sqlite(path: Path, open_store: Callable[[str], object] = open_tracking_store) -> None:
     """Create MLflow's SQLite database at ``path`` whole or not at all; check an existing one opens.
 
     MLflow builds a new database's schema in about seventy migrations over a second or two,
@@ -98,14 +105,14 @@ def create_sqlite(path: Path) -> None:
     creator left under that name is removed first. Call it under the database's lock
     (:func:`setup`). An existing file that MLflow cannot open because its schema is half
     built (by a version of locvit before this, or by another tool) gets a clear error.
+    ``open_store(uri)`` opens the store, creating its schema (default: the tracking store; the
+    server's login database is another).
     """
-    import mlflow
-
     from locvit.io import atomic_path, remove_temporaries
 
     if path.exists():
         try:
-            mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")
+            open_store(f"sqlite:///{path}")
         except Exception as err:
             if not any(s in str(err).lower() for s in HALF_CREATED):
                 raise
@@ -116,7 +123,7 @@ def create_sqlite(path: Path) -> None:
         return
     remove_temporaries(path)
     with atomic_path(path) as tmp:
-        mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp}")  # opening a store creates its schema
+        open_store(f"sqlite:///{tmp}")
 
 
 def setup(study: str, db: str | Path) -> str:

@@ -36,6 +36,7 @@ from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
 USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 AUTH_DIR = "mlflow-auth"
+AUTH_DB = "basic_auth.db"  # the login database, in AUTH_DIR
 
 
 def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
@@ -59,10 +60,22 @@ def write_auth_config(study_dir: Path, user: str) -> Path:
     with atomic_path(path, mode=0o600) as tmp:
         tmp.write_text("[mlflow]\n"
                        "default_permission = READ\n"
-                       f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
+                       f"database_uri = sqlite:///{folder / AUTH_DB}\n"
                        f"admin_username = {user}\n"
                        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
     return path
+
+
+def auth_database(config: Path) -> Path:
+    """The login database of the auth config :func:`write_auth_config` wrote."""
+    return config.parent / AUTH_DB
+
+
+def open_auth_store(uri: str) -> None:
+    """Open the basic-auth app's store at ``uri``: creates its schema when the database is new."""
+    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore().init_db(uri)
 
 
 def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
@@ -94,9 +107,14 @@ def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 50
 def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1) -> None:
     """Replace this process by ``mlflow server`` (a signal to our pid reaches MLflow itself)."""
     cmd, env = server_command(study_dir, host, port, workers)
+    # Both databases whole or not at all, as jobs create the study's (the server would build them in place).
     db = StudyLayout(Path(study_dir).resolve()).tracking_db
     with sqlite_lock(db):
-        create_sqlite(db)  # whole or not at all, as jobs create it (the server would build it in place)
+        create_sqlite(db)
+    if "--app-name" in cmd:
+        auth_db = auth_database(Path(env["MLFLOW_AUTH_CONFIG_PATH"]))
+        with sqlite_lock(auth_db):
+            create_sqlite(auth_db, open_auth_store)
     login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
     print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
           f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
