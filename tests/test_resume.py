@@ -43,7 +43,12 @@ def run_ok(cmd: list[str]) -> str:
 
 def kill_after_epoch(cmd: list[str], epoch: int) -> None:
     """Run ``cmd`` and have it SIGKILL itself once epoch ``epoch`` (0-based) is checkpointed."""
-    env = {**env_with_venv(), "LOCVIT_KILL_AT": f"after_epoch_{epoch}"}
+    kill_at(cmd, f"after_epoch_{epoch}")
+
+
+def kill_at(cmd: list[str], point: str) -> None:
+    """Run ``cmd`` and have it SIGKILL itself at ``point`` (tests/faultinject)."""
+    env = {**env_with_venv(), "LOCVIT_KILL_AT": point}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, f"the run was not killed (rc {proc.returncode}): {proc.stderr[-2000:]}"
 
@@ -103,6 +108,24 @@ def test_a_resumed_run_is_one_finished_mlflow_run(runs, cfg):
     history = json.loads((runs["cut"] / "metrics.json").read_text())["history"]
     assert points == [(row["epoch"], row["val_top1"]) for row in history] and [s for s, _ in points] == [0, 1, 2]
     assert json.loads((runs["cut"] / "metrics.json").read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def test_a_run_killed_before_its_params_were_logged_gets_them_when_it_resumes(runs, cfg, prepared, tmp_path):
+    """Killed once its MLflow run exists and its id is recorded, before its params and datasets are
+    logged: the resumed run logs them into that run, as the uninterrupted run has them."""
+    import mlflow
+
+    db = tmp_path / "mlflow.db"
+    cmd = train_cmd(cfg, prepared, tmp_path / "run", db)
+    kill_at(cmd, "run_created")
+    run_ok(cmd)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    whole = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'whole.db'}").search_runs(
+        [client.get_experiment_by_name(cfg["study"]).experiment_id])[0]
+    assert run.info.status == "FINISHED" and run.data.params and run.data.params == whole.data.params
+    datasets = [{(d.dataset.name, d.dataset.digest) for d in r.inputs.dataset_inputs} for r in (run, whole)]
+    assert datasets[0] and datasets[0] == datasets[1]
 
 
 def test_what_a_run_folder_decides(runs, cfg, prepared, tmp_path):

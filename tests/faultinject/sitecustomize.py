@@ -23,7 +23,9 @@ Points (``<where>`` is what ``@<text>`` is matched against):
   of ``locvit evaluate`` (its result files);
 * ``after_epoch_<k>``: training, once epoch k's last.pt is written (the run folder);
 * ``before_rename_<file name>``: any file written by ``locvit.io.atomic_path``, written in
-  full under its temporary name, not yet renamed into place (the file's path).
+  full under its temporary name, not yet renamed into place (the file's path);
+* ``run_created``: training, once its new MLflow run exists and its id is recorded, before
+  the run's params and datasets are logged (the run folder).
 
 ``LOCVIT_NAN_AT=<step>[,<step>...]`` makes the model's output, and so the training loss,
 NaN at those optimiser steps (counted from 0 over the run), for the numerical-fault tests.
@@ -164,7 +166,18 @@ def _patch_evaluate(module) -> None:
     module.evaluate_checkpoints, module.evaluate = traced_evaluate_checkpoints, traced_evaluate
 
 
-PATCHES = {"locvit.io": _patch_io, "locvit.train.loop": _patch_loop, "locvit.train.evaluate": _patch_evaluate}
+def _patch_tracking_run(module) -> None:
+    log_params = module.log_params
+
+    def traced_log_params(run_id, params):
+        kill_point("run_created", _where["train"])
+        return log_params(run_id, params)
+
+    module.log_params = traced_log_params
+
+
+PATCHES = {"locvit.io": _patch_io, "locvit.train.loop": _patch_loop, "locvit.train.evaluate": _patch_evaluate,
+           "locvit.tracking.run": _patch_tracking_run}
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -166,6 +166,7 @@ class TrainingTracker:
                 self.tags.update(provenance)
                 retry(client.update_run, self.run_id, status="RUNNING")
                 set_tags(self.run_id, provenance)
+                self.log_inputs(client, resumed)  # what a kill right after the run's creation left out
             else:
                 if self.run_id is not None:
                     print(f"WARNING: MLflow run {self.run_id} is not in {safe_uri(self.uri)}; logging to a new run",
@@ -174,13 +175,19 @@ class TrainingTracker:
                                     tags=self.tags).info.run_id
                 if on_created is not None:
                     on_created(self.run_id)
-                log_params(self.run_id, self.params)
-                if self.datasets and self.datasets["files"]:
-                    log_datasets(client, self.run_id, self.datasets["manifest"], self.datasets["files"])
+                self.log_inputs(client)
             logged = {m.step for m in retry(client.get_metric_history, self.run_id, "val_top1")}
             for row in history:  # epochs finished before an interruption but not logged
                 if row["epoch"] not in logged:
                     log_metrics(self.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    def log_inputs(self, client, logged=None) -> None:
+        """Log the run's params and datasets, those that ``logged`` (the MLflow run as found) lacks."""
+        params = {k: v for k, v in self.params.items() if logged is None or k not in logged.data.params}
+        if params:
+            log_params(self.run_id, params)
+        if self.datasets and self.datasets["files"] and (logged is None or not logged.inputs.dataset_inputs):
+            log_datasets(client, self.run_id, self.datasets["manifest"], self.datasets["files"])
 
     def close(self, metrics: dict) -> None:
         """Log best_val_top1 and the run folder's artifacts, mark the run FINISHED (if tracking is still on)."""
