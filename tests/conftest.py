@@ -165,9 +165,8 @@ if how == "setup":
     setup("study", db)
 elif how == "auth":
     from pathlib import Path
-    from locvit.tracking.backend import create_sqlite
-    from locvit.tracking.server import open_auth_store
-    create_sqlite(Path(db), open_auth_store)
+    from locvit.tracking import sqlite
+    sqlite.ensure(Path(db), sqlite.AUTH)
 else:
     import mlflow
     mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")

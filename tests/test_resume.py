@@ -121,8 +121,8 @@ def test_a_run_killed_before_its_params_were_logged_gets_them_when_it_resumes(ru
     run_ok(cmd)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
-    whole = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'whole.db'}").search_runs(
-        [client.get_experiment_by_name(cfg["study"]).experiment_id])[0]
+    whole_client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'whole.db'}")
+    (whole,) = whole_client.search_runs([whole_client.get_experiment_by_name(cfg["study"]).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params and run.data.params == whole.data.params
     datasets = [{(d.dataset.name, d.dataset.digest) for d in r.inputs.dataset_inputs} for r in (run, whole)]
     assert datasets[0] and datasets[0] == datasets[1]

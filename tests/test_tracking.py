@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -453,10 +454,61 @@ def test_a_half_created_database_is_named_with_what_to_do(tmp_path, monkeypatch)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db = tmp_path / "mlflow.db"
     create_and_die("mlflow", db, at=20)  # MLflow alone builds it in place
-    with pytest.raises(RuntimeError, match=rf"{db} is a half-created MLflow database .* delete it and run"):
+    with pytest.raises(RuntimeError, match=re.escape(f"{db} is a half-built MLflow tracking database") +
+                       ".* It holds no runs: delete it and run the step again"):
         tracking.setup("study", db)
-    db.unlink()  # what the message says to do; a new process (this one's MLflow keeps the old file open)
-    setup = "import sys; from locvit.tracking.backend import setup; print(setup('study', sys.argv[1]))"
-    subprocess.run([str(BIN / "python"), "-c", setup, str(db)], env=env_with_venv(), check=True, timeout=300)
+    db.unlink()  # what the message says to do
+    tracking.setup("study", db)
     with contextlib.closing(sqlite3.connect(db)) as con:
         assert ("study",) in con.execute("SELECT name FROM experiments").fetchall()
+
+
+#: A study database with one run (param a=1), one schema revision older than this MLflow's (a newer
+#: MLflow opens it, and upgrades it); argv: the file. MLflow's own alembic set-up, as `mlflow db` uses it.
+OLDER = """
+import sys
+import mlflow
+from alembic import command
+from mlflow.store.db.utils import _get_alembic_config, create_sqlalchemy_engine_with_retry
+
+uri = f"sqlite:///{sys.argv[1]}"
+client = mlflow.MlflowClient(tracking_uri=uri)
+run = client.create_run(client.create_experiment("study"))
+client.log_param(run.info.run_id, "a", 1)
+config = _get_alembic_config(uri)
+with create_sqlalchemy_engine_with_retry(uri).begin() as conn:
+    config.attributes["connection"] = conn
+    command.downgrade(config, "-1")
+print(run.info.run_id)
+"""
+
+
+def test_an_older_database_is_upgraded_whole_and_keeps_its_runs(tmp_path, monkeypatch):
+    """A newer MLflow upgrades a study's database in place, one migration at a time: a job killed
+    meanwhile left the study's runs in a file no job could open. locvit upgrades a copy."""
+    import hashlib
+
+    from locvit.io import temporaries
+    from locvit.tracking import sqlite
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    db, alone = tmp_path / "mlflow.db", tmp_path / "alone" / "mlflow.db"
+    run_id = subprocess.run([str(BIN / "python"), "-c", OLDER, str(db)], env=env_with_venv(), check=True,
+                            capture_output=True, text=True, timeout=300).stdout.split()[-1]
+    assert sqlite.revision(db, sqlite.TRACKING) != sqlite.TRACKING.head()
+    alone.parent.mkdir()
+    shutil.copy(db, alone)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+
+    create_and_die("setup", db, at=1)  # killed in the upgrade's first new table
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before and len(temporaries(db)) == 1
+    experiment = tracking.setup("study", db)
+    assert sqlite.revision(db, sqlite.TRACKING) == sqlite.TRACKING.head() and temporaries(db) == []
+    run = client_for(f"sqlite:///{db}").get_run(run_id)
+    assert run.info.experiment_id == experiment and run.data.params == {"a": "1"}
+
+    create_and_die("mlflow", alone, at=1)  # MLflow alone upgrades in place: its runs are stuck
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # set by setup (mlflow.set_tracking_uri)
+    with pytest.raises(RuntimeError, match=re.escape(f"{alone} is an MLflow tracking database whose upgrade") +
+                       ".* It holds runs \\(1\\), so do not delete it: restore it from a backup"):
+        tracking.setup("study", alone)

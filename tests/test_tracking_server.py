@@ -125,26 +125,33 @@ def test_a_server_for_other_machines_needs_the_login(tmp_path):
     assert "--app-name" not in cmd  # this machine only: no login needed
 
 
-def test_the_server_runs_on_the_databases_locvit_built(server):
-    """`locvit mlflow-server` builds the study's database and its login database itself, under
-    temporary names, before MLflow starts (which would build them in place); MLflow takes them."""
+def test_the_server_starts_on_databases_built_whole(tmp_path, monkeypatch):
+    """`locvit mlflow-server` builds the study's database and its login database (at this MLflow's
+    schema, under temporary names) before it becomes MLflow, which would build them in place."""
     from locvit.io import temporaries
+    from locvit.tracking import server as served, sqlite
 
-    for db in (server["study"] / "mlflow.db", server["study"] / "mlflow-auth" / "basic_auth.db"):
-        assert db.is_file() and temporaries(db) == [], db
+    execs = []
+    monkeypatch.setattr(served.os, "execve", lambda *args: execs.append(args))
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    served.serve(tmp_path)
+    assert len(execs) == 1 and "--app-name" in execs[0][1]
+    auth_db = tmp_path / "mlflow-auth" / "basic_auth.db"
+    for db, schema in ((tmp_path / "mlflow.db", sqlite.TRACKING), (auth_db, sqlite.AUTH)):
+        assert sqlite.revision(db, schema) == schema.head() and temporaries(db) == [], db
 
 
 def test_a_login_database_whose_creation_was_killed_is_built_whole_next_time(tmp_path):
     from conftest import create_and_die
     from locvit.io import temporaries
-    from locvit.tracking.backend import create_sqlite
-    from locvit.tracking.server import open_auth_store
+    from locvit.tracking import sqlite
 
     db = tmp_path / "basic_auth.db"
     create_and_die("auth", db, at=4)  # of 14 tables
     assert not db.exists() and len(temporaries(db)) == 1
-    create_sqlite(db, open_auth_store)
-    assert temporaries(db) == []
+    sqlite.ensure(db, sqlite.AUTH)
+    assert temporaries(db) == [] and sqlite.revision(db, sqlite.AUTH) == sqlite.AUTH.head()
     with contextlib.closing(sqlite3.connect(db)) as con:
         tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "users" in tables

@@ -3,6 +3,8 @@
 - :mod:`~locvit.tracking.backend`: the backend's URI (the study's SQLite file or
   ``MLFLOW_TRACKING_URI``), bounded connections and probes, retries, the study's
   experiment, :func:`~locvit.tracking.backend.connect` for any step that reads runs;
+- :mod:`~locvit.tracking.sqlite`: MLflow's SQLite files (the study's, the server's login
+  database) built and upgraded whole or not at all;
 - :mod:`~locvit.tracking.run`: a training run's MLflow run (its lifecycle, tags, params,
   SLURM provenance), test scores logged to it, and the loud notice when tracking fails;
 - :mod:`~locvit.tracking.sync`: ``locvit sync-tracking``, which uploads the records a run

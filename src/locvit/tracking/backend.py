@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from locvit.layout import artifacts_beside
+from locvit.tracking.sqlite import ensure as ensure_sqlite, lock as sqlite_lock
 
 T = TypeVar("T")
 
@@ -75,75 +76,25 @@ def retry(fn: Callable[..., T], *args, attempts: int | None = None, **kwargs) ->
             delay = min(delay * 2, 5.0)
 
 
-#: Words of SQLite's answer to MLflow re-running its schema migrations on a database whose
-#: creation was cut short (MLflow creates the tables one migration at a time).
-HALF_CREATED = ("already exists", "duplicate column")
-
-
-def sqlite_lock(path: Path):
-    """The file lock beside a SQLite database (``<file>.lock``) under which it is created."""
-    from filelock import FileLock
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(f"{path}.lock")
-
-
-def open_tracking_store(uri: str) -> None:
-    """Open MLflow's tracking store at ``uri``: creates its schema when the database is new."""
-    import mlflow
-
-    mlflow.MlflowClient(tracking_uri=uri)
-
-
-def create_sqlite(path: Path, open_store: Callable[[str], object] = open_tracking_store) -> None:
-    """Create MLflow's SQLite database at ``path`` whole or not at all; check an existing one opens.
-
-    MLflow builds a new database's schema in about seventy migrations over a second or two,
-    each committed on its own, so a process killed meanwhile left a file that no later
-    process could open (every run after it went untracked). The schema is built under a
-    temporary name and renamed into place (:func:`locvit.io.atomic_path`); what a killed
-    creator left under that name is removed first. Call it under the database's lock
-    (:func:`setup`). An existing file that MLflow cannot open because its schema is half
-    built (by a version of locvit before this, or by another tool) gets a clear error.
-    ``open_store(uri)`` opens the store, creating its schema (default: the tracking store; the
-    server's login database is another).
-    """
-    from locvit.io import atomic_path, remove_temporaries
-
-    if path.exists():
-        try:
-            open_store(f"sqlite:///{path}")
-        except Exception as err:
-            if not any(s in str(err).lower() for s in HALF_CREATED):
-                raise
-            raise RuntimeError(
-                f"{path} is a half-created MLflow database (a process was killed while creating its tables; "
-                f"opening it fails with: {str(err).splitlines()[0]}). It cannot hold any runs: delete it and run "
-                f"the step again, which creates it whole") from err
-        return
-    remove_temporaries(path)
-    with atomic_path(path) as tmp:
-        open_store(f"sqlite:///{tmp}")
-
-
 def setup(study: str, db: str | Path) -> str:
     """Point MLflow at the study's backend and make sure its experiment exists; return its id.
 
-    With a SQLite backend, the first job to get here creates the database
-    (:func:`create_sqlite`) and the experiment under a file lock, so parallel jobs never
+    With a SQLite backend, the first job to get here creates (or upgrades) the database
+    whole (:func:`locvit.tracking.sqlite.ensure`) and the experiment under a file lock, so parallel jobs never
     race on MLflow's schema migrations. Artifacts go to ``mlartifacts/`` beside the database. The experiment
     is marked for model training (:data:`EXPERIMENT_KIND`), an older one when it lacks the tag.
     """
     import mlflow
+    from sqlalchemy.engine import make_url
 
     uri = default_uri(db)
     ours = "MLFLOW_TRACKING_URI" not in os.environ  # read first: set_tracking_uri sets that variable
     mlflow.set_tracking_uri(uri)
     # Any SQLite backend (ours or one given by URI) is created under a lock beside its file.
-    sqlite = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-    with sqlite_lock(sqlite) if sqlite else contextlib.nullcontext():
-        if sqlite:
-            create_sqlite(sqlite)
+    path = Path(make_url(uri).database) if uri.startswith("sqlite:///") else None  # without ?query
+    with sqlite_lock(path) if path else contextlib.nullcontext():
+        if path:
+            ensure_sqlite(path)
         client = mlflow.MlflowClient()
         exp = retry(client.get_experiment_by_name, study)
         if exp is not None:

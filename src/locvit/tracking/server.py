@@ -31,7 +31,7 @@ from pathlib import Path
 
 from locvit.io import atomic_path
 from locvit.layout import StudyLayout
-from locvit.tracking.backend import create_sqlite, sqlite_lock
+from locvit.tracking.sqlite import AUTH, ensure as ensure_sqlite, lock as sqlite_lock
 from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
 USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
@@ -71,13 +71,6 @@ def auth_database(config: Path) -> Path:
     return config.parent / AUTH_DB
 
 
-def open_auth_store(uri: str) -> None:
-    """Open the basic-auth app's store at ``uri``: creates its schema when the database is new."""
-    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
-
-    SqlAlchemyStore().init_db(uri)
-
-
 def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
                    env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The ``mlflow server`` command (an argument list, run without a shell) and its environment."""
@@ -110,11 +103,11 @@ def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, worke
     # Both databases whole or not at all, as jobs create the study's (the server would build them in place).
     db = StudyLayout(Path(study_dir).resolve()).tracking_db
     with sqlite_lock(db):
-        create_sqlite(db)
+        ensure_sqlite(db)
     if "--app-name" in cmd:
         auth_db = auth_database(Path(env["MLFLOW_AUTH_CONFIG_PATH"]))
         with sqlite_lock(auth_db):
-            create_sqlite(auth_db, open_auth_store)
+            ensure_sqlite(auth_db, AUTH)
     login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
     print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
           f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
