@@ -512,3 +512,18 @@ def test_an_older_database_is_upgraded_whole_and_keeps_its_runs(tmp_path, monkey
     with pytest.raises(RuntimeError, match=re.escape(f"{alone} is an MLflow tracking database whose upgrade") +
                        ".* It holds runs \\(1\\), so do not delete it: restore it from a backup"):
         tracking.setup("study", alone)
+
+
+def test_a_database_of_a_newer_mlflow_is_named_as_such(tmp_path, monkeypatch):
+    from locvit.io import temporaries
+    from locvit.tracking import sqlite
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    db = tmp_path / "mlflow.db"
+    tracking.setup("study", db)
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE alembic_version SET version_num = 'f00dfeedbeef'")  # a revision this MLflow lacks
+    with pytest.raises(RuntimeError, match=re.escape(f"{db} was written by a newer MLflow than this one") +
+                       ".* revision f00dfeedbeef, unknown here"):
+        sqlite.ensure(db)
+    assert sqlite.revision(db, sqlite.TRACKING) == "f00dfeedbeef" and temporaries(db) == []
