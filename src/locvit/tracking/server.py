@@ -31,7 +31,7 @@ from pathlib import Path
 
 from locvit.io import atomic_path
 from locvit.layout import StudyLayout
-from locvit.tracking.sqlite import AUTH, ensure as ensure_sqlite, lock as sqlite_lock
+from locvit.tracking.sqlite import AUTH, TRACKING, ensure as ensure_sqlite, lock as sqlite_lock
 from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
 USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
@@ -101,13 +101,12 @@ def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, worke
     """Replace this process by ``mlflow server`` (a signal to our pid reaches MLflow itself)."""
     cmd, env = server_command(study_dir, host, port, workers)
     # Both databases whole or not at all, as jobs create the study's (the server would build them in place).
-    db = StudyLayout(Path(study_dir).resolve()).tracking_db
-    with sqlite_lock(db):
-        ensure_sqlite(db)
+    databases = [(StudyLayout(Path(study_dir).resolve()).tracking_db, TRACKING)]
     if "--app-name" in cmd:
-        auth_db = auth_database(Path(env["MLFLOW_AUTH_CONFIG_PATH"]))
-        with sqlite_lock(auth_db):
-            ensure_sqlite(auth_db, AUTH)
+        databases.append((auth_database(Path(env["MLFLOW_AUTH_CONFIG_PATH"])), AUTH))
+    for db, schema in databases:
+        with sqlite_lock(db):
+            ensure_sqlite(db, schema)
     login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
     print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
           f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")

@@ -104,9 +104,8 @@ def ensure(path: Path, schema: Schema = TRACKING) -> None:
 
     if path.exists() and revision(path, schema) == schema.head():
         return
-    remove_temporaries(path)  # a killed build's copy (we hold the lock: nobody else writes them)
-    for stale in path.parent.glob(f".{path.name}.*.tmp-journal"):
-        stale.unlink(missing_ok=True)
+    for stale in remove_temporaries(path):  # a killed build's copy (we hold the lock: nobody else writes them)
+        Path(f"{stale}-journal").unlink(missing_ok=True)  # and SQLite's journal of it
     try:
         with atomic_path(path) as tmp:
             if path.exists():
