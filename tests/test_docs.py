@@ -1,0 +1,99 @@
+"""The docs against the files they cite, where a change elsewhere would leave them stale.
+
+* A count of malformed study files quoted in the docs (docs/pipeline.md keeps one) equals the
+  cases ``test_bad_configs.py`` parametrizes over.
+* The files tests/README.md names in its ``e2e`` and ``cuda`` marker rows are the test files that
+  apply that marker; its file table has a row for every test file, and the ``(e2e)`` /
+  ``(cluster)`` tags there are the files whose every test carries the marker.
+
+Markers are read from each test file's syntax tree (any ``pytest.mark.<name>``: a module's
+``pytestmark``, a decorator, ``pytest.param(..., marks=...)``) rather than by collecting the
+suite: collection imports every test module, so one broken import elsewhere would fail these
+tests, and a string that only mentions a marker (test_gpu_check.py's message) does not count.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+README = TESTS / "README.md"
+DOCS = [REPO / "README.md", README, REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+TEST_FILES = sorted(p.name for p in TESTS.glob("test_*.py"))
+
+# "52 malformed study files", "52 files in `tests/bad_configs/`", "52 bad configs" (a line break may split them)
+BAD_CONFIG_COUNT = re.compile(
+    r"(\d+)\s+(?:malformed\s+study\s+files|files\s+in\s+`tests/bad_configs/`|bad\s+configs?\b)")
+
+
+def _is_mark(node: ast.AST, name: str) -> bool:
+    """``pytest.mark.<name>`` (or ``mark.<name>``), called or not."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    return (isinstance(node, ast.Attribute) and node.attr == name
+            and isinstance(node.value, ast.Attribute) and node.value.attr == "mark")
+
+
+def marked_files(name: str, module_level: bool = False) -> set[str]:
+    """Test files that apply marker ``name`` anywhere, or (``module_level``) in ``pytestmark`` to all their tests."""
+    found = set()
+    for file in TEST_FILES:
+        tree = ast.parse((TESTS / file).read_text(), filename=file)
+        if module_level:
+            nodes = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                     and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)]
+            nodes = [n for value in nodes for n in ast.walk(value)]
+        else:
+            nodes = ast.walk(tree)
+        if any(_is_mark(n, name) for n in nodes):
+            found.add(file)
+    return found
+
+
+def _rows(text: str, first_cell: str) -> list[list[str]]:
+    """The Markdown table rows whose first cell starts with ``first_cell``, split into cells."""
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")]
+            for line in text.splitlines() if line.startswith(f"| {first_cell}")]
+
+
+def _files(cell: str) -> set[str]:
+    return set(re.findall(r"`(test_\w+\.py)`", cell))
+
+
+def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
+    import test_bad_configs
+
+    parametrize = [m for m in test_bad_configs.test_each_bad_config_is_refused_with_the_key_named.pytestmark
+                   if m.name == "parametrize"]
+    cases = parametrize[0].args[1]
+    assert len(cases) == len(list((TESTS / "bad_configs").glob("*.yaml")))
+    quoted = {doc.relative_to(REPO).as_posix(): [int(n) for n in BAD_CONFIG_COUNT.findall(doc.read_text())]
+              for doc in DOCS}
+    assert quoted["docs/pipeline.md"], "docs/pipeline.md no longer says how many bad configs there are"
+    wrong = {doc: counts for doc, counts in quoted.items() if any(n != len(cases) for n in counts)}
+    assert not wrong, f"the docs quote {wrong} bad configs; tests/bad_configs/ has {len(cases)}"
+
+
+@pytest.mark.parametrize("marker", ["e2e", "cuda"])
+def test_the_marker_rows_name_the_files_that_carry_the_marker(marker):
+    rows = _rows(README.read_text(), f"`{marker}` |")
+    assert len(rows) == 1, f"tests/README.md has no single `{marker}` row in its markers table"
+    named = _files(rows[0][1])  # the meaning cell; the last one names other files on purpose
+    assert named == marked_files(marker), (
+        f"tests/README.md's `{marker}` row names {sorted(named)}; the marker is in {sorted(marked_files(marker))}")
+
+
+def test_every_test_file_has_a_row_and_its_marker_tag():
+    rows = {re.match(r"`(test_\w+\.py)`", row[0]).group(1): row[0] for row in _rows(README.read_text(), "`test_")}
+    missing, extra = sorted(set(TEST_FILES) - set(rows)), sorted(set(rows) - set(TEST_FILES))
+    assert not missing and not extra, f"tests/README.md: no row for {missing}; a row but no file for {extra}"
+    for marker in ("e2e", "cluster"):
+        tagged = {file for file, cell in rows.items() if f"({marker})" in cell}
+        whole = marked_files(marker, module_level=True)
+        assert tagged == whole, (
+            f"tagged ({marker}) in tests/README.md: {sorted(tagged)}; marked whole: {sorted(whole)}")
