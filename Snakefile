@@ -1,5 +1,6 @@
 """locvit: the study pipeline, prepare -> train (variant x seed) -> evaluate -> analyse -> report,
-plus MaiT's mask search when the study has a mask_search section.
+every variant's throughput measured side by side after all training, plus MaiT's mask search when
+the study has a mask_search section.
 
 The study config is params.yaml (another file: --config params=path/to/study.yaml).
 It is validated against workflow/schemas/params.schema.yaml before any job runs.
@@ -19,6 +20,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analyse.smk"
+include: "workflow/rules/throughput.smk"
 include: "workflow/rules/search.smk"
 include: "workflow/rules/report.smk"
 

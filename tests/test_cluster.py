@@ -147,7 +147,7 @@ def test_every_job_went_through_sbatch_grouped(study, cluster):
     params = yaml.safe_load((work / TINY).read_text())
     variants, rounds = len(params["variants"]), params["mask_search"]["rounds"]
     assert submitted(jobs) == {
-        "prepare": 1, "report": 1, "search": 1, "search_spec": rounds,
+        "prepare": 1, "report": 1, "search": 1, "search_spec": rounds, "throughput": 1,
         "search_round_search_analyse_search_evaluate_search_train": rounds,
         "train": 2,  # the two-node variant's, preempted and re-submitted
         "variant_analyse_evaluate": 1,  # its evaluate and analyse

@@ -152,3 +152,40 @@ def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypa
         with pytest.raises(ConfigError, match="patch_size: 5 does not divide"):
             validate_params(raw_tiny)
     assert builds[3:] == ["deit_a", "deit_a"]
+
+
+def test_seed_budget_gives_smaller_fractions_more_seeds(raw_tiny):
+    """round(full_runs / f) seeds, at least the study's, at most max_seeds; the extra ones count up from the
+    largest; a variant's own seeds stay; variants with the same seeds form one group (one Snakemake rule)."""
+    from locvit.config import budget_seeds, seed_sets, variant_seeds
+
+    assert budget_seeds([0, 1, 2], 0.1, {"full_runs": 1, "max_seeds": 10}) == list(range(10))
+    assert budget_seeds([0, 1, 2], 0.25, {"full_runs": 1, "max_seeds": 10}) == [0, 1, 2, 3]
+    assert budget_seeds([0, 1, 2], 0.5, {"full_runs": 1, "max_seeds": 10}) == [0, 1, 2]  # round(2) < 3 seeds
+    assert budget_seeds([5, 7], 0.1, {"full_runs": 1, "max_seeds": 4}) == [5, 7, 8, 9]  # capped
+    assert budget_seeds([0, 1, 2], 0.1, {"full_runs": 1, "max_seeds": 2}) == [0, 1, 2]  # the study's seeds win
+    assert budget_seeds([0, 1], 0.1, None) == [0, 1]
+    raw_tiny["train_fractions"] = [0.1, 1.0]
+    raw_tiny["seed_budget"] = {"full_runs": 0.5}  # max_seeds defaults to 10
+    first = next(iter(raw_tiny["variants"]))
+    raw_tiny["variants"][first]["seeds"] = [3, 4]
+    params = validate_params(raw_tiny, check_models=False)
+    assert params["seed_budget"]["max_seeds"] == 10
+    for name, spec in params["variants"].items():
+        want = params["seeds"] if spec["train_fraction"] == 1.0 else list(range(5))
+        assert variant_seeds(params, name) == ([3, 4] if spec["base"] == first else want)
+    groups = seed_sets(params)
+    assert list(groups)[0] == tuple(params["seeds"]) and sum(map(len, groups.values())) == len(params["variants"])
+
+
+def test_seed_budget_and_margin_are_checked(raw_tiny):
+    raw_tiny["seed_budget"] = {"full_runs": 0}
+    with pytest.raises(ConfigError, match="seed_budget.full_runs"):
+        validate_params(raw_tiny, check_models=False)
+    raw_tiny["seed_budget"] = {"max_seeds": 4}
+    with pytest.raises(ConfigError, match="full_runs"):
+        validate_params(raw_tiny, check_models=False)
+    del raw_tiny["seed_budget"]
+    raw_tiny["equivalence_margin"] = -1
+    with pytest.raises(ConfigError, match="equivalence_margin"):
+        validate_params(raw_tiny, check_models=False)

@@ -23,6 +23,9 @@ import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv, free_port, snakemake
 
+from locvit.analysis.throughput import read_throughput
+from locvit.io import unpack_bits
+
 pytestmark = pytest.mark.e2e
 TINY = "presets/tiny.yaml"
 
@@ -70,8 +73,11 @@ def test_every_output_is_there(study, params, layout):
             assert (root / "analysis" / variant / f"seed{seed}.json").is_file()
             assert (root / "maps" / variant / f"seed{seed}.npz").is_file()
         profile = json.loads((root / "analysis" / variant / "profile.json").read_text())
-        assert profile["params"] > 0 and profile["gmacs"] > 0 and profile["train_images_per_s"] > 0
-        assert profile["device"].startswith("cpu")
+        assert profile["params"] > 0 and profile["gmacs"] > 0
+        assert "infer_images_per_s" not in profile  # speed comes from the one throughput job, measured alone
+    speed = read_throughput(layout.throughput_file)
+    assert list(speed) == list(params["variants"]) and all(r["rounds"] >= 3 for r in speed.values())
+    assert speed[params["baseline"]]["ratio_vs_baseline"] == 1.0 and next(iter(speed.values()))["device"].startswith("cpu")
     report = json.loads((root / "report" / "report.json").read_text())
     assert {"mait_table2", "mait_table3", "mait_table4"} <= set(report["tables"])
     for name in ("curves", "als_deit_a", "als_mait_b", "similarity_mait_b", "rollout_mait_b"):
@@ -160,6 +166,9 @@ def test_results_table_matches_the_evaluations(study, params, layout):
         assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
         assert int(row["n_seeds"]) == 2 and row["missing_seeds"] == ""
         assert set(row["mlflow_run_ids"].split()) == {e["mlflow_run_id"] for e in evals}
+        for e in evals:  # which test images each run got right: as many as its top-1 says
+            assert unpack_bits(e["test_hits"], e["n"]).sum() == round(e["test_top1"] * e["n"])
+        assert row["verdict"] in ("baseline", "better", "worse", "equivalent", "undecided")
         assert f"| {row['variant']} |" in md and row["variant"].replace("_", r"\_") in tex
     assert "±" in md and r"\toprule" in tex
 
@@ -169,9 +178,10 @@ def test_locvit_results_prints_the_statistics(study, params, layout):
                          text=True, env=env_with_venv())
     assert out.returncode == 0, out.stderr
     rows = {r["variant"]: r for r in csv.DictReader((layout.report / "results.csv").open())}
-    assert "Δ vs deit_a" in out.stdout and "p (Holm)" in out.stdout
+    assert "Δ vs deit_a" in out.stdout and "Δ 95% CI" in out.stdout and "MDE" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("mait_b "))
     assert f"{float(rows['mait_b']['test_top1_mean']):.2f} ± {float(rows['mait_b']['test_top1_std']):.2f}" in line
+    assert f"{rows['mait_b']['verdict']}" in line and rows["deit_a"]["verdict"] == "baseline"
     assert "deit_a is the baseline." in out.stdout and "mait_b vs deit_a:" in out.stdout
 
 
@@ -266,10 +276,19 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
                       if "output: results/data_efficiency/data" in line and "manifest.json" in line)
     assert prepared == ["data", "data_10pct", "data_25pct", "data_50pct"]
     # deit_25pct trains on the 25 % file and its run configs say so; deit on the whole split
-    job = next(j for j in out.stdout.split("\nrule ") if j.startswith("train:") and "variant=deit_25pct" in j)
+    job = next(j for j in out.stdout.split("\nrule ") if j.startswith("train") and "variant=deit_25pct" in j)
     assert "results/data_efficiency/data_25pct/train.beton" in job
     assert params["variants"]["deit_25pct"]["train_fraction"] == 0.25
     assert params["variants"]["deit"]["train_fraction"] == 1.0
+    # seed_budget {full_runs: 1, max_seeds: 10}: 10 % -> 10 seeds, 25 % -> 4, 50 % and 100 % -> the study's 3,
+    # each group of variants with the same seeds in its own rule, whose outputs list those seeds
+    assert job.startswith("train_4seeds:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(4))
+    assert params["variants"]["deit_10pct"]["seeds"] == list(range(10))
+    assert params["variants"]["deit_50pct"]["seeds"] == params["variants"]["deit"]["seeds"] == [0, 1, 2]
+    planned = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
+               if re.match(r"^(train|evaluate|analyse)\w* +\d+$", line)}
+    assert planned == {f"{rule}{suffix}": 5 * k for rule in ("train", "evaluate", "analyse")
+                       for suffix, k in (("", 2), ("_10seeds", 1), ("_4seeds", 1))}
 
 
 def test_mask_search_follows_the_previous_rounds_als(study, params, layout):

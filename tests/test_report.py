@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
+from locvit.io import pack_bits
 from locvit.report import stats
 from locvit.report.build import build_report
 
@@ -69,10 +70,11 @@ def write(path: Path, obj) -> None:
 
 
 def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None, analysed=ANALYSED,
-               seeds=SEEDS) -> dict:
+               seeds=SEEDS, hits: dict | None = None) -> dict:
     """Write the contract's files for every variant and seed; return the MLflow run ids used.
 
-    ``analysed``: variant -> seeds with attention analyses (figures are what takes time here).
+    ``analysed``: variant -> seeds with attention analyses (figures are what takes time here);
+    ``hits``: (variant, seed) -> per-image right/wrong of its 360 test images (else none recorded).
     """
     rng = np.random.default_rng(0)
     run_ids = run_ids or {(v, s): uuid.uuid4().hex for v in params["variants"] for s in seeds}
@@ -84,7 +86,8 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
                 write(root / "eval" / v / f"seed{s}.json", {
                     "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
                     "test_top1": top1[v][s], "test_loss": 1.0, "n": 360, "n_params": n_params,
-                    "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16})
+                    "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16,
+                    **({"test_hits": pack_bits(hits[(v, s)])} if hits else {})})
             history = [{"epoch": e, "train_loss": 2.0 - 0.4 * e + 0.05 * s, "train_top1": 0.3 + 0.1 * e,
                         "train_images_per_s": 500.0, "val_loss": 1.5 - 0.2 * e, "val_top1": 0.4 + 0.1 * e}
                        for e in range(3)]
@@ -100,8 +103,9 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
                 "ibit": {"rank": 9, "normalize": "frobenius", "mask_kernel": "radial"} if family == "ibit" else None}
         write(root / "analysis" / v / "profile.json", {
             "variant": v, "model": spec["model"], "params": n_params, "gmacs": 0.01 * depth, "input_size": [3, 32, 32],
-            "device": "cpu (Test CPU)", "batch_size": 64, "infer_images_per_s": 1000.0 + len(v),
-            "train_images_per_s": 300.0, "arch": arch})
+            "arch": arch})
+        if v != "convit":  # the throughput job's file (convit's row missing)
+            _throughput_row(root, v, 1000.0 + len(v))
         for s in analysed.get(v, []):
             layers = [{"name": f"blocks.{i}.attn", "layer": i, "kind": "shift" if lsa and i == 0 else "softmax",
                        "heads": 3, "tokens": 65, "grid": None if lsa and i == 0 else [8, 8], "num_prefix": 1}
@@ -123,6 +127,14 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
             (root / "maps" / v).mkdir(parents=True, exist_ok=True)
             np.savez(root / "maps" / v / f"seed{s}.npz", **arrays)
     return run_ids
+
+
+def _throughput_row(root: Path, variant: str, img_s: float) -> None:
+    path = root / "report" / "throughput.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = "variant,img_s_median,img_s_low,img_s_high,ratio_vs_baseline,rounds,device\n"
+    lines = [x for x in (path.read_text() if path.is_file() else head).splitlines(True) if not x.startswith(f"{variant},")]
+    path.write_text("".join(lines) + f"{variant},{img_s},{img_s - 10},{img_s + 10},{img_s / 1004.0},5,cpu (Test CPU)\n")
 
 
 def expected(variant: str) -> tuple[float, float | None, int]:
@@ -161,10 +173,14 @@ def test_mait_table2_cells_are_mean_std_and_delta_vs_deit(built):
         assert row[f"{column} mlflow_run_ids"].split() == [run_ids[(variant, s)] for s in present]
     md = (out / "tables" / "mait_table2.md").read_text()
     mean, std, _ = expected("mait_3x3")
-    assert f"{mean:.2f} ± {std:.2f} (n=2) ({mean - base:+.2f})" in md
+    low, high = float(row["MaiT(3x3) delta_ci95_low"]), float(row["MaiT(3x3) delta_ci95_high"])
+    verdict = row["MaiT(3x3) verdict"]
+    assert low < mean - base < high and verdict in ("better", "worse", "equivalent", "undecided")
+    assert f"{mean:.2f} ± {std:.2f} (n=2) ({mean - base:+.2f} [{low:+.2f}, {high:+.2f}], {verdict})" in md
+    assert row["DeiT verdict"] == "baseline"
     # The missing run is named, never filled: mait_soft's cell has one seed and says which is absent.
     assert row["MaiT+(3x3) missing"] == "missing: mait_soft seed 1"
-    assert f"{100 * TOP1['mait_soft'][0]:.2f} (n=1) ({100 * TOP1['mait_soft'][0] - base:+.2f}); " \
+    assert f"{100 * TOP1['mait_soft'][0]:.2f} (n=1) ({100 * TOP1['mait_soft'][0] - base:+.2f}, undecided); " \
            "missing: mait_soft seed 1" in md
     assert f"`{run_ids[('mait_3x3', 0)][:8]}`" in md  # no tracking: run ids shown, no links
 
@@ -173,7 +189,9 @@ def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
     _, out, _, _ = built
     header = next(csv.reader((out / "tables" / "mait_table3.csv").open()))
     cols = [h for h in header if not h.endswith((" std", " n", " ci95_low", " ci95_high", " reference", " delta", " p",
-                                                 " p_holm", " mlflow_run_ids", " missing"))]
+                                                 " p_holm", " p_equivalence_holm", " mde80", " verdict", " delta_ci95_low",
+                                                 " delta_ci95_high",
+                                                 " mlflow_run_ids", " missing"))]
     assert cols == ["Model size", "DeiT", "MaiT(Sch.1)", "MaiT(Sch.1, 5x5)", "MaiT(all heads, soft)"]
     row = read_csv(out / "tables" / "mait_table3.csv")[0]
     assert float(row["MaiT(Sch.1, 5x5) delta"]) == pytest.approx(expected("mait_5x5")[0] - expected("deit")[0])
@@ -190,10 +208,12 @@ def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
 def test_lsa_tables(built):
     _, out, _, _ = built
     rows = {r["Method"]: r for r in read_csv(out / "tables" / "lsa_table3.csv")}
-    assert "Throughput (img/s, cpu (Test CPU), batch 64)" in rows["lsa"]
+    head = "Throughput (img/s, cpu (Test CPU), batch 32)"  # from report/throughput.csv, never from a profile
+    assert head in rows["lsa"]
     assert float(rows["lsa"]["Digits (%)"]) == pytest.approx(expected("lsa")[0])
-    assert float(rows["lsa"]["Throughput (img/s, cpu (Test CPU), batch 64)"]) == pytest.approx(1003.0)
-    assert rows["convit"]["Throughput (img/s, cpu (Test CPU), batch 64)"] == "missing: convit profile"
+    assert float(rows["lsa"][head]) == pytest.approx(1003.0)
+    assert float(rows["lsa"]["× baseline"]) == pytest.approx(1003.0 / 1004.0)
+    assert rows["convit"][head] == "missing: convit in report/throughput.csv"
     t5 = read_csv(out / "tables" / "lsa_table5.csv")
     assert [(r["Variant"], r["#Shifting"], r["Shift mode"], r["Local block"]) for r in t5] == [
         ("lsa_noshift", "0", "", "no"), ("lsa", "9", "conv", "yes")]
@@ -239,16 +259,18 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
     _, out, _, _ = built
     header = next(csv.reader((out / "results.csv").open()))
     assert header[:6] == CONTRACT
-    assert {"delta_vs_baseline", "p_vs_baseline", "p_holm"} <= set(header)
+    assert header[6:16] == ["reference", "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline",
+                            "p_holm", "p_equivalence_holm", "mde80", "verdict", "mlflow_run_ids"]
     rows = {r["variant"]: r for r in read_csv(out / "results.csv")}
     assert list(rows) == list(VARIANTS)
-    # deit is the default baseline (the first DeiT variant): not tested against itself.
+    # deit is the default baseline (the first DeiT variant): not compared with itself.
     assert rows["deit"]["delta_vs_baseline"] == rows["deit"]["p_vs_baseline"] == rows["deit"]["p_holm"] == ""
+    assert rows["deit"]["verdict"] == "baseline"
     base = [100 * t for t in TOP1["deit"]]
     tested = {}
     for name, row in rows.items():
         values = [100 * t for t in TOP1[name] if t is not None]
-        s = stats.describe(values)
+        s = stats.describe(values, n_images=360)  # the eval files score 360 images, no per-image results
         assert int(row["n_seeds"]) == len(values) and float(row["test_top1_mean"]) == pytest.approx(s.mean)
         if len(values) > 1:
             assert float(row["test_top1_ci95_low"]) == pytest.approx(s.ci_low)
@@ -256,38 +278,70 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
         else:  # one seed: no spread, no interval, no test
             assert row["test_top1_std"] == row["test_top1_ci95_low"] == row["p_vs_baseline"] == ""
         if name != "deit" and len(values) > 1:
+            c = stats.compare(values, base, 1.0, n_images=360)
             assert row["reference"] == "deit"
-            assert float(row["delta_vs_baseline"]) == pytest.approx(s.mean - stats.describe(base).mean)
-            tested[name] = stats.welch(values, base).p
-            assert float(row["p_vs_baseline"]) == pytest.approx(tested[name])
-    # Holm over exactly the variants that could be tested
-    for name, p in zip(tested, stats.holm(list(tested.values()))):
+            assert float(row["delta_vs_baseline"]) == pytest.approx(c.delta)
+            assert float(row["delta_ci95_low"]) == pytest.approx(c.ci_low)
+            assert float(row["delta_ci95_high"]) == pytest.approx(c.ci_high)
+            tested[name] = c
+            assert float(row["p_vs_baseline"]) == pytest.approx(c.p)
+    # Holm over exactly the variants that could be tested (one family: all against deit); MDE at alpha / m
+    m = len(tested)
+    for (name, c), p in zip(tested.items(), stats.holm([c.p for c in tested.values()])):
         assert float(rows[name]["p_holm"]) == pytest.approx(p)
+        assert float(rows[name]["mde80"]) == pytest.approx(stats.mde(c.se, c.df, stats.ALPHA / m))
     seeds = read_csv(out / "results_seeds.csv")
     assert [(r["variant"], int(r["seed"])) for r in seeds] == [
         (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None]
     assert float(seeds[0]["test_top1"]) == pytest.approx(100 * TOP1["deit"][0])
     md = (out / "results.md").read_text()
-    assert "| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | p (Welch) | p (Holm) |" in md
-    assert "deit is the baseline." in md and "lsa vs deit: +10.00 points, " in md
+    assert "| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | Δ 95% CI | p (Holm) | MDE | verdict |" in md
+    assert "deit is the baseline." in md and "lsa vs deit: +10.00 points [" in md
     assert "mait_soft vs deit:" in md and "not tested (needs at least 2 seeds on both sides)" in md
+    assert f"Holm families (one per reference): {m} against deit." in md
     assert r"$\Delta$ vs deit" in (out / "results.tex").read_text()
 
 
-def test_significant_differences_are_marked(tmp_path):
-    top1 = {v: [0.70, 0.71, 0.72] for v in ("deit", "same", "far")}
-    top1["far"] = [0.98, 0.985, 0.99]
-    top1["same"] = [0.705, 0.715, 0.70]
-    variants = {v: VARIANTS["deit"] for v in top1}
+def prefix_hits(k: int, n: int = 360) -> np.ndarray:
+    """The first k of n test images right."""
+    return np.arange(n) < k
+
+
+def test_every_verdict_with_its_interval(tmp_path):
+    """better, worse, equivalent and undecided, each agreeing with its interval; pairing over the same
+    360 images makes a tie provable that the unpaired test set could not show."""
+    ks = {"deit": [253, 254, 255], "far": [353, 354, 355], "low": [200, 201, 202], "same": [253, 254, 255],
+          "noisy": [230, 250, 270]}
+    top1 = {v: [k / 360 for k in ks[v]] for v in ks}
+    hits = {(v, s): prefix_hits(ks[v][s]) for v in ks for s in range(3)}
+    variants = {v: VARIANTS["deit"] for v in ks}
     params = {**make_params(variants), "seeds": [0, 1, 2]}
-    make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2])
+    make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2], hits=hits)
     build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
     rows = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
-    assert float(rows["far"]["p_holm"]) < 0.05 < float(rows["same"]["p_holm"])
+    assert {v: rows[v]["verdict"] for v in ks} == {"deit": "baseline", "far": "better", "low": "worse",
+                                                   "same": "equivalent", "noisy": "undecided"}
+    for v in ("far", "low", "same", "noisy"):
+        low, high, delta = (float(rows[v][k]) for k in ("delta_ci95_low", "delta_ci95_high", "delta_vs_baseline"))
+        assert low < delta < high
+        verdict = rows[v]["verdict"]
+        assert (verdict != "better" or low > 0) and (verdict != "worse" or high < 0)
+        assert verdict != "equivalent" or (abs(delta) < 1.0 and float(rows[v]["p_equivalence_holm"]) < 0.05)
+    # the undecided row says what the study could have seen
+    mde = float(rows["noisy"]["mde80"])
+    assert mde > abs(float(rows["noisy"]["delta_vs_baseline"]))
     md = (tmp_path / "report" / "results.md").read_text()
-    assert "far vs deit: +27.50 points, significant at 0.05" in md
-    assert "same vs deit: -0.33 points, not significant at 0.05" in md
-    assert "| +27.50* |" in md and "| -0.33 |" in md
+    assert f"could detect a difference of {mde:.2f} points or more (80 % power)" in md
+    assert "far vs deit: +27.78 points [" in md and "], better (Holm-adjusted p = " in md
+    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 points" in md
+    # without the per-image results (older evaluation files) the same tie cannot be shown
+    for v in ks:
+        for s in range(3):
+            path = tmp_path / "eval" / v / f"seed{s}.json"
+            path.write_text(json.dumps({k: x for k, x in json.loads(path.read_text()).items() if k != "test_hits"}))
+    build_report(params, tmp_path, tmp_path / "report2", log_to_mlflow=False)
+    rows = {r["variant"]: r for r in read_csv(tmp_path / "report2" / "results.csv")}
+    assert rows["same"]["verdict"] == "undecided" and rows["far"]["verdict"] == "better"
 
 
 def test_figures_are_valid_files_with_captions(built):

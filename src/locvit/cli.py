@@ -17,16 +17,17 @@ import json
 import sys
 from pathlib import Path
 
-from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section
+from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section, variant_seeds
 from locvit.layout import StudyLayout, per_seed
 from locvit.train.stop import EXIT_STOPPED, Stopped
 
 
 def cmd_validate(args) -> None:
     params = load_params(args.params)
-    n = len(params["variants"]) * len(params["seeds"])
+    n = sum(len(variant_seeds(params, v)) for v in params["variants"])
+    seeds = sorted({len(variant_seeds(params, v)) for v in params["variants"]})
     print(f"{args.params}: valid; study {params['study']!r}, {len(params['variants'])} variant(s) x "
-          f"{len(params['seeds'])} seed(s) = {n} training run(s)")
+          f"{'-'.join(map(str, seeds))} seed(s) = {n} training run(s)")
 
 
 def cmd_prepare(args) -> None:
@@ -62,8 +63,8 @@ def cmd_train(args) -> None:
         jobs = list(zip(cfgs, out_dirs))
     else:
         params = load_params(args.params)
-        jobs = list(zip([run_config(params, args.variant, s) for s in params["seeds"]],
-                        per_seed(args.runs_dir, params["seeds"], "")))
+        seeds = variant_seeds(params, args.variant)
+        jobs = list(zip([run_config(params, args.variant, s) for s in seeds], per_seed(args.runs_dir, seeds, "")))
     with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
         for cfg, out_dir in jobs:
             train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
@@ -98,10 +99,20 @@ def cmd_analyse(args) -> None:
         cfg = validate_section("analysis", json.loads(args.analysis_config), "--analysis-config")
         checkpoints, out_json, out_npz, profile_out = args.checkpoint, args.json, args.npz, args.profile
     for record in analyse_checkpoints(checkpoints, out_json, out_npz, args.data, args.manifest, cfg["images"],
-                                      tuple(cfg["als_kernel"]), profile_out, cfg["profile_batch"],
-                                      cfg["profile_repeats"], threads=args.threads):
+                                      tuple(cfg["als_kernel"]), profile_out, threads=args.threads):
         print(f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
               f"ALS on {len(record['als_layers'])}")
+
+
+def cmd_throughput(args) -> None:
+    from locvit.analysis.throughput import measure_throughput
+
+    rows = measure_throughput(load_params(args.params, check_models=False), args.out, threads=args.threads)
+    for row in rows.values():
+        ratio = "" if row["ratio_vs_baseline"] is None else f", {row['ratio_vs_baseline']:.3f} x the baseline"
+        print(f"{row['variant']}: {row['img_s_median']:.1f} img/s (rounds {row['img_s_low']:.1f} to "
+              f"{row['img_s_high']:.1f}){ratio}")
+    print(f"throughput of {len(rows)} variant(s), {next(iter(rows.values()))['device']}: {args.out}")
 
 
 def cmd_search_spec(args) -> None:
@@ -168,25 +179,25 @@ def cmd_sync_tracking(args) -> None:
 def cmd_results(args) -> None:
     import csv
 
+    from locvit.report.tables import as_markdown, as_text, summary_lines
+
+    if args.csv:  # any results.csv, e.g. a committed one (benchmarks/results/demo/results.csv)
+        if not args.csv.is_file():
+            raise FileNotFoundError(f"{args.csv} does not exist; give a results.csv written by the report step")
+        print(as_markdown(summary_lines(list(csv.DictReader(args.csv.open())))), end="")
+        return
     params = load_params(args.params, check_models=False)
     table = StudyLayout.of(params).report / "results.md"
     if not table.is_file():
         raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
-    rows = list(csv.DictReader(table.with_suffix(".csv").open()))
-
-    def num(value: str, fmt: str = ".2f") -> str:
-        return format(float(value), fmt) if value else "–"
-
-    lines = [["variant", "n", "test top-1 (%)", "95% CI", f"Δ vs {params['baseline'] or '–'}", "p (Holm)"]]
-    for r in rows:
-        ci = f"[{num(r['test_top1_ci95_low'])}, {num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
-        lines.append([r["variant"], r["n_seeds"], f"{num(r['test_top1_mean'])} ± {num(r['test_top1_std'])}", ci,
-                      num(r["delta_vs_baseline"], "+.2f"), num(r["p_holm"], ".3g")])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    print(f"Results of study {params['study']!r}: test top-1 over seeds (mean ± std, Student-t interval, Welch's "
-          "test against the baseline, Holm-corrected)")
-    for line in lines:
-        print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+    lines = summary_lines(list(csv.DictReader(table.with_suffix(".csv").open())))
+    if args.markdown:
+        print(as_markdown(lines), end="")
+        return
+    print(f"Results of study {params['study']!r}: test top-1 over seeds (mean ± std, 95 % interval with the test set's "
+          "error), the difference to the reference with its interval, the smallest difference the study could "
+          "detect (MDE, 80 % power) and the verdict (docs/statistics.md)")
+    print(as_text(lines), end="")
     print("\n".join(line for line in table.read_text().splitlines() if line.startswith("- ")))
     print(f"Results table: {table} (also .csv and .tex beside it, per-seed values in results_seeds.csv)")
     print(f"Every table and figure: {table.parent / 'index.md'}; one HTML page: snakemake --report report.html")
@@ -316,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", type=Path, required=True)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
+    p = add("throughput", cmd_throughput, "inference images/s of every variant of --params, measured side by side in "
+                                          "one process in alternating rounds (random weights)")
+    p.add_argument("--out", type=Path, required=True, help="output CSV (results/<study>/report/throughput.csv)")
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+
     p = add("search-spec", cmd_search_spec, "derive a MaiT mask-search round's masks from the previous round")
     p.add_argument("--round", type=int, required=True)
     p.add_argument("--search-config", required=True, help="the mask_search section as JSON")
@@ -348,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-dir", type=Path,
                    help="test results, <eval-dir>/<variant>/seed<k>.json (default: eval/ beside --runs-dir)")
 
-    add("results", cmd_results, "print the study's results table and where it is")
+    p = add("results", cmd_results, "print the study's results table and where it is")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown only")
+    p.add_argument("--csv", type=Path, help="render this results.csv (e.g. a committed one) as Markdown instead")
 
     p = add("mlflow-ui", cmd_mlflow_ui, "open the MLflow UI on a study's runs (its results/<study>/mlflow.db)")
     p.add_argument("--study-dir", type=Path, help="results/<study> holding mlflow.db (default: the study of --params)")

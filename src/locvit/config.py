@@ -123,6 +123,41 @@ def _expand_fractions(params: dict) -> list[str]:
     return problems
 
 
+def budget_seeds(seeds: list[int], fraction: float, budget: dict | None) -> list[int]:
+    """The seeds of a variant trained on ``fraction`` of the training split under ``seed_budget``:
+    ``round(full_runs / fraction)`` of them (a run on f of the data costs about f of a full run, at the
+    same epochs), at least the study's ``seeds`` and at most ``max_seeds``; the extra ones count up
+    from the largest of ``seeds``."""
+    if not budget:
+        return list(seeds)
+    wanted = min(budget["max_seeds"], round(budget["full_runs"] / fraction))
+    extra = max(0, wanted - len(seeds))
+    return list(seeds) + list(range(max(seeds) + 1, max(seeds) + 1 + extra))
+
+
+def _budget_seeds(params: dict) -> None:
+    """seed_budget: each variant's ``seeds`` from its training fraction (in place; a variant's own seeds stay)."""
+    budget = params.get("seed_budget")
+    if budget:
+        budget.setdefault("max_seeds", 10)
+        for name, spec in params["variants"].items():
+            spec.setdefault("seeds", budget_seeds(params["seeds"], variant_fraction(params, name), budget))
+
+
+def variant_seeds(params: dict, variant: str) -> list[int]:
+    """The seeds a variant trains: its own (``seeds``, or what seed_budget gave it), else the study's."""
+    return list(params["variants"][variant].get("seeds") or params["seeds"])
+
+
+def seed_sets(params: dict) -> dict[tuple[int, ...], list[str]]:
+    """The study's variants grouped by their seeds, the study's own seeds first (one Snakemake rule
+    per group: a rule's outputs cannot depend on the variant)."""
+    groups: dict[tuple[int, ...], list[str]] = {tuple(params["seeds"]): []}
+    for name in params["variants"]:
+        groups.setdefault(tuple(variant_seeds(params, name)), []).append(name)
+    return {seeds: names for seeds, names in groups.items() if names}
+
+
 def variant_fraction(params: dict, variant: str) -> float:
     """The fraction of the training split a variant trains on (its own, else data.train_fraction)."""
     return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
@@ -294,6 +329,7 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     problems = _expand_fractions(params)
     if problems:
         raise ConfigError(problems, source)
+    _budget_seeds(params)
     problems = _check_baseline(params) + (_check_semantics(params) if check_models else [])
     if problems:
         raise ConfigError(problems, source)

@@ -146,3 +146,28 @@ def verified_sha256(path: str | os.PathLike) -> str:
     except OSError:  # a read-only cache only costs the next job another read
         pass
     return digest
+
+
+def pack_bits(bits) -> str:
+    """A sequence of booleans as text for a JSON file: numpy's packbits (8 to a byte), base64."""
+    import base64
+
+    import numpy as np
+
+    return base64.b64encode(np.packbits(np.asarray(bits, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_bits(text: str, n: int):
+    """The ``n`` booleans :func:`pack_bits` wrote (a numpy bool array); ValueError when the text cannot hold them."""
+    import base64
+    import binascii
+
+    import numpy as np
+
+    try:
+        raw = np.frombuffer(base64.b64decode(text.encode("ascii"), validate=True), dtype=np.uint8)
+    except (binascii.Error, UnicodeEncodeError) as err:
+        raise ValueError(f"not the base64 of packed bits: {err}") from err
+    if raw.size != (n + 7) // 8:
+        raise ValueError(f"{raw.size} bytes of packed bits cannot hold {n} values (expected {(n + 7) // 8})")
+    return np.unpackbits(raw, count=n).astype(bool)

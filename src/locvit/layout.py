@@ -7,10 +7,10 @@ Everything of a study sits under ``<results_dir>/<study>/`` (both keys of params
     runs/<variant>/seed<k>/   last.pt, best.pt, metrics.json, mlflow_run.json: one training run
     eval/<variant>/seed<k>.json        its test score
     analysis/<variant>/seed<k>.json    its attention analysis (DVC metrics)
-    analysis/<variant>/profile.json    the variant's params, GMACs, throughput, architecture
+    analysis/<variant>/profile.json    the variant's params, GMACs, architecture
     maps/<variant>/seed<k>.npz         the arrays the attention figures are drawn from
     search/round<r>/                   one round of the mask search (spec, checkpoint, analysis)
-    report/                            tables, figures, summary.json, index.md
+    report/                            tables, figures, summary.json, index.md, throughput.csv
     logs/                              one log per Snakemake job
     mlflow.db, mlartifacts/            the default MLflow backend and its artifact store
 
@@ -131,6 +131,11 @@ class StudyLayout:
     @property
     def report(self) -> Path:
         return self.root / "report"
+
+    @property
+    def throughput_file(self) -> Path:
+        """Every variant's images/s, measured side by side by the study's one throughput job (CSV)."""
+        return self.report / "throughput.csv"
 
     @property
     def logs(self) -> Path:

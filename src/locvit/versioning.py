@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from locvit.config import variant_seeds
 from locvit.layout import StudyLayout
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
@@ -26,11 +27,12 @@ DVC_PARAMS = "params.yaml"
 
 def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[Path]:
     """The Snakemake targets (files) of a DVC stage; ``variant`` for the per-variant stages."""
-    layout, seeds = StudyLayout.of(params), params["seeds"]
+    layout = StudyLayout.of(params)
     if stage not in STAGES:
         raise ValueError(f"stage: {stage!r}; allowed values: {', '.join(STAGES)}")
     if stage in ("train", "evaluate", "analyse") and variant not in params["variants"]:
         raise ValueError(f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}")
+    seeds = variant_seeds(params, variant) if variant else params["seeds"]
     if stage == "prepare":
         return list(layout.data_files().values())
     if stage == "train":
@@ -40,7 +42,7 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
     if stage == "analyse":
         return [layout.analysis_file(variant, s) for s in seeds] + [layout.maps_file(variant, s) for s in seeds] + \
             [layout.profile_file(variant)]
-    return [layout.report / "results.md"]
+    return [layout.report / "results.md", layout.throughput_file]  # the report's stage holds the throughput job
 
 
 def commit_after_snakemake(params_file: str, enabled: bool = True, root: Path = Path(".")) -> str:

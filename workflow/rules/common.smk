@@ -5,7 +5,7 @@ import re
 import shlex
 import sys
 
-from locvit.config import run_config, train_resources, variant_fraction
+from locvit.config import run_config, seed_sets, train_resources, variant_fraction, variant_seeds
 from locvit.layout import StudyLayout
 from locvit.train import launch
 
@@ -20,11 +20,14 @@ PROFILE_FILE = str(LAYOUT.profile_file("{variant}"))
 MAPS_FILE = str(LAYOUT.maps_file("{variant}", "{seed}"))  # arrays (npz) the plots are drawn from
 ROUND_DIR = str(LAYOUT.search_round("{round}"))
 REPORT_DIR = str(LAYOUT.report)
+THROUGHPUT_FILE = str(LAYOUT.throughput_file)  # every variant's images/s, measured side by side (CSV)
 LOG_DIR = str(LAYOUT.logs)
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = str(LAYOUT.tracking_db)
 VARIANTS = list(P["variants"])
-SEEDS = P["seeds"]
+# Variants grouped by their seeds (seed_budget gives smaller training fractions more): the per-variant
+# rules (train per_variant, evaluate, analyse) are defined once per group, as their outputs list the seeds.
+SEED_SETS = seed_sets(P)
 # Each data folder of the study and the training fraction it is prepared at (train_fractions).
 DATA_FRACTIONS = {LAYOUT.data_name(f): f for f in {variant_fraction(P, v) for v in VARIANTS}}
 SEARCH = P.get("mask_search")  # None: the study runs no mask search
@@ -42,8 +45,10 @@ wildcard_constraints:
 
 
 def report_files():
+    """The report's files, the throughput job's CSV among them."""
     return [f"{REPORT_DIR}/results.{ext}" for ext in ("md", "csv", "tex")] + [f"{REPORT_DIR}/results_seeds.csv"] + [
-        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf", "metrics")]
+        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf", "metrics")
+    ] + [THROUGHPUT_FILE]
 
 
 def search_files():
@@ -51,8 +56,24 @@ def search_files():
     return [f"{REPORT_DIR}/mask_search.md", f"{REPORT_DIR}/mask_search.json"] if SEARCH else []
 
 
+def seed_set_rules(rule_name):
+    """(rule name, seeds, variant pattern) per group of variants with the same seeds; the study's own seeds
+    keep the plain rule name, another group's rule is named by its seed count (``evaluate_10seeds``)."""
+    names = set()
+    for seeds, variants in SEED_SETS.items():
+        name = rule_name if not names else f"{rule_name}_{len(seeds)}seeds"
+        name = name if name not in names else f"{name}_{len(names)}"
+        names.add(name)
+        yield name, list(seeds), "|".join(re.escape(v) for v in variants)
+
+
+def every_run(pattern):
+    """``pattern`` (with {variant} and {seed}) for every variant and each of its seeds."""
+    return [path for v in VARIANTS for path in expand(pattern, variant=v, seed=variant_seeds(P, v))]
+
+
 def analysis_files(wildcards):
-    return expand(ANALYSIS_FILE, variant=VARIANTS, seed=SEEDS) + expand(PROFILE_FILE, variant=VARIANTS)
+    return every_run(ANALYSIS_FILE) + expand(PROFILE_FILE, variant=VARIANTS)
 
 
 def report_dir(wildcards, output):
@@ -66,16 +87,16 @@ def study_dir(wildcards, output):
 
 
 def metrics_files(wildcards):
-    return expand(f"{RUN_DIR}/metrics.json", variant=VARIANTS, seed=SEEDS)
+    return every_run(f"{RUN_DIR}/metrics.json")
 
 
 def eval_files(wildcards):
-    return expand(EVAL_FILE, variant=VARIANTS, seed=SEEDS)
+    return every_run(EVAL_FILE)
 
 
 def variant_checkpoints(wildcards):
     """The best checkpoint of every seed of one variant (scored together by one evaluate job)."""
-    return expand(f"{RUN_DIR}/best.pt", variant=wildcards.variant, seed=SEEDS)
+    return expand(f"{RUN_DIR}/best.pt", variant=wildcards.variant, seed=variant_seeds(P, wildcards.variant))
 
 
 def variant_data(wildcards):
@@ -97,9 +118,32 @@ def data_config(wildcards):
     return json.dumps({**P["data"], "train_fraction": DATA_FRACTIONS[wildcards.datadir]}, sort_keys=True)
 
 
+# The analysis section's keys that only the throughput job reads; the others are the analyse jobs'.
+THROUGHPUT_KEYS = ("profile_batch", "profile_repeats", "throughput_rounds")
+
+
 def analysis_config(wildcards):
-    """The analysis section: a params trigger, so changing it re-runs every analyse job."""
-    return json.dumps(P["analysis"], sort_keys=True)
+    """The analyse jobs' part of the analysis section: a params trigger, so changing it re-runs every analyse job."""
+    return json.dumps({k: v for k, v in P["analysis"].items() if k not in THROUGHPUT_KEYS}, sort_keys=True)
+
+
+def throughput_config(wildcards):
+    """The throughput job's part of the analysis section (a params trigger)."""
+    return json.dumps({k: P["analysis"][k] for k in THROUGHPUT_KEYS}, sort_keys=True)
+
+
+def throughput_models(wildcards):
+    """Each variant's model, its keyword arguments and device: a params trigger, so a changed or added model
+    re-runs the throughput job (which measures them all side by side), a changed recipe does not."""
+    cfgs = {v: run_config(P, v, P["seeds"][0]) for v in VARIANTS}
+    return json.dumps({v: [c["model"], c["model_kwargs"], c["train"]["device"], c.get("model_modules", [])]
+                       for v, c in cfgs.items()}, sort_keys=True)
+
+
+def every_core(wildcards):
+    """All the cores Snakemake was given (--cores): a local run starts nothing beside the job. A cluster run
+    gives no --cores; there the profile's set-threads sizes the job (and SLURM gives it a node of its own)."""
+    return workflow.cores
 
 
 def search_config(wildcards):
@@ -172,7 +216,7 @@ def grouped_with(rule_name, alone_if_side_by_side=False):
         if name is None or train_resources(P, job_variant(wildcards))["nodes"] > 1:
             return None
         several = workflow.group_settings.group_components.get(name, 1) > 1 or (
-            P["train_jobs"] == "per_run" and len(SEEDS) > 1)
+            P["train_jobs"] == "per_run" and len(variant_seeds(P, job_variant(wildcards))) > 1)
         return None if alone_if_side_by_side and several else name
     return group
 
@@ -181,15 +225,15 @@ def grouped_with(rule_name, alone_if_side_by_side=False):
 TRAIN_PER_VARIANT = P["train_jobs"] == "per_variant"
 
 
-def train_outputs(name):
+def train_outputs(name, seeds):
     """A training job's outputs: one run's file, or every seed's of a variant (train_jobs: per_variant)."""
     if TRAIN_PER_VARIANT:
-        return expand(f"{RUN_DIR}/{name}", seed=SEEDS, allow_missing=True)
+        return expand(f"{RUN_DIR}/{name}", seed=seeds, allow_missing=True)
     return f"{RUN_DIR}/{name}"
 
 
 def job_seeds(wildcards):
-    return SEEDS if TRAIN_PER_VARIANT else [int(wildcards.seed)]
+    return variant_seeds(P, wildcards.variant) if TRAIN_PER_VARIANT else [int(wildcards.seed)]
 
 
 def run_config_json(wildcards):

@@ -3,6 +3,7 @@ rule report:
         evals=eval_files,
         analyses=analysis_files,
         metrics=metrics_files,
+        throughput=THROUGHPUT_FILE,
     output:
         md=f"{REPORT_DIR}/results.md",
         csv=report(f"{REPORT_DIR}/results.csv", caption="../report/results.rst", category="Results"),
@@ -20,7 +21,8 @@ rule report:
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,
-        baseline=P["baseline"],  # a params trigger: another baseline re-runs the report
+        baseline=P["baseline"],  # params triggers: another baseline or margin re-runs the report
+        margin=P["equivalence_margin"],
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,

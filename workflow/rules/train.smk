@@ -1,47 +1,61 @@
-rule train:
-    input:
-        unpack(train_data),  # train, val, manifest of the variant's training fraction
-    # last.pt (written every epoch) is deliberately not an output: Snakemake deletes a job's outputs
-    # before re-running it, and a re-run (after a kill, a preemption, --rerun-incomplete) resumes from it.
-    # One run per job, or a variant's seeds one after another (train_jobs: per_variant).
-    output:
-        best=train_outputs("best.pt"),
-        metrics=train_outputs("metrics.json"),
-    params:
-        launch=train_launcher,
-        run=run_config_json,
-        out_dirs=run_dirs,
-        keep=keep_finished,
-        tracking_db=TRACKING_DB,
-        threads=train_threads,
-    group: grouped_with("evaluate", alone_if_side_by_side=True)  # cluster profile: with evaluate
-    threads: 1
-    resources:
-        **TRAIN_RESOURCES,
-    conda:
-        ENV
-    log:
-        f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
-    shell:
-        "{params.launch} train --run-config {params.run:q} --train-data {input.train:q}"
-        " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
+# One rule per group of variants with the same seeds (common.smk: seed_set_rules), as the outputs list them.
+for name, seeds, variants in seed_set_rules("train"):
+
+    rule:
+        name:
+            name
+        wildcard_constraints:
+            variant=variants,
+        input:
+            unpack(train_data),  # train, val, manifest of the variant's training fraction
+        # last.pt (written every epoch) is deliberately not an output: Snakemake deletes a job's outputs
+        # before re-running it, and a re-run (after a kill, a preemption, --rerun-incomplete) resumes from it.
+        # One run per job, or a variant's seeds one after another (train_jobs: per_variant).
+        output:
+            best=train_outputs("best.pt", seeds),
+            metrics=train_outputs("metrics.json", seeds),
+        params:
+            launch=train_launcher,
+            run=run_config_json,
+            out_dirs=run_dirs,
+            keep=keep_finished,
+            tracking_db=TRACKING_DB,
+            threads=train_threads,
+        group: grouped_with("evaluate", alone_if_side_by_side=True)  # cluster profile: with evaluate
+        threads: 1
+        resources:
+            **TRAIN_RESOURCES,
+        conda:
+            ENV
+        log:
+            f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
+        shell:
+            "{params.launch} train --run-config {params.run:q} --train-data {input.train:q}"
+            " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
 
 
-rule evaluate:
-    input:
-        unpack(test_data),
-        checkpoints=variant_checkpoints,
-    output:
-        expand(EVAL_FILE, seed=SEEDS, allow_missing=True),
-    params:
-        locvit=LOCVIT,
-        tracking_db=TRACKING_DB,
-    threads: 1
-    conda:
-        ENV
-    log:
-        f"{LOG_DIR}/evaluate/{{variant}}.log",
-    shell:
-        "{params.locvit} evaluate --checkpoint {input.checkpoints:q}"
-        " --out {output:q} --data {input.test:q} --manifest {input.manifest:q}"
-        " --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"
+
+for name, seeds, variants in seed_set_rules("evaluate"):
+
+    rule:
+        name:
+            name
+        wildcard_constraints:
+            variant=variants,
+        input:
+            unpack(test_data),
+            checkpoints=variant_checkpoints,
+        output:
+            expand(EVAL_FILE, seed=seeds, allow_missing=True),
+        params:
+            locvit=LOCVIT,
+            tracking_db=TRACKING_DB,
+        threads: 1
+        conda:
+            ENV
+        log:
+            f"{LOG_DIR}/evaluate/{{variant}}.log",
+        shell:
+            "{params.locvit} evaluate --checkpoint {input.checkpoints:q}"
+            " --out {output:q} --data {input.test:q} --manifest {input.manifest:q}"
+            " --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"

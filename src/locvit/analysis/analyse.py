@@ -18,8 +18,9 @@ them in evaluation) and writes
 Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
 here. ALS and distance of maps that are not row-stochastic (IBiT's Frobenius-normalised
 maps, CaiT's talking-heads maps) are taken over |A| normalised per row.
-The profile (params, GMACs, images/s on this machine, the model's facts) is written
-once per variant, from the first checkpoint. The report step reads all three files.
+The profile (params, GMACs, the model's facts) is written once per variant, from the
+first checkpoint. The report step reads all three files. Speed is not measured here, beside
+other jobs, but by the study's one throughput job (:mod:`locvit.analysis.throughput`).
 """
 
 from __future__ import annotations
@@ -100,8 +101,7 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: list[Path], data: Path,
                         manifest_path: Path, images: int = 16, als_kernel: tuple[int, int] = (3, 3),
-                        profile_out: Path | None = None, profile_batch: int = 32, profile_repeats: int = 5,
-                        threads: int | None = None) -> list[dict]:
+                        profile_out: Path | None = None, threads: int | None = None) -> list[dict]:
     """Analyse each checkpoint (see the module docstring); return the per-seed records."""
     if not len(checkpoints) == len(out_json) == len(out_npz):
         raise ValueError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
@@ -115,7 +115,7 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
     records = []
     for i, (state, json_path, npz_path) in enumerate(zip(states, out_json, out_npz)):
         cfg = state["config"]
-        device = models.device_for(cfg["train"]["device"])  # the profile's images/s are this device's
+        device = models.device_for(cfg["train"]["device"])
         model = models.load(state, device)
         x = to_model_input(torch.from_numpy(batch).permute(0, 3, 1, 2).to(device), *models.normalisation(model))
         _, maps = collect_attention(model, x)
@@ -141,5 +141,5 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         records.append(record)
         if i == 0 and profile_out is not None:
             write_json(profile_out, {"variant": cfg["variant"], "model": cfg["model"],
-                                     **profile(model, image_size, profile_batch, profile_repeats)})
+                                     **profile(model, image_size)})
     return records

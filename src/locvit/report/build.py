@@ -2,7 +2,7 @@
 
 :func:`build_report` writes, under ``out_dir``::
 
-    results.md/.csv/.tex, summary.json      one row per variant (summary.json feeds `dvc metrics show`)
+    results.md/.csv/.tex, summary.json      one row per variant (summary.json: the results' statistics per variant)
     results_seeds.csv                       one row per evaluated run (variant, seed, test_top1)
     tables/<name>.md/.csv/.tex              the paper-shaped tables the study can fill (papers.PAPER_TABLES)
     figures/<name>.png, pdf/<name>.pdf      the figures (plots.py; PDF for the paper-style ones)
@@ -95,18 +95,20 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
 
 def write_variant_metrics(study: Study, folder: Path) -> None:
     """``metrics/<variant>.json``: the headline numbers of one variant, for ``dvc metrics show``
-    (one row per variant): test top-1 mean and std over seeds (%), params (M), GMACs, training
-    images/s, mean ALS and mean attention distance (px). A number the study lacks is left out."""
+    (one row per variant): test top-1 mean and std over seeds (%), params (M), GMACs, inference
+    images/s and its ratio to the baseline's (the throughput job's), mean ALS and mean attention
+    distance (px). A number the study lacks is left out."""
     folder.mkdir(parents=True, exist_ok=True)
     for stale in set(folder.glob("*.json")) - {folder / f"{v}.json" for v in study.variants}:
         stale.unlink()
     for v in study.variants.values():
-        acc, profile = v.acc(), v.profile or {}
+        acc, profile, speed = v.acc(), v.profile or {}, (study.throughput or {}).get(v.name, {})
         locality = {key: [a[key] for a in v.analyses.values() if a.get(key) is not None]
                     for key in ("als_mean", "mad_mean")}
         values = {"test_top1_mean": acc.mean, "test_top1_std": acc.std,
                   "params_m": profile["params"] / 1e6 if "params" in profile else None,
-                  "gmacs": profile.get("gmacs"), "train_img_s": profile.get("train_images_per_s"),
+                  "gmacs": profile.get("gmacs"), "infer_img_s": speed.get("img_s_median"),
+                  "img_s_vs_baseline": speed.get("ratio_vs_baseline"),
                   **{key: sum(xs) / len(xs) if xs else None for key, xs in locality.items()}}
         write_json(folder / f"{v.name}.json", {k: round(float(x), 4) for k, x in values.items() if x is not None})
 

@@ -24,8 +24,8 @@ from typing import Callable
 from locvit.report.render import Missing, Table
 from locvit.report.study import Acc, Study, Variant, missing_text
 
-ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference of the mean to the "
-            "study's baseline variant")
+ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+            "difference of the mean to the study's baseline variant")
 SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
 SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
 
@@ -95,12 +95,12 @@ def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple
         row = [labels[key]]
         for col in cols:
             v = placed.get((key, col))
-            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().against(base))
+            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().against(base, study.margin))
             if v is not None:
                 sources.append(f"{labels[key]} / {col}: {v.name}")
         rows.append(row)
-    notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference to DeiT of the same "
-             "size.", "Cells: " + "; ".join(sources)] + notes
+    notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+             "difference to DeiT of the same size (one Holm family per size).", "Cells: " + "; ".join(sources)] + notes
     return Table(name, title, caption, ["Model size"] + cols, rows, notes)
 
 
@@ -197,21 +197,27 @@ def lsa_table3(study: Study) -> Table | str:
     variants = list(study.variants.values())
     if not any(v.family == "lsa" for v in variants) or len(variants) < 2:
         return "needs an LSA variant and a baseline"
-    devices = sorted({(v.profile["device"], v.profile["batch_size"]) for v in variants if v.profile})
-    one = len(devices) == 1
+    measured = study.throughput or {}
+    devices = sorted({row["device"] for row in measured.values()})
     rows = []
     for v in sorted(variants, key=lambda v: v.family == "lsa"):  # baselines first, as the paper lists them
-        p = v.profile
-        through = (Missing(f"{v.name} profile") if not p else p["infer_images_per_s"] if one
-                   else f"{p['infer_images_per_s']:.1f} ({p['device']}, batch {p['batch_size']})")
-        rows.append([v.name, v.display, _params_m(v), through, study.acc(v)])
-    head = (f"Throughput (img/s, {devices[0][0]}, batch {devices[0][1]})" if one else "Throughput (img/s)")
+        row = measured.get(v.name)
+        through = Missing(f"{v.name} in report/throughput.csv") if row is None else row["img_s_median"]
+        ratio = Missing(f"{v.name} in report/throughput.csv") if row is None else row["ratio_vs_baseline"]
+        rows.append([v.name, v.display, _params_m(v), through, ratio, study.acc(v)])
+    batch = study.params["analysis"]["profile_batch"]
+    head = f"Throughput (img/s, {devices[0]}, batch {batch})" if len(devices) == 1 else "Throughput (img/s)"
     caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
                "baselines of the study.")
+    rounds = sorted({row["rounds"] for row in measured.values()})
+    note = (f"Throughput: inference images/s, the median of {', '.join(map(str, rounds))} rounds in which the "
+            "throughput job timed every variant side by side in one process, alone on the machine; the ratio to "
+            f"the baseline ({study.baseline or 'none'}) is the median of the rounds' ratios "
+            "(report/throughput.csv has each variant's lowest and highest round).") if measured else \
+        "Throughput: report/throughput.csv is missing (the throughput job has not run)."
     return Table("lsa_table3", f"LSA Table 3: accuracy on {study.dataset}", caption,
-                 ["Method", "Family", "#Params (M)", head, f"{study.dataset} (%)"], rows,
-                 [f"{ACC_NOTE}.", "Throughput: inference, one device, measured by the analyse step."],
-                 {2: ".3f", 3: ".1f"})
+                 ["Method", "Family", "#Params (M)", head, "× baseline", f"{study.dataset} (%)"], rows,
+                 [f"{ACC_NOTE}.", note], {2: ".3f", 3: ".1f", 4: ".3f"})
 
 
 def lsa_table5(study: Study) -> Table | str:
@@ -274,8 +280,8 @@ def data_efficiency(study: Study) -> Table | str:
                "fraction), compared with the baseline at the same fraction.")
     return Table("data_efficiency", f"Data efficiency on {study.dataset}: top-1 by training fraction", caption,
                  ["Variant"] + [f"{100 * f:g}% of train" for f in fractions], rows,
-                 ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (±x) = difference to "
-                  f"{ref or 'the baseline'} at the same fraction."])
+                 ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+                  f"difference to {ref or 'the baseline'} at the same fraction (one Holm family per fraction)."])
 
 
 def _over_seeds(v: Variant, key: str):

@@ -5,15 +5,17 @@ the mask search's rounds; the Snakemake HTML report shows the same CSVs.
 
 A cell is text, a number, a bool (✓/✗), ``None`` (not applicable: "–"), a
 :class:`Missing` (a file the study defines is absent) or an :class:`~locvit.report.study.Acc`
-(test top-1 over seeds, possibly tested against a reference variant). A table corrects
-the p-values of all its accuracy cells together with Holm's method when it is built, so
-each table is one family of comparisons.
+(test top-1 over seeds, possibly compared with a reference variant). When a table is built
+it corrects its comparisons with Holm's method, one family per reference variant: the
+variants against the baseline in the results table, each training fraction's column in the
+data-efficiency table, each model size's row in MaiT's grids. Each compared cell then gets
+its minimum detectable effect and its verdict (:mod:`locvit.report.stats`).
 
-An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20*)``, ``*`` = significant
-after Holm) or, in a ``detail`` table such as the results table, as six columns: n, mean
-± std, 95 % t-interval, difference to the reference, Welch's p and Holm's p. In the CSV it
-always becomes numeric columns (:func:`acc_csv_names`), so the numbers can be read
-back without parsing.
+An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20 [-0.50, +2.90], undecided)``)
+or, in a ``detail`` table such as the results table, as columns: n, mean ± std, 95 % interval,
+difference to the reference, its 95 % interval, Holm's p, the minimum detectable effect and
+the verdict. In the CSV it always becomes numeric columns (:func:`acc_csv_names`), so the
+numbers can be read back without parsing.
 """
 
 from __future__ import annotations
@@ -28,11 +30,20 @@ from locvit.report.study import Acc, missing_text
 
 # run id -> MLflow UI link, or None where the run's experiment is unknown.
 RunLink = Callable[[str], "str | None"]
-SIGNIFICANCE_NOTE = (f"* = significant at {stats.ALPHA:g} (Welch's t-test against the reference, Holm-corrected over "
-                     "the table's comparisons); no mark = not significant")
 # What an accuracy cell holds, in the CSV order of the papers' tables (their names: acc_csv_names).
-ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "p_vs_baseline",
-              "p_holm", "mlflow_run_ids", "missing_seeds")
+ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "delta_ci95_low",
+              "delta_ci95_high", "p_vs_baseline", "p_holm", "p_equivalence_holm", "mde80", "verdict",
+              "mlflow_run_ids", "missing_seeds")
+
+
+def verdicts_note(families: dict[str, int], margin: float | None) -> str:
+    """What the verdicts mean and which comparisons Holm corrected together."""
+    groups = "; ".join(f"{m} against {ref}" for ref, m in families.items())
+    equivalent = f"within ± {margin:g} points by two one-sided tests" if margin is not None else "by two one-sided tests"
+    return (f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images); "
+            f"verdict: better/worse = Welch's test below {stats.ALPHA:g} after Holm's correction, equivalent = "
+            f"{equivalent} after Holm's, else undecided; MDE: the smallest difference the comparison could detect "
+            f"with 80 % power at Holm's strictest level. Holm families (one per reference): {groups}.")
 
 
 @dataclass
@@ -60,15 +71,33 @@ class Table:
     acc_csv: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        """Holm's correction over every tested accuracy cell of the table."""
+        """Holm's correction per family (the comparisons against one reference), then each compared
+        cell's minimum detectable effect (at Holm's strictest level, alpha / m) and verdict."""
+        self.rows = [list(row) for row in self.rows]
         cells = [(r, c) for r, row in enumerate(self.rows) for c, cell in enumerate(row)
                  if isinstance(cell, Acc) and cell.test is not None]
-        adjusted = stats.holm([self.rows[r][c].test.p for r, c in cells])
-        self.rows = [list(row) for row in self.rows]
-        for (r, c), p in zip(cells, adjusted):
-            self.rows[r][c] = replace(self.rows[r][c], p_holm=p)
-        if cells and SIGNIFICANCE_NOTE not in self.notes:
-            self.notes = [*self.notes, SIGNIFICANCE_NOTE]
+        families: dict[str, list[tuple[int, int]]] = {}
+        for r, c in cells:
+            families.setdefault(self.rows[r][c].reference, []).append((r, c))
+        for family in families.values():
+            tests = [self.rows[r][c].test for r, c in family]
+            p_holm = stats.holm([t.p for t in tests])
+            p_eq = stats.holm([t.p_equivalent for t in tests])
+            m = sum(t.p is not None for t in tests)
+            for (r, c), t, p, q in zip(family, tests, p_holm, p_eq):
+                detectable = stats.mde(t.se, t.df, stats.ALPHA / m) if t.p is not None else None
+                self.rows[r][c] = replace(self.rows[r][c], p_holm=p, p_equivalent_holm=q, mde=detectable,
+                                          verdict=stats.verdict(t.delta, p, q))
+        for r, row in enumerate(self.rows):
+            for c, cell in enumerate(row):
+                if isinstance(cell, Acc) and cell.test is None and cell.variant in families:
+                    self.rows[r][c] = replace(cell, verdict="baseline")
+        if families:
+            margins = {self.rows[r][c].test.margin for r, c in cells} - {None}
+            tested = {ref: sum(self.rows[r][c].test.p is not None for r, c in f) for ref, f in families.items()}
+            note = verdicts_note(tested,
+                                 margins.pop() if len(margins) == 1 else None)
+            self.notes = [*[n for n in self.notes if not n.startswith("Δ: difference")], note]
 
     @property
     def acc_columns(self) -> list[int]:
@@ -80,35 +109,55 @@ def _p(p: float | None) -> str:
 
 
 def delta_text(acc: Acc) -> str:
-    """``+1.20*``: the difference to the reference, marked when significant after Holm."""
-    return "–" if acc.delta is None else f"{acc.delta:+.2f}" + ("*" if acc.significant else "")
+    """``+1.20``: the difference to the reference."""
+    return "–" if acc.delta is None else f"{acc.delta:+.2f}"
+
+
+def delta_ci_text(acc: Acc) -> str:
+    """``[-0.50, +2.90]``: the 95 % interval of the difference."""
+    t = acc.test
+    return "–" if t is None or t.ci_low is None else f"[{t.ci_low:+.2f}, {t.ci_high:+.2f}]"
+
+
+def comparison_text(acc: Acc) -> str:
+    """``+1.20 [-0.50, +2.90], undecided``: difference, interval and verdict."""
+    if acc.test is None:
+        return ""
+    text = delta_text(acc)
+    if acc.test.ci_low is not None:
+        text += " " + delta_ci_text(acc)
+    return text + (f", {acc.verdict}" if acc.verdict else "")
 
 
 def acc_text(acc: Acc, pm: str = "±") -> str:
-    """``72.60 ± 0.30 (n=2) (+0.40*)``; seeds whose file is absent are named, never filled."""
+    """``72.60 ± 0.30 (n=2) (+0.40 [-1.10, +1.90], undecided)``; seeds whose file is absent are named, never filled."""
     if not acc.n:
         return missing_text(acc.variant, acc.missing)
     text = f"{acc.mean:.2f}" + (f" {pm} {acc.std:.2f}" if acc.std is not None else "") + f" (n={acc.n})"
-    if acc.delta is not None:
-        text += f" ({delta_text(acc)})"
+    if acc.test is not None:
+        text += f" ({comparison_text(acc)})"
     if acc.missing:
         text += f"; {missing_text(acc.variant, acc.missing)}"
     return text
 
 
+DETAIL_COLUMNS = 8
+
+
 def _detail_header(name: str, reference: str) -> list[str]:
-    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "p (Welch)", "p (Holm)"]
+    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "Δ 95% CI", "p (Holm)", "MDE", "verdict"]
 
 
 def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
     if not acc.n:
-        return ["0", missing_text(acc.variant, acc.missing), "–", "–", "–", "–"]
+        return ["0", missing_text(acc.variant, acc.missing)] + ["–"] * (DETAIL_COLUMNS - 2)
     s = acc.summary
     mean = f"{s.mean:.2f}" + (f" {pm} {s.std:.2f}" if s.std is not None else "")
     if acc.missing:
         mean += f"; {missing_text(acc.variant, acc.missing)}"
     ci = "–" if s.ci_low is None else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
-    return [str(s.n), mean, ci, delta_text(acc), _p(acc.test.p if acc.test else None), _p(acc.p_holm)]
+    mde = "–" if acc.mde is None else f"{acc.mde:.2f}"
+    return [str(s.n), mean, ci, delta_text(acc), delta_ci_text(acc), _p(acc.p_holm), mde, acc.verdict or "–"]
 
 
 def _plain(cell, fmt: str) -> str:
@@ -153,7 +202,7 @@ def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tup
     for i, name in enumerate(table.header):
         if table.detail and i in accs:
             header += _detail_header(name, _reference(table, i)) + (["MLflow runs"] if runs else [])
-            align += [True] * 6 + ([False] if runs else [])
+            align += [True] * (DETAIL_COLUMNS - 1) + [False] + ([False] if runs else [])
         else:
             header.append(name)
             align.append(right[i])
@@ -163,7 +212,7 @@ def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tup
         for i, c in enumerate(row):
             if table.detail and i in accs:
                 acc = c if isinstance(c, Acc) else None
-                cells += _detail_cells(acc, pm) if acc else ["–"] * 6
+                cells += _detail_cells(acc, pm) if acc else ["–"] * DETAIL_COLUMNS
                 if runs:
                     cells.append(_run_refs(acc, link) if acc else "")
             elif isinstance(c, Acc):
@@ -195,8 +244,9 @@ def acc_csv_names(table: Table, column: int) -> dict[str, str]:
     if table.acc_csv:
         return dict(table.acc_csv)
     key = (table.keys or table.header)[column]
-    suffixes = ("", " std", " n", " ci95_low", " ci95_high", " reference", " delta", " p", " p_holm",
-                " mlflow_run_ids", " missing")
+    suffixes = ("", " std", " n", " ci95_low", " ci95_high", " reference", " delta", " delta_ci95_low",
+                " delta_ci95_high", " p", " p_holm", " p_equivalence_holm", " mde80", " verdict", " mlflow_run_ids",
+                " missing")
     return {field: key + suffix for field, suffix in zip(ACC_FIELDS, suffixes)}
 
 
@@ -205,9 +255,12 @@ def _acc_csv_values(acc: Acc | None, order) -> list:
     if acc is None:
         return [None] * len(order)
     s = acc.summary
+    t = acc.test
     values = {"n_seeds": acc.n, "mean": s.mean if s else None, "std": s.std if s else None,
               "ci95_low": s.ci_low if s else None, "ci95_high": s.ci_high if s else None, "reference": acc.reference,
-              "delta_vs_baseline": acc.delta, "p_vs_baseline": acc.test.p if acc.test else None, "p_holm": acc.p_holm,
+              "delta_vs_baseline": acc.delta, "delta_ci95_low": t.ci_low if t else None,
+              "delta_ci95_high": t.ci_high if t else None, "p_vs_baseline": t.p if t else None, "p_holm": acc.p_holm,
+              "p_equivalence_holm": acc.p_equivalent_holm, "mde80": acc.mde, "verdict": acc.verdict,
               "mlflow_run_ids": " ".join(acc.run_ids[k] for k in sorted(acc.run_ids)),
               "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else ""}
     return [values[f] for f in order]

@@ -16,8 +16,11 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from locvit.config import run_config
-from locvit.io import read_json
+import numpy as np
+
+from locvit.analysis.throughput import read_throughput
+from locvit.config import run_config, variant_seeds
+from locvit.io import read_json, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
 
@@ -57,19 +60,25 @@ def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
 
 @dataclass
 class Acc:
-    """Test top-1 (%) of one variant over its seeds, and (in tables that compare) its test against a reference.
+    """Test top-1 (%) of one variant over its seeds, and (in tables that compare) its comparison with a reference.
 
-    ``test`` is Welch's test against the reference (:meth:`against`); ``p_holm`` is set by the
-    table that holds the cell (:class:`locvit.report.render.Table` corrects all its tests together).
+    ``test`` compares it with the reference (:meth:`against`); ``p_holm``, ``p_equivalent_holm``,
+    ``mde`` and ``verdict`` are set by the table that holds the cell
+    (:class:`locvit.report.render.Table` corrects each family of comparisons together).
     """
 
     variant: str
     values: dict[int, float]   # seed -> test top-1 in %
     run_ids: dict[int, str]    # seed -> MLflow run id (of the runs found)
     missing: list[int]         # seeds the study defines whose evaluation file is absent
+    n_images: int | None = None          # test images each seed was scored on (None: unknown or unequal)
+    hits: np.ndarray | None = None       # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
     reference: str | None = None   # the variant compared with
-    test: stats.Test | None = None
+    test: stats.Comparison | None = None
     p_holm: float | None = None
+    p_equivalent_holm: float | None = None
+    mde: float | None = None       # the smallest difference the comparison could detect (80 % power)
+    verdict: str | None = None     # stats.VERDICTS; None: not in a comparison
 
     @property
     def n(self) -> int:
@@ -77,7 +86,7 @@ class Acc:
 
     @property
     def summary(self) -> stats.Summary | None:
-        return stats.describe(list(self.values.values())) if self.values else None
+        return stats.describe([self.values[s] for s in sorted(self.values)], self.n_images) if self.values else None
 
     @property
     def mean(self) -> float | None:
@@ -91,16 +100,18 @@ class Acc:
     def delta(self) -> float | None:
         return self.test.delta if self.test else None
 
-    @property
-    def significant(self) -> bool | None:
-        """Significant at :data:`locvit.report.stats.ALPHA` after Holm's correction (None: not tested)."""
-        return None if self.p_holm is None else self.p_holm < stats.ALPHA
-
-    def against(self, base: Acc | None) -> Acc:
-        """This cell with Welch's test of its mean against ``base``'s (none when either has no values)."""
-        test = stats.welch(list(self.values.values()), list(base.values.values())) \
-            if base is not None and base.n and self.n and base.variant != self.variant else None
-        return replace(self, reference=base.variant if test else None, test=test, p_holm=None)
+    def against(self, base: Acc | None, margin: float) -> Acc:
+        """This cell compared with ``base`` (none when either has no values): paired over the test images
+        when both have per-image results for the same images."""
+        test = None
+        if base is not None and base.n and self.n and base.variant != self.variant:
+            same = self.n_images is not None and self.n_images == base.n_images
+            hits = (self.hits, base.hits) if same and self.hits is not None and base.hits is not None else None
+            test = stats.compare([self.values[s] for s in sorted(self.values)],
+                                 [base.values[s] for s in sorted(base.values)], margin,
+                                 self.n_images if same else None, hits)
+        return replace(self, reference=base.variant if test else None, test=test, p_holm=None,
+                       p_equivalent_holm=None, mde=None, verdict=None)
 
 
 @dataclass
@@ -142,9 +153,22 @@ class Variant:
         return _family_of(self.model, json.dumps(self.model_kwargs, sort_keys=True), tuple(self.model_modules))
 
     def acc(self) -> Acc:
-        return Acc(self.name, {s: 100.0 * e["test_top1"] for s, e in self.evals.items()},
+        seeds = sorted(self.evals)
+        sizes = {self.evals[s]["n"] for s in seeds if "n" in self.evals[s]}
+        n_images = sizes.pop() if len(sizes) == 1 and all("n" in self.evals[s] for s in seeds) else None
+        hits = None
+        if seeds and n_images and all(self.evals[s].get("test_hits") for s in seeds):
+            hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
+        return Acc(self.name, {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
                    {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
-                   [s for s in self.seeds if s not in self.evals])
+                   [s for s in self.seeds if s not in self.evals], n_images, hits)
+
+    def _hits(self, seed: int, n_images: int) -> np.ndarray:
+        try:
+            return unpack_bits(self.evals[seed]["test_hits"], n_images)
+        except ValueError as err:
+            raise ValueError(f"evaluation file of {self.name} seed {seed}: test_hits: {err}; re-run its "
+                             "evaluation (delete the file and run the pipeline)") from err
 
     def run_ids(self) -> dict[int, str]:
         """Seed -> MLflow run id, from whichever of the run's files is present."""
@@ -170,6 +194,7 @@ class Study:
     params: dict
     dir: Path
     variants: dict[str, Variant]
+    throughput: dict[str, dict] | None = None  # report/throughput.csv by variant (the throughput job), if written
 
     @property
     def name(self) -> str:
@@ -190,10 +215,15 @@ class Study:
         same = [u for u in self.variants.values() if u.base == base and u.fraction == v.fraction]
         return same[0] if same else self.variants[self.baseline]
 
+    @property
+    def margin(self) -> float:
+        """The equivalence margin in points (params' ``equivalence_margin``)."""
+        return float(self.params.get("equivalence_margin", 1.0))
+
     def acc(self, v: Variant) -> Acc:
-        """``v``'s test top-1, tested against its reference's (untested for the reference itself)."""
+        """``v``'s test top-1, compared with its reference's (uncompared for the reference itself)."""
         ref = self.reference(v)
-        return v.acc().against(ref.acc() if ref else None)
+        return v.acc().against(ref.acc() if ref else None, self.margin)
 
     @property
     def fractions(self) -> list[float]:
@@ -227,7 +257,7 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
     layout = StudyLayout(study_dir)
     variants = {}
     for name, spec in params["variants"].items():
-        seeds = list(params["seeds"])
+        seeds = variant_seeds(params, name)
         cfg = run_config(params, name, seeds[0])
         v = Variant(name, spec["model"], spec.get("description", ""), cfg["train"], seeds,
                     cfg["data"]["train_fraction"], spec.get("base", name), cfg["model_kwargs"],
@@ -244,4 +274,5 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
                 v.npz[seed] = npz
         v.profile = _read_run_file(layout.profile_file(name), "profile", name, None)
         variants[name] = v
-    return Study(params, study_dir, variants)
+    throughput = read_throughput(layout.throughput_file) if layout.throughput_file.is_file() else None
+    return Study(params, study_dir, variants, throughput)

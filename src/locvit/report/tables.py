@@ -3,17 +3,19 @@
 Files (a stable interface for users' scripts)::
 
     results.csv        variant, n_seeds, test_top1_mean, test_top1_std, test_top1_ci95_low,
-                       test_top1_ci95_high, reference, delta_vs_baseline, p_vs_baseline, p_holm,
+                       test_top1_ci95_high, reference, delta_vs_baseline, delta_ci95_low,
+                       delta_ci95_high, p_vs_baseline, p_holm, p_equivalence_holm, mde80, verdict,
                        mlflow_run_ids, missing_seeds, val_top1_mean, model, params_m
     results_seeds.csv  variant, seed, test_top1 (one row per evaluated run)
-    results.md/.tex    the same table for people, with a sentence per variant saying whether
-                       its difference to the baseline is significant
-    summary.json       the headline numbers per variant (what ``dvc metrics show`` lists)
+    results.md/.tex    the same table for people, with a sentence per variant: its difference
+                       to its reference, the interval, the verdict and what the study could see
+    summary.json       the headline numbers per variant
 
-The baseline is the params' ``baseline`` (default: the first DeiT/ViT variant). Each other
-variant's mean is compared with it by Welch's t-test, and the p-values of all variants are
-corrected together with Holm's method (:mod:`locvit.report.stats`). A run that the study
-defines but whose evaluation file is missing is named, never filled with a number.
+The baseline is the params' ``baseline`` (default: the first DeiT/ViT variant); in a
+data-efficiency study each variant's reference is the baseline at its training fraction.
+Each comparison's verdict, interval and detectable effect come from :mod:`locvit.report.stats`;
+Holm corrects the comparisons against one reference together. A run that the study defines
+but whose evaluation file is missing is named, never filled with a number.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import io
 from pathlib import Path
 
 from locvit.io import write_json, write_text
-from locvit.report import stats
 from locvit.report.render import RunLink, Table, to_csv, to_latex, to_markdown
 from locvit.report.study import Acc, Study, Variant
 
@@ -31,8 +32,9 @@ KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
 # results.csv's accuracy columns (the contract): the cell's field -> column, in order.
 ACC_CSV = {"n_seeds": "n_seeds", "mean": "test_top1_mean", "std": "test_top1_std", "ci95_low": "test_top1_ci95_low",
            "ci95_high": "test_top1_ci95_high", "reference": "reference", "delta_vs_baseline": "delta_vs_baseline",
-           "p_vs_baseline": "p_vs_baseline", "p_holm": "p_holm", "mlflow_run_ids": "mlflow_run_ids",
-           "missing_seeds": "missing_seeds"}
+           "delta_ci95_low": "delta_ci95_low", "delta_ci95_high": "delta_ci95_high", "p_vs_baseline": "p_vs_baseline",
+           "p_holm": "p_holm", "p_equivalence_holm": "p_equivalence_holm", "mde80": "mde80", "verdict": "verdict",
+           "mlflow_run_ids": "mlflow_run_ids", "missing_seeds": "missing_seeds"}
 
 
 def _val_mean(v: Variant) -> float | None:
@@ -46,10 +48,11 @@ def results_table(study: Study) -> Table:
     rows = [[v.name, study.acc(v), _val_mean(v), v.model, v.n_params() / 1e6 if v.n_params() else None]
             for v in study.variants.values()]
     table = Table("results", f"Results: {study.name}",
-                  f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % Student-t interval of the mean; the "
-                  f"difference of each variant's mean to the baseline's ({baseline or 'none'}), Welch's t-test of "
-                  "that difference and its p-value after Holm's correction over the variants. Validation top-1: "
-                  "mean over seeds; params in millions.",
+                  f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % interval of the mean (seeds and the "
+                  f"finite test set); the difference of each variant's mean to its reference's (baseline: "
+                  f"{baseline or 'none'}) with its 95 % interval, Welch's p after Holm's correction, the minimum "
+                  "detectable effect (MDE, 80 % power) and the verdict. Validation top-1: mean over seeds; params in "
+                  "millions.",
                   ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"], rows,
                   keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV)
     table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
@@ -58,9 +61,27 @@ def results_table(study: Study) -> Table:
 
 
 def _verdict(acc: Acc, baseline: str) -> str:
+    """One sentence a reader can act on: the difference, its interval, the verdict and what it rests on."""
     if not acc.n:
         return f"{acc.variant}: no evaluated seed."
-    return stats.verdict(acc.variant, baseline, acc.test, acc.p_holm)
+    if acc.verdict == "baseline":
+        return f"{acc.variant} is the baseline." if acc.variant == baseline else \
+            f"{acc.variant} is the reference of its training fraction."
+    t = acc.test
+    if t is None:
+        return f"{acc.variant}: not compared with {baseline} (no evaluated seed on one side)."
+    head = f"{acc.variant} vs {acc.reference}: {t.delta:+.2f} points"
+    if t.p is None:
+        return f"{head}, undecided: not tested ({t.why})."
+    head += f" [{t.ci_low:+.2f}, {t.ci_high:+.2f}]"
+    if acc.verdict in ("better", "worse"):
+        return f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g})."
+    if acc.verdict == "equivalent":
+        return (f"{head}, equivalent: within ± {t.margin:g} points (two one-sided tests, Holm-adjusted p = "
+                f"{acc.p_equivalent_holm:.3g}).")
+    return (f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
+            f"± {t.margin:g} points (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
+            f"difference of {acc.mde:.2f} points or more (80 % power).")
 
 
 def seeds_csv(study: Study) -> str:
@@ -74,7 +95,7 @@ def seeds_csv(study: Study) -> str:
 
 
 def summary(table: Table) -> dict:
-    """Test top-1 per variant as flat numbers (what ``dvc metrics show`` lists)."""
+    """Test top-1 per variant as flat numbers, with the comparison's interval and verdict."""
     out = {}
     for row in table.rows:
         acc: Acc = row[1]
@@ -82,7 +103,10 @@ def summary(table: Table) -> dict:
         out[acc.variant] = {"test_top1_mean": s.mean if s else None, "test_top1_std": s.std if s else None,
                             "test_top1_ci95_low": s.ci_low if s else None,
                             "test_top1_ci95_high": s.ci_high if s else None, "seeds": acc.n,
-                            "delta_vs_baseline": acc.delta, "p_holm": acc.p_holm}
+                            "delta_vs_baseline": acc.delta,
+                            "delta_ci95_low": acc.test.ci_low if acc.test else None,
+                            "delta_ci95_high": acc.test.ci_high if acc.test else None, "p_holm": acc.p_holm,
+                            "mde80": acc.mde, "verdict": acc.verdict}
     return out
 
 
@@ -95,3 +119,37 @@ def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> T
     write_text(out_dir / "results_seeds.csv", seeds_csv(study))
     write_text(out_dir / "results.tex", to_latex(table))
     return table
+
+
+def _num(value: str, fmt: str = ".2f") -> str:
+    return format(float(value), fmt) if value not in ("", None) else "–"
+
+
+def summary_lines(rows: list[dict]) -> list[list[str]]:
+    """results.csv's rows as the short table people read (``locvit results``, the README): a header,
+    then per variant n, mean ± std, its interval, Δ to its reference with Δ's interval, MDE and the verdict."""
+    refs = sorted({r["reference"] for r in rows if r.get("reference")})
+    lines = [["variant", "n", "test top-1 (%)", "95% CI", f"Δ vs {refs[0]}" if len(refs) == 1 else "Δ vs reference",
+              "Δ 95% CI", "MDE", "verdict"]]
+    for r in rows:
+        ci = f"[{_num(r['test_top1_ci95_low'])}, {_num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
+        dci = (f"[{_num(r['delta_ci95_low'], '+.2f')}, {_num(r['delta_ci95_high'], '+.2f')}]"
+               if r["delta_ci95_low"] else "–")
+        mean = _num(r["test_top1_mean"]) + (f" ± {_num(r['test_top1_std'])}" if r["test_top1_std"] else "")
+        delta = _num(r["delta_vs_baseline"], "+.2f") + (f" vs {r['reference']}" if len(refs) > 1 else "")
+        lines.append([r["variant"], r["n_seeds"], mean, ci, delta, dci, _num(r["mde80"]), r["verdict"] or "–"])
+    return lines
+
+
+def as_markdown(lines: list[list[str]]) -> str:
+    """A header and rows as a Markdown table (first column left-aligned, the rest right)."""
+    out = ["| " + " | ".join(lines[0]) + " |", "|---|" + "---:|" * (len(lines[0]) - 1)]
+    out += ["| " + " | ".join(line) + " |" for line in lines[1:]]
+    return "\n".join(out) + "\n"
+
+
+def as_text(lines: list[list[str]]) -> str:
+    """A header and rows as aligned plain text (for the terminal)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines) + "\n"

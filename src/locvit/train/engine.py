@@ -167,10 +167,13 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
     """Top-1 accuracy and mean cross-entropy over every sample of ``loader`` (its first ``limit``).
 
     ``limit`` drops the padding a distributed loader adds at the end of a rank's share;
-    the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up.
+    the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up. ``hits`` holds, per sample
+    in the loader's order, whether its top-1 prediction was right (a CPU bool tensor): the report
+    pairs two variants scored on the same test images with it.
     """
     model.eval()
     total_loss, total_correct, total_seen = 0.0, 0, 0
+    hits = []
     for batch, (images, labels) in enumerate(loader):
         if limit is not None:
             keep = max(0, min(labels.shape[0], limit - total_seen))
@@ -181,7 +184,10 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
         with compute.autocast(x.device):
             logits = model(x).float()  # (B, num_classes)
         total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
-        total_correct += (logits.argmax(-1) == labels).sum().item()
+        hit = logits.argmax(-1) == labels  # (B,)
+        hits.append(hit)
+        total_correct += hit.sum().item()
         total_seen += labels.shape[0]
     return {"loss": total_loss / max(total_seen, 1), "top1": total_correct / max(total_seen, 1), "n": total_seen,
-            "loss_sum": total_loss, "correct": total_correct}
+            "loss_sum": total_loss, "correct": total_correct,
+            "hits": torch.cat(hits).cpu() if hits else torch.zeros(0, dtype=torch.bool)}

@@ -15,7 +15,7 @@ import torch
 from locvit import models
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
-from locvit.io import remove_temporaries, write_json
+from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
 from locvit.train.checkpoint import load_checkpoint
 from locvit.train.engine import evaluate
@@ -44,6 +44,8 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         result = {
             "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],
+            # per image, in the split's order: top-1 right or wrong (io.pack_bits), for paired comparisons
+            f"{split}_hits": pack_bits(scores["hits"].numpy()),
             "n_params": sum(p.numel() for p in model.parameters()), "checkpoint_epoch": state["epoch"],
             "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"],
             "data_hash": manifest["data_hash"],

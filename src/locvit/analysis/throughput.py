@@ -1,0 +1,170 @@
+"""Inference throughput of a study's variants, measured side by side and alone.
+
+Why: images/s measured by each variant's own analyse job measured its neighbours as well.
+Those jobs share the machine's cores with training and with each other, so a variant's
+number depended on what happened to run beside it (a hard-masked MaiT, strictly more work
+than DeiT, came out faster). Here one process builds every variant and times them in turns,
+and the ``throughput`` job that calls it runs alone: on one machine it takes every core
+after all training; on a cluster, a node of its own.
+
+The choices:
+
+* **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
+  weights, so the job needs no checkpoint. Each variant is built from its run config
+  (:func:`locvit.config.run_config`, :func:`locvit.models.create`) at the study's image size
+  and class count, on its run's device (``train.device``).
+* **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
+  times every variant once. The order is rotated by one place every round, so no variant
+  always runs first. A slow spell of the machine then lands on one round of every variant
+  instead of on all rounds of one.
+* **Within a round**: ``WARMUP`` untimed batches (allocator, caches, lazy buffers; before the
+  first round every variant also runs once untimed, for the process's own first passes), then
+  ``analysis.profile_repeats`` timed batches of ``analysis.profile_batch`` random images;
+  the round's images/s is the batch size over the median batch time.
+* **Per variant**: the median over rounds, its low and high (min and max over rounds, the
+  spread to read a difference against), and ``ratio_vs_baseline``: the median over rounds of
+  the variant's images/s over the baseline's *in the same round* (the pairs ran moments
+  apart, so the ratio cancels what the rounds share); empty when the study has no baseline.
+
+The CSV (:data:`COLUMNS`, one row per variant in the study's order) is read back by
+:func:`read_throughput`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from locvit import models
+from locvit.analysis.profile import device_name
+from locvit.config import run_config
+from locvit.io import write_text
+
+COLUMNS = ("variant", "img_s_median", "img_s_low", "img_s_high", "ratio_vs_baseline", "rounds", "device")
+WARMUP = 2  # untimed batches per variant and round
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
+    """One round's images/s of ``model`` on the batch ``x`` (see the module docstring)."""
+    times = []
+    with torch.no_grad():
+        for i in range(WARMUP + repeats):
+            _sync(x.device)
+            start = time.perf_counter()
+            model(x)
+            _sync(x.device)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - start)
+    return x.shape[0] / statistics.median(times)
+
+
+def _build(params: dict) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+    """Every variant of the study, in eval mode on its device, with a batch of random images for it."""
+    batch = params["analysis"]["profile_batch"]
+    seed = params["seeds"][0]  # the model does not depend on it
+    built, inputs = {}, {}
+    for variant in params["variants"]:
+        cfg = run_config(params, variant, seed)
+        device = models.device_for(cfg["train"]["device"])
+        size = int(cfg["model_kwargs"]["img_size"])
+        if (device, size) not in inputs:  # one batch per device and size: every variant sees the same images
+            gen = torch.Generator().manual_seed(0)
+            inputs[device, size] = torch.randn(batch, 3, size, size, generator=gen).to(device)  # (B, 3, H, W)
+        with torch.random.fork_rng(devices=[]):  # repeatable weights, and the caller's generator untouched
+            torch.manual_seed(0)
+            model = models.create(cfg)
+        built[variant] = (model.to(device).eval(), inputs[device, size])
+    return built
+
+
+def _rounds(built: dict[str, tuple[torch.nn.Module, torch.Tensor]], rounds: int, repeats: int) -> dict[str, list]:
+    """Each variant's images/s in each round, the order rotated by one every round."""
+    names = list(built)
+    for model, x in built.values():  # the process's first forward passes (thread pool, kernels), untimed
+        _images_per_s(model, x, 1)
+    rates: dict[str, list[float]] = {v: [] for v in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for variant in names[shift:] + names[:shift]:  # a different variant first each round
+            model, x = built[variant]
+            rates[variant].append(_images_per_s(model, x, repeats))
+    return rates
+
+
+def _format(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def measure_throughput(params: dict, out: str | Path, threads: int | None = None) -> dict[str, dict]:
+    """Measure every variant of a validated study in one process and write the CSV ``out``.
+
+    ``threads``: torch's CPU threads while it measures (give it every core the job holds).
+    Returns what the file holds: variant -> row (see :func:`read_throughput`).
+    """
+    cfg, baseline, before = params["analysis"], params.get("baseline"), torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        built = _build(params)
+        rates = _rounds(built, cfg["throughput_rounds"], cfg["profile_repeats"])
+        devices = {v: device_name(x.device) for v, (_, x) in built.items()}  # names the threads in use
+    finally:
+        torch.set_num_threads(before)
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for variant, rate in rates.items():
+        # the ratio per round, against the baseline's images/s of the same round
+        ratio = statistics.median(a / b for a, b in zip(rate, rates[baseline])) if baseline else None
+        numbers = (statistics.median(rate), min(rate), max(rate), ratio)
+        writer.writerow([variant, *map(_format, numbers), len(rate), devices[variant]])
+    write_text(out, text.getvalue())
+    return read_throughput(out)
+
+
+def read_throughput(path: str | Path) -> dict[str, dict]:
+    """The throughput CSV: variant -> row; images/s and the ratio as floats (the ratio None when empty),
+    ``rounds`` as int. A missing or corrupt file raises an error naming it."""
+    path = Path(path)
+    fix = "Delete it and run the throughput job again (snakemake --cores all all)."
+    if not path.is_file():
+        raise FileNotFoundError(f"throughput file {path} does not exist. {fix}")
+
+    def corrupt(why: str) -> ValueError:
+        return ValueError(f"throughput file {path} is corrupt ({why}). {fix}")
+
+    try:
+        lines = list(csv.reader(path.read_text().splitlines()))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise corrupt(str(err)) from err
+    if not lines or tuple(lines[0]) != COLUMNS:
+        raise corrupt(f"its header is {lines[0] if lines else 'missing'}, expected {list(COLUMNS)}")
+    if len(lines) == 1:
+        raise corrupt("it has no rows")
+    rows = {}
+    for n, line in enumerate(lines[1:], start=2):
+        if len(line) != len(COLUMNS):
+            raise corrupt(f"line {n} has {len(line)} fields, expected {len(COLUMNS)}")
+        row = dict(zip(COLUMNS, line))
+        try:
+            for key in COLUMNS[1:4]:
+                row[key] = float(row[key])
+            row["ratio_vs_baseline"] = float(row["ratio_vs_baseline"]) if row["ratio_vs_baseline"] else None
+            row["rounds"] = int(row["rounds"])
+        except ValueError as err:
+            raise corrupt(f"line {n}: {err}") from err
+        if row["variant"] in rows:
+            raise corrupt(f"line {n}: variant {row['variant']!r} appears twice")
+        rows[row["variant"]] = row
+    return rows
