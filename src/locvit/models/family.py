@@ -157,6 +157,22 @@ def summary(model: nn.Module) -> dict:
     }
 
 
+# Shared by the attention layers built on timm's ------------------------------------------------
+
+
+def normed_qk(attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k through the layer's q/k norms (timm's ``qk_norm``), in v's dtype.
+
+    CUDA autocast runs LayerNorm in float32, so normed q and k come out float32 beside a
+    bfloat16 v (from the qkv Linear). Ops autocast covers (matmul, SDPA) cast them back; the
+    rest do not (CUDA's ``index_copy`` refuses the mix, a custom autograd Function's backward
+    runs outside autocast). bfloat16 is what autocast's matmul would take anyway; without
+    autocast every dtype is already v's and nothing changes (``.to`` returns the same tensor).
+    """
+    return attn.q_norm(q).to(v.dtype), attn.k_norm(k).to(v.dtype)
+
+
 # Readers shared by the families built on timm's attention layers ----------------------------------
 
 

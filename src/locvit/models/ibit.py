@@ -70,6 +70,7 @@ at 224/16 (12 x 2 x 3 x 9 x 196): 5.84M in all, the paper's "6M" (DeiT-Tiny: 5.7
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -89,7 +90,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from locvit import io
 from locvit.io import atomic_path
-from locvit.models.family import Family, register_family, vit_blocks, vit_sites
+from locvit.models.family import Family, normed_qk, register_family, vit_blocks, vit_sites
 
 _logger = logging.getLogger(__name__)
 
@@ -249,7 +250,8 @@ def _write_fit(path: Path, spec: MaskFit, a: torch.Tensor, b: torch.Tensor, mse:
 class FrobeniusAttention(torch.autograd.Function):
     """``(S * M) @ V / (||S * M||_F + eps)`` with ``S = Q K^T``, the norm per (sample, head) map.
 
-    Inputs ``q, k, v`` (B, H, T, hd) and ``mask`` (H, T, T), all of one dtype. The same values
+    Inputs ``q, k, v`` (B, H, T, hd) and ``mask`` (H, T, T), of one dtype (or of the mixed
+    dtypes autocast makes: the backward runs under the forward's autocast state). The same values
     and gradients as autograd gives for the plain expression, with fewer passes over the
     (B, H, T, T) maps: the output is divided instead of the map (the norm is one number per
     map), and the norm's gradient is one ``addcmul_`` where autograd spends three passes.
@@ -260,6 +262,12 @@ class FrobeniusAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask):
+        # Autograd runs the backward outside this autocast state (CUDA: on its own thread); the
+        # backward enters it again, torch.amp.custom_fwd / custom_bwd's rule for any device.
+        device = q.device.type
+        ctx.autocast = (dict(device_type=device, enabled=torch.is_autocast_enabled(device),
+                             dtype=torch.get_autocast_dtype(device))
+                        if torch.amp.is_autocast_available(device) else None)
         s = q @ k.transpose(-2, -1)  # (B, H, T, T)
         a = s * mask
         r = torch.linalg.vector_norm(a, dim=(-2, -1), keepdim=True).to(a.dtype)  # (B, H, 1, 1)
@@ -271,13 +279,14 @@ class FrobeniusAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, mask, s, a, r, n, out = ctx.saved_tensors
-        g = grad / n
-        beta = (grad * out).sum(dim=(-2, -1), keepdim=True) / (n * r.clamp_min(NORM_EPS))  # (B, H, 1, 1)
-        grad_a = (g @ v.transpose(-2, -1)).addcmul_(a, beta, value=-1.0)  # (B, H, T, T)
-        grad_v = a.transpose(-2, -1) @ g
-        grad_s = grad_a * mask
-        grad_mask = grad_a.mul_(s).sum(dim=0)  # (H, T, T); grad_a is spent
-        return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, grad_mask
+        with torch.autocast(**ctx.autocast) if ctx.autocast else contextlib.nullcontext():
+            g = grad / n
+            beta = (grad * out).sum(dim=(-2, -1), keepdim=True) / (n * r.clamp_min(NORM_EPS))  # (B, H, 1, 1)
+            grad_a = (g @ v.transpose(-2, -1)).addcmul_(a, beta, value=-1.0)  # (B, H, T, T)
+            grad_v = a.transpose(-2, -1) @ g
+            grad_s = grad_a * mask
+            grad_mask = grad_a.mul_(s).sum(dim=0)  # (H, T, T); grad_a is spent
+            return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, grad_mask
 
 
 @register_notrace_module  # torch.fx calls it as a leaf: a custom autograd Function and a caller's-mask check
@@ -348,7 +357,7 @@ class LearnedMaskAttention(Attention):
         # One copy here, rather than one inside each of the six matmuls (forward and backward)
         # that would otherwise flatten a strided (B, H) batch.
         q, k, v = qkv.contiguous().unbind(0)  # (B, H, T, hd)
-        return self.q_norm(q), self.k_norm(k), v
+        return (*normed_qk(self, q, k, v), v)  # one dtype, as FrobeniusAttention's backward needs
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:

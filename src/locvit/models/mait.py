@@ -46,7 +46,7 @@ from timm.models.cait import Cait, TalkingHeadAttn
 from timm.models.vision_transformer import VisionTransformer, _cfg
 
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
-from locvit.models.family import Family, read_vit, register_family, vit_blocks, vit_sites
+from locvit.models.family import Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
 
 MASK_MODES = ("multiply", "restrict")
 DROP_PATH_SCHEDULES = ("linear", "constant")
@@ -219,13 +219,13 @@ class MaskedAttention(Attention):
                 [n_masked, self.num_heads - n_masked], dim=3)
             qm, km, vm = qkv_m.permute(2, 0, 3, 1, 4).unbind(0)  # (B, h', T, hd)
             qf, kf, vf = qkv_f.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H-h', T, hd)
-            attn = self._masked_logits(self.q_norm(qm), self.k_norm(km)).softmax(dim=-1)
+            attn = self._masked_logits(*normed_qk(self, qm, km, vm)).softmax(dim=-1)
             out_m = self.attn_drop(attn) @ vm
-            out_f = self._plain_attention(self.q_norm(qf), self.k_norm(kf), vf)
+            out_f = self._plain_attention(*normed_qk(self, qf, kf, vf), vf)
             return self._finish(torch.cat([out_m, out_f], dim=1), B, N)
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = normed_qk(self, q, k, v)  # v's dtype: out below is built in q's
         if restrict_fused:
             # -inf outside the neighbourhood is a boolean mask: one fused call for all heads,
             # unmasked heads keeping every key.
@@ -259,7 +259,7 @@ class MaskedAttention(Attention):
         the other heads through the fused kernel."""
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = normed_qk(self, q, k, v)
         masked = self.masks.heads
         out_m = _flex_attention(x.device)(q[:, masked], k[:, masked], v[:, masked], block_mask=self._flex_mask(N),
                                           scale=self.scale)
@@ -313,8 +313,8 @@ class MaskedAttention(Attention):
         """Every head's attention probabilities (or pre-softmax logits): (B, H, T, T)."""
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, _ = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = qkv.unbind(0)
+        q, k = normed_qk(self, q, k, v)
         scores = (q * self.scale) @ k.transpose(-2, -1)
         if self.masks.active:
             heads = self.masks.heads
