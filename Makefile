@@ -62,10 +62,11 @@ efficiency: install
 	$(BIN)/snakemake --cores all all --config params=presets/data_efficiency.yaml
 	$(call publish,data_efficiency,data_efficiency,figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
 
-# $(call publish,<study>,<docs folder>,<more report files>): the study's results table (and the files named)
+# $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
+# files named, Markdown without links to this machine's MLflow UI (benchmarks/publish.py)
 define publish
-mkdir -p docs/$(2)
-cd results/$(1)/report && cp results.md results.csv results_seeds.csv $(3) $(CURDIR)/docs/$(2)/
+$(BIN)/python benchmarks/publish.py results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv throughput.csv $(3)
+$(BIN)/python benchmarks/doc_tables.py
 endef
 
 test: install

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from common import alternate, median, write_result
+from publish import publish
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -91,12 +92,9 @@ def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
         params = load_params(work / "params.yaml", check_models=False)
         study = work / params["results_dir"] / params["study"]
         keep = Path(__file__).parent / "results" / keep_name  # the table this run produced, quoted by the README
-        keep.mkdir(parents=True, exist_ok=True)
-        for name in ("results.md", "results.csv", "results_seeds.csv"):
-            shutil.copy2(study / "report" / name, keep / name)
-        for name in ("curves", "attention_distance"):
-            shutil.copy2(study / "report" / "figures" / f"{name}.png", keep / f"{name}.png")
-        shutil.copy2(study / "report" / "tables" / "locality.csv", keep / "locality.csv")
+        publish(study / "report", keep, ["results.md", "results.csv", "results_seeds.csv", "throughput.csv",
+                                         "figures/curves.png", "figures/attention_distance.png",
+                                         "tables/locality.csv"])
         return wall, breakdown(log, study)
 
 

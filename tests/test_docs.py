@@ -97,3 +97,53 @@ def test_every_test_file_has_a_row_and_its_marker_tag():
         whole = marked_files(marker, module_level=True)
         assert tagged == whole, (
             f"tagged ({marker}) in tests/README.md: {sorted(tagged)}; marked whole: {sorted(whole)}")
+
+
+def test_quoted_tables_equal_the_files_they_quote():
+    """Every `<!-- table: kind file -->` block in README.md and docs/ renders from its committed file
+    (benchmarks/doc_tables.py); the README's demo table is one of them."""
+    doc_tables = _benchmarks_module("doc_tables")
+    assert "<!-- table: results benchmarks/results/demo/results.csv -->" in (REPO / "README.md").read_text()
+    assert doc_tables.sync(check=True) == [], "run: python benchmarks/doc_tables.py"
+
+
+def _benchmarks_module(name: str):
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_committed_tables_link_to_no_mlflow_server_the_reader_lacks():
+    """Copies of a study's report (docs/*/, benchmarks/results/*/) name runs by id, never by a link to the
+    MLflow UI of the machine that made them (benchmarks/publish.py)."""
+    publish = _benchmarks_module("publish")
+    run = "a18883462af74210a293978a7f2795c0"
+    assert publish.unlink_runs(f"| x | [s0](http://127.0.0.1:5000/#/experiments/1/runs/{run}) |") == "| x | `a1888346` |"
+    committed = [*REPO.glob("docs/*/*.md"), *REPO.glob("benchmarks/results/*/*.md")]
+    assert committed
+    linked = [str(p.relative_to(REPO)) for p in committed if publish.RUN_LINK.search(p.read_text())]
+    assert linked == []
+
+
+def test_the_two_machines_figures_are_the_files():
+    """reproducibility.md's Xeon-against-AMD range of mean differences, and 'inside the AMD run's 95 % interval',
+    recomputed from the committed per-seed values and the AMD's results table."""
+    import csv
+    import statistics
+
+    results = REPO / "benchmarks" / "results"
+    amd = {r["variant"]: r for r in csv.DictReader((results / "demo" / "results.csv").open())}
+    seeds: dict[str, list[float]] = {}
+    for r in csv.DictReader((results / "demo_xeon" / "results_seeds.csv").open()):
+        seeds.setdefault(r["variant"], []).append(float(r["test_top1"]))
+    diffs = {v: statistics.mean(x) - float(amd[v]["test_top1_mean"]) for v, x in seeds.items()}
+    assert set(diffs) == set(amd)
+    text = " ".join((REPO / "docs" / "reproducibility.md").read_text().split())
+    assert f"{min(diffs.values()):+.2f} to {max(diffs.values()):+.2f} points from the AMD's".lstrip("+") in text
+    for v, x in seeds.items():
+        assert float(amd[v]["test_top1_ci95_low"]) <= statistics.mean(x) <= float(amd[v]["test_top1_ci95_high"]), v

@@ -169,6 +169,11 @@ def test_results_table_matches_the_evaluations(study, params, layout):
         for e in evals:  # which test images each run got right: as many as its top-1 says
             assert unpack_bits(e["test_hits"], e["n"]).sum() == round(e["test_top1"] * e["n"])
         assert row["verdict"] in ("baseline", "better", "worse", "equivalent", "undecided")
+        if row["verdict"] != "baseline":  # each verdict agrees with its interval
+            low, high = float(row["delta_ci95_low"]), float(row["delta_ci95_high"])
+            assert low < float(row["delta_vs_baseline"]) < high and float(row["mde80"]) > 0
+            assert {"better": low > 0, "worse": high < 0, "undecided": True,
+                    "equivalent": abs(float(row["delta_vs_baseline"])) < params["equivalence_margin"]}[row["verdict"]]
         assert f"| {row['variant']} |" in md and row["variant"].replace("_", r"\_") in tex
     assert "±" in md and r"\toprule" in tex
 
@@ -240,13 +245,17 @@ def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
     """Each paper study stays valid: its whole DAG plans on the SLURM profile."""
     from locvit.config import load_params
 
+    from locvit.config import variant_seeds
+
     params = load_params(repo / "presets" / preset)
     work = copy_workflow(tmp_path)
     out = snakemake(work, "-n", "--profile", "cluster", "all", "--config", f"params=presets/{preset}")
     stats = out.stdout.split("Job stats:")[1]
-    train_jobs = next(int(line.split()[1]) for line in stats.splitlines() if line.startswith("train "))
+    # train, and train_<n>seeds for the variants seed_budget gives other seeds
+    train_jobs = sum(int(line.split()[1]) for line in stats.splitlines() if re.match(r"^train(_\d+seeds)? ", line))
     per_run = params["train_jobs"] == "per_run"
-    assert train_jobs == len(params["variants"]) * (len(params["seeds"]) if per_run else 1)
+    assert train_jobs == sum(len(variant_seeds(params, v)) if per_run else 1 for v in params["variants"])
+    assert re.search(r"^throughput +1$", stats, re.M)  # the one job that times every variant
 
 
 def test_training_jobs_per_run_or_per_variant(repo, tmp_path, raw_tiny):

@@ -333,7 +333,7 @@ def test_every_verdict_with_its_interval(tmp_path):
     md = (tmp_path / "report" / "results.md").read_text()
     assert f"could detect a difference of {mde:.2f} points or more (80 % power)" in md
     assert "far vs deit: +27.78 points [" in md and "], better (Holm-adjusted p = " in md
-    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 points" in md
+    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (" in md
     # without the per-image results (older evaluation files) the same tie cannot be shown
     for v in ks:
         for s in range(3):

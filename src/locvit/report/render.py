@@ -36,10 +36,15 @@ ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "d
               "mlflow_run_ids", "missing_seeds")
 
 
+def points(x: float) -> str:
+    """``1 point``, ``0.5 points``."""
+    return f"{x:g} point" + ("" if x == 1 else "s")
+
+
 def verdicts_note(families: dict[str, int], margin: float | None) -> str:
     """What the verdicts mean and which comparisons Holm corrected together."""
     groups = "; ".join(f"{m} against {ref}" for ref, m in families.items())
-    equivalent = f"within ± {margin:g} points by two one-sided tests" if margin is not None else "by two one-sided tests"
+    equivalent = f"within ± {points(margin)} by two one-sided tests" if margin is not None else "by two one-sided tests"
     return (f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images); "
             f"verdict: better/worse = Welch's test below {stats.ALPHA:g} after Holm's correction, equivalent = "
             f"{equivalent} after Holm's, else undecided; MDE: the smallest difference the comparison could detect "

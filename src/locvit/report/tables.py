@@ -25,7 +25,7 @@ import io
 from pathlib import Path
 
 from locvit.io import write_json, write_text
-from locvit.report.render import RunLink, Table, to_csv, to_latex, to_markdown
+from locvit.report.render import RunLink, Table, points, to_csv, to_latex, to_markdown
 from locvit.report.study import Acc, Study, Variant
 
 KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
@@ -77,10 +77,10 @@ def _verdict(acc: Acc, baseline: str) -> str:
     if acc.verdict in ("better", "worse"):
         return f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g})."
     if acc.verdict == "equivalent":
-        return (f"{head}, equivalent: within ± {t.margin:g} points (two one-sided tests, Holm-adjusted p = "
+        return (f"{head}, equivalent: within ± {points(t.margin)} (two one-sided tests, Holm-adjusted p = "
                 f"{acc.p_equivalent_holm:.3g}).")
     return (f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
-            f"± {t.margin:g} points (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
+            f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
             f"difference of {acc.mde:.2f} points or more (80 % power).")
 
 

@@ -1,0 +1,56 @@
+"""Copy a study's report files into the repository (docs/, benchmarks/results/) for readers who lack its MLflow database.
+
+A report's Markdown links each run to the MLflow UI that served the study (``[s0](http://...)``);
+a reader of the committed copy has no such server, so in the copy each link becomes the run's
+short id as text, the way the report writes runs its backend does not know.
+
+    python benchmarks/publish.py results/<study>/report docs/<folder> results.md results.csv figures/curves.png ...
+
+(``make sweep`` and ``make efficiency`` call it; ``bench_pipeline.py --demo`` uses :func:`publish`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from pathlib import Path
+
+from locvit.io import write_text
+
+RUN_LINK = re.compile(r"\[s\d+\]\([^)]*/runs/([0-9a-f]{32})[^)]*\)")
+
+
+def unlink_runs(markdown: str) -> str:
+    """``[s0](<ui>/#/experiments/1/runs/<id>)`` -> `` `<id[:8]>` ``."""
+    return RUN_LINK.sub(lambda m: f"`{m.group(1)[:8]}`", markdown)
+
+
+def publish(src: Path, dest: Path, names: list[str]) -> list[Path]:
+    """Copy ``names`` (paths under ``src``) flat into ``dest``, Markdown without run links; the copies."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for name in names:
+        source, target = src / name, dest / Path(name).name
+        if not source.is_file():
+            raise FileNotFoundError(f"{source} does not exist: run the study first")
+        if source.suffix == ".md":
+            write_text(target, unlink_runs(source.read_text()))
+        else:
+            shutil.copy2(source, target)
+        copies.append(target)
+    return copies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", type=Path, help="the study's report folder")
+    parser.add_argument("dest", type=Path, help="where the copies go")
+    parser.add_argument("names", nargs="+", help="files under src")
+    args = parser.parse_args()
+    for path in publish(args.src, args.dest, args.names):
+        print(f"published {path}")
+
+
+if __name__ == "__main__":
+    main()
