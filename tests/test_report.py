@@ -411,6 +411,13 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     assert rows["lsa"]["100% of train reference"] == "deit"
     results = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
     assert results["lsa_25pct"]["reference"] == "deit_25pct" and results["deit_25pct"]["p_vs_baseline"] == ""
+    assert results["deit_25pct"]["verdict"] == "baseline"
+    # one Holm family per fraction: each holds one comparison here, so Holm leaves its p as it is
+    for name, table in (("lsa_25pct", results), ("lsa", results)):
+        assert float(table[name]["p_holm"]) == pytest.approx(float(table[name]["p_vs_baseline"]))
+    assert float(rows["lsa"]["25% of train p_holm"]) == pytest.approx(float(rows["lsa"]["25% of train p"]))
+    assert "Holm families (one per reference): 1 against deit_25pct; 1 against deit." in \
+        (tmp_path / "report" / "tables" / "data_efficiency.md").read_text()
     fig = report["figures"]["accuracy_vs_fraction"]
     assert (tmp_path / "report" / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "95 % Student-t interval" in fig["caption"]
