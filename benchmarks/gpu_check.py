@@ -5,7 +5,8 @@ error and the others still run), all written to ``benchmarks/results/gpu.json``:
 
 - ``cuda_tests``: the tests marked ``cuda`` (pytest -m cuda), their counts and exit status;
 - ``demo_training``: a short training of demo variants (params.yaml, 2 epochs, seed 0)
-  through ``locvit train`` with bf16 autocast, torch.compile and channels_last; needs
+  through ``locvit train`` with bf16 autocast, torch.compile and channels_last, each twice:
+  as the recipe says and with ``train.deterministic`` on (what bitwise repeats cost); needs
   FFCV (else the section says why and the synthetic sections below still run);
 - ``throughput``: training images/s of each family at 224 px (forward, backward, AdamW
   step on a fixed on-device batch; 64 px with ``--quick``), with model FLOPs utilisation:
@@ -207,32 +208,54 @@ def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900)
         if "warmup_epochs" in v.get("train", {}):
             v["train"]["warmup_epochs"] = 1
     params["seeds"] = [0]
-    params_file = work / "params.yaml"
-    params_file.write_text(yaml.safe_dump(params))
     runs = {}
     for variant in s["demo_variants"]:
-        runs_dir = work / "runs" / variant
-        cmd = [sys.executable, "-m", "locvit", "train", "--params", str(params_file), "--variant", variant,
-               "--train-data", str(data / "train.beton"), "--val-data", str(data / "val.beton"),
-               "--manifest", str(data / "manifest.json"), "--runs-dir", str(runs_dir),
-               "--tracking-db", str(work / "mlflow.db"), "--no-progress"]
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-        wall = time.perf_counter() - start
-        metrics_file = runs_dir / "seed0" / "metrics.json"
-        run = {"returncode": proc.returncode, "wall_s": wall}
-        if proc.returncode == 0 and metrics_file.is_file():
-            m = json.loads(metrics_file.read_text())
-            run.update(history=[{k: row.get(k) for k in ("epoch", "train_loss", "train_images_per_s", "val_top1")}
-                                for row in m["history"]],
-                       final_val_top1=m["final_val_top1"],
-                       tracking=(m.get("tracking") or {}).get("status"))
-        else:
-            run["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
+        # the same training twice, the second with deterministic kernels: what train.deterministic costs
+        run = _demo_run(params, variant, data, work / "default", False, timeout)
+        det = _demo_run(params, variant, data, work / "deterministic", True, timeout)
+        run["deterministic"] = det
+        if "history" in run and "history" in det:  # the last epoch's: after torch.compile's first steps
+            run["deterministic_slowdown"] = (run["history"][-1]["train_images_per_s"]
+                                             / det["history"][-1]["train_images_per_s"])
+            run["deterministic_wall_ratio"] = det["wall_s"] / run["wall_s"]
         runs[variant] = run
     return {"ran": True, "data": source, "recipe": recipe, "seed": 0, "runs": runs,
-            "ok": all(r["returncode"] == 0 and "history" in r for r in runs.values()),
-            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains"}
+            "ok": all(r["returncode"] == 0 and "history" in r and "history" in r["deterministic"]
+                      for r in runs.values()),
+            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains; "
+                    "each variant trains twice, the second time with train.deterministic on (runs.<variant>"
+                    ".deterministic); deterministic_slowdown is the last epoch's images/s without it over with it, "
+                    "deterministic_wall_ratio the whole command's time with it over without (the second run "
+                    "may find torch.compile's cache warm)"}
+
+
+def _demo_run(params: dict, variant: str, data: Path, work: Path, deterministic: bool, timeout: int) -> dict:
+    """``locvit train`` of one demo variant at seed 0: exit status, wall time, the epochs' numbers."""
+    import yaml
+
+    work.mkdir(parents=True, exist_ok=True)
+    params = {**params, "train": {**params["train"], "deterministic": deterministic}}
+    params_file = work / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    runs_dir = work / "runs" / variant
+    cmd = [sys.executable, "-m", "locvit", "train", "--params", str(params_file), "--variant", variant,
+           "--train-data", str(data / "train.beton"), "--val-data", str(data / "val.beton"),
+           "--manifest", str(data / "manifest.json"), "--runs-dir", str(runs_dir),
+           "--tracking-db", str(work / "mlflow.db"), "--no-progress"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    metrics_file = runs_dir / "seed0" / "metrics.json"
+    run = {"returncode": proc.returncode, "wall_s": wall}
+    if proc.returncode == 0 and metrics_file.is_file():
+        m = json.loads(metrics_file.read_text())
+        run.update(history=[{k: row.get(k) for k in ("epoch", "train_loss", "train_images_per_s", "val_top1")}
+                            for row in m["history"]],
+                   final_val_top1=m["final_val_top1"], train_time_s=m["train_time_s"],
+                   tracking=(m.get("tracking") or {}).get("status"))
+    else:
+        run["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
+    return run
 
 
 def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: int, size: int, compile_: bool):
@@ -462,7 +485,9 @@ def problems(payload: dict) -> list[str]:
         found.append(f"cuda_tests: {tests['summary']}")
     demo = payload.get("demo_training")
     if demo and demo.get("ran") and not demo["ok"]:
-        found += [f"demo_training {v}: exit {r['returncode']}" for v, r in demo["runs"].items() if "history" not in r]
+        found += [f"demo_training {v}{' (deterministic)' if det else ''}: exit {r['returncode']}"
+                  for v, run in demo["runs"].items() for det, r in ((False, run), (True, run["deterministic"]))
+                  if "history" not in r]
     for label, row in ((payload.get("throughput") or {}).get("families") or {}).items():
         if "error" in row:
             found.append(f"throughput {label}: {row['error'][:300]}")

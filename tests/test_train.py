@@ -9,10 +9,10 @@ import timm
 import torch
 
 from locvit import models
-from locvit.config import run_config
+from locvit.config import ConfigError, run_config, validate_params
 from locvit.data.ffcv_io import make_loader
 from locvit.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything
-from locvit.train.engine import Compute, NonFiniteLoss, cosine_schedule, evaluate, train_one_epoch
+from locvit.train.engine import Compute, NonFiniteLoss, cosine_schedule, evaluate, set_deterministic, train_one_epoch
 from locvit.train.loop import amp_dtype, param_groups
 
 
@@ -181,3 +181,70 @@ def test_a_seeded_run_with_mixup_and_cutmix_repeats_bitwise(prepared, tiny_param
     assert [r["train_loss"] for r in first["history"]] == [r["train_loss"] for r in second["history"]]
     cfg["seed"] = 1  # and the seed matters: another seed, other weights
     assert run("c")["rank_weights_sha256"] != first["rank_weights_sha256"]
+
+
+@pytest.fixture
+def global_determinism(monkeypatch):
+    """Whatever a test does to torch's determinism switches and CUBLAS_WORKSPACE_CONFIG is undone after it."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # the opposite of what the switch sets
+    on, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
+
+
+def _determinism() -> tuple:
+    import os
+
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_train_deterministic_is_a_boolean_recipe_key(raw_tiny, value):
+    raw_tiny["train"]["deterministic"] = value
+    assert validate_params(raw_tiny)["train"]["deterministic"] is value
+
+
+def test_train_deterministic_defaults_off_and_refuses_text(raw_tiny, tiny_params):
+    assert tiny_params["train"]["deterministic"] is False
+    raw_tiny["variants"]["deit_a"]["train"] = {"deterministic": "true"}
+    with pytest.raises(ConfigError) as info:
+        validate_params(raw_tiny)
+    assert "variants.deit_a.train.deterministic: 'true' is not of type 'boolean'" in str(info.value)
+
+
+def test_set_deterministic_sets_every_switch_and_off_touches_none(global_determinism):
+    set_deterministic(False)
+    assert _determinism() == (False, False, True, None)  # as the fixture left them: nothing changed
+    set_deterministic(True)
+    assert _determinism() == (True, True, False, ":4096:8")
+
+
+def test_set_deterministic_keeps_a_workspace_config_already_set(global_determinism, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other setting cuBLAS accepts
+    set_deterministic(True)
+    assert _determinism() == (True, True, False, ":16:8")
+
+
+def test_a_deterministic_run_trains_on_cpu_with_the_same_weights(prepared, tiny_params, tmp_path, global_determinism):
+    """train.deterministic on: every op of a CPU training step has a deterministic kernel, and on
+    CPU the switch changes no number (the weights equal those of a run with it off)."""
+    from locvit.train.loop import train_run
+
+    def run(name: str, deterministic: bool) -> dict:
+        cfg = run_config(tiny_params, "deit_a", 0)
+        cfg["train"].update(epochs=1, deterministic=deterministic)
+        return train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], tmp_path / name,
+                         tmp_path / "mlflow.db", show_progress=False, threads=1)
+
+    off = run("off", False)
+    assert _determinism()[0] is False  # off: training left the switch alone
+    on = run("on", True)
+    assert _determinism() == (True, True, False, ":4096:8")
+    assert math.isfinite(on["history"][0]["train_loss"]) and on["history"][0]["val_top1"] > 0
+    assert on["rank_weights_sha256"] == off["rank_weights_sha256"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -30,6 +31,25 @@ class Compute:
     def autocast(self, device: torch.device):
         # bf16 keeps fp32's exponent range, so no loss scaling (GradScaler) is needed.
         return torch.autocast(device.type, dtype=self.amp_dtype or torch.bfloat16, enabled=self.amp_dtype is not None)
+
+
+def set_deterministic(enabled: bool) -> None:
+    """Deterministic kernels for this process (``train.deterministic``); ``False`` changes nothing.
+
+    On CUDA a run repeats bitwise only with these: the attention (SDPA) and index_select
+    backward passes otherwise add with atomics, in no fixed order. Call before the process's
+    first CUDA work (:func:`locvit.train.loop.train_run` calls it at the start of each run;
+    again is harmless). An op with no deterministic kernel then raises torch's own error
+    naming it. On CPU the kernels are deterministic already, so runs repeat without this.
+    """
+    if not enabled:
+        return
+    # cuBLAS reads this when it first initialises (the process's first CUDA matmul), so it must be
+    # set before then; without it use_deterministic_algorithms makes cuBLAS calls raise.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing: another pick per run
 
 
 def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:

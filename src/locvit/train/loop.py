@@ -32,7 +32,7 @@ from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
-from locvit.train.engine import Compute, cosine_schedule, evaluate, train_one_epoch
+from locvit.train.engine import Compute, cosine_schedule, evaluate, set_deterministic, train_one_epoch
 from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
 from locvit.train.stop import REQUEST, Stopped
 
@@ -159,6 +159,7 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         if dist.main:
             confirm_finished(plan.metrics, out_dir, tracking_db)
         return plan.metrics
+    set_deterministic(cfg["train"]["deterministic"])  # before the model and loaders touch the GPU
     seed_everything(cfg["seed"] + dist.rank)  # rank 0 (and a single process) draws from the run's seed
     run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
                     sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
