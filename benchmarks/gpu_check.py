@@ -22,8 +22,17 @@ error and the others still run), all written to ``benchmarks/results/gpu.json``:
 - ``feed``: FFCV's loader over the demo's training split with that augmentation on the
   device, images/s (or why it could not run).
 
+Before any section it reports the node (:func:`node_report`): the C compiler and Python headers
+(Triton builds torch.compile's CUDA launchers with them), glibc and libstdc++ (the wheelhouse's
+ffcv and its libraries need glibc >= 2.34 and GLIBCXX_3.4.30) and timm (pyproject.toml's pin),
+and stops with what to install when one is missing, unless ``--allow-missing`` names it.
+
 ``--quick`` runs every section at tiny sizes (the CPU self-test, tests/test_gpu_check.py).
-``problems`` in gpu.json lists every failure; the command exits 1 when there is one.
+``problems`` in gpu.json lists every failure; the command exits 1 when there is one. A check
+that did not check is a failure too: a section that did not run (``ran: false``; ``cuda_tests``
+when no CUDA-marked test ran, as on the CPU, where they all skip) unless ``--allow-skipped``
+names it, and an FFCV that cannot be imported (``demo_training`` and ``feed`` then skip, and
+only synthetic batches are measured) unless ``--allow-no-ffcv``.
 Timings alternate between the things compared (benchmarks/common.py) and are medians.
 """
 
@@ -38,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -49,6 +59,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (benchmarks/common.py)
+import wheelhouse  # noqa: E402  (benchmarks/wheelhouse.py: what the node must provide)
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELHOUSE = REPO / "wheelhouse"
@@ -81,6 +92,7 @@ FAMILIES = {
 }
 LSA_PAPER_RATIO = 2.7  # LSA-T over NesT-T, as the LSA paper reports it
 DEMO_VARIANTS = ("deit", "mait_sch1", "lsa")
+FFCV_SECTIONS = ("demo_training", "feed")  # skipped without FFCV
 RANDAUGMENT, ERASING = "rand-m9-mstd0.5-inc1", 0.25
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -138,7 +150,10 @@ def cuda_tests(timeout: int = 900) -> dict:
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
                                                 summary)}
+    # every test skipped (no CUDA device: the CPU self-test) checks nothing
+    ran = any(counts.get(k) for k in ("passed", "failed", "error", "errors", "xfailed", "xpassed"))
     return {"command": " ".join(cmd[1:]), "files": [str(f.relative_to(REPO)) for f in files],
+            "ran": ran, **({} if ran else {"reason": f"no CUDA-marked test ran ({summary or 'no output'})"}),
             "returncode": proc.returncode, "counts": counts, "summary": summary,
             "ok": proc.returncode == 0 and not counts.get("failed") and not counts.get("error"),
             "output_tail": out[-3000:]}
@@ -188,7 +203,8 @@ def demo_data_or_skip(work: Path, s: dict, without_ffcv: str) -> tuple[Path | No
     missing: ``without_ffcv`` says what happens instead)."""
     status = ffcv_status()
     if not status["available"]:
-        return None, None, {"ran": False, "reason": f"FFCV cannot be imported here ({status['reason']}){without_ffcv}"}
+        return None, None, {"ran": False, "skipped_for": "ffcv",
+                            "reason": f"FFCV cannot be imported here ({status['reason']}){without_ffcv}"}
     data, source = demo_data(work, s.get("demo_data"))
     return (data, source, None) if data is not None else (None, None, {"ran": False, "reason": source})
 
@@ -427,21 +443,145 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
             "loader_images_per_s": rates["loader"], "loader_augment_images_per_s": rates["loader_augment"]}
 
 
+# ---------------------------------------------------------------- the node
+
+NODE_PIECES = ("compiler", "python-headers", "glibc", "libstdcxx", "timm")
+
+
+def probe_compiler() -> dict:
+    """The C compiler Triton would use: ``$CC``, else ``cc`` or ``gcc`` on PATH, with its ``--version``'s first line."""
+    for exe in (os.environ.get("CC"), "cc", "gcc"):
+        path = shutil.which(exe) if exe else None
+        if path:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+            return {"path": path, "version": (out.splitlines() or ["unknown"])[0]}
+    return {"path": None, "version": None}
+
+
+def probe_python_headers() -> dict:
+    include = sysconfig.get_paths()["include"]
+    return {"include": include, "python_h": (Path(include) / "Python.h").is_file()}
+
+
+def probe_glibc() -> str | None:
+    """glibc's version (``os.confstr("CS_GNU_LIBC_VERSION")``, "glibc 2.36"; else ``platform.libc_ver()``)."""
+    try:
+        found = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        found = ""
+    if found.startswith("glibc "):
+        return found.split()[1]
+    lib, version = platform.libc_ver()
+    return version if lib == "glibc" and version else None
+
+
+def libstdcxx_path() -> tuple[str | None, str]:
+    """The libstdc++ this process runs with: the one mapped into it (torch has loaded it; /proc/self/maps),
+    else the first ``libstdc++.so.6`` that ``ldconfig -p`` lists; and how it was found."""
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if "/libstdc++.so" in line:
+                return line.split()[-1], "loaded by this process (/proc/self/maps)"
+    except OSError:
+        pass
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    found = re.search(r"^\s*libstdc\+\+\.so\.6 .*=> (\S+)", out, flags=re.M)
+    return (found.group(1), "ldconfig -p") if found else (None, "not loaded, and not in ldconfig -p")
+
+
+def probe_libstdcxx() -> dict:
+    """The libstdc++ (:func:`libstdcxx_path`) and the newest ``GLIBCXX_`` symbol version it provides: its
+    bytes searched for the version strings, as ``strings libstdc++.so.6 | grep GLIBCXX`` would (a
+    libstdc++ provides every version up to its newest; gcc 12's newest is GLIBCXX_3.4.30)."""
+    path, how = libstdcxx_path()
+    if path is None or not Path(path).is_file():
+        return {"path": path, "how": how, "glibcxx": None}
+    versions = re.findall(rb"GLIBCXX_(\d+(?:\.\d+)+)", Path(path).read_bytes())
+    newest = max((v.decode() for v in versions), key=wheelhouse.version_tuple, default=None)
+    return {"path": path, "how": how, "glibcxx": newest}
+
+
+def probe_timm() -> str | None:
+    """The version of the timm that ``import timm`` gives here (the wheelhouse's over the node's)."""
+    try:
+        import timm
+    except ImportError:
+        return None
+    return getattr(timm, "__version__", None)
+
+
+def node_needs() -> dict[str, str]:
+    """What the node must provide: the wheelhouse's ``node_needs`` (wheelhouse.json) where there is one,
+    raised to at least benchmarks/wheelhouse.py's, with timm at pyproject.toml's pin."""
+    return wheelhouse.node_needs((_wheelhouse_info() or {}).get("node_needs"))
+
+
+def node_report(needs: dict[str, str] | None = None) -> dict:
+    """The node's compiler, Python headers, glibc, libstdc++ and timm against ``needs``; ``missing``
+    maps each piece (:data:`NODE_PIECES`) that is missing or too old to what to install."""
+    needs = needs or node_needs()
+    older = lambda have, need: have is None or wheelhouse.version_tuple(have) < wheelhouse.version_tuple(need)  # noqa: E731
+    cc, headers, glibc, cxx, timm_version = (probe_compiler(), probe_python_headers(), probe_glibc(),
+                                             probe_libstdcxx(), probe_timm())
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    missing = {}
+    if cc["path"] is None:
+        missing["compiler"] = ("no C compiler ($CC, cc or gcc on PATH), which Triton builds torch.compile's CUDA "
+                               "launchers with: install gcc (apt-get install gcc, dnf install gcc, module load gcc)")
+    if not headers["python_h"]:
+        missing["python-headers"] = (f"no Python.h in {headers['include']}, which Triton compiles against: install "
+                                     f"Python {py}'s development headers (apt-get install python{py}-dev, "
+                                     f"dnf install python{py}-devel)")
+    if older(glibc, needs["glibc"]):
+        missing["glibc"] = (f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "
+                            f"{needs['glibc']}: use a node with a newer one (Ubuntu 22.04, Debian 12, RHEL 9 or later) "
+                            f"or build the wheelhouse (make wheelhouse) on a system no newer than this node")
+    if older(cxx["glibcxx"], needs["glibcxx"]):
+        missing["libstdcxx"] = (f"libstdc++ {cxx['path'] or 'not found'} ({cxx['how']}) provides GLIBCXX_"
+                                f"{cxx['glibcxx'] or '?'} at most; the wheelhouse's libraries need GLIBCXX_"
+                                f"{needs['glibcxx']} (gcc 12's): install gcc 12's libstdc++ or newer (apt-get install "
+                                f"libstdc++6, module load gcc/12, conda install -c conda-forge 'libstdcxx-ng>=12') "
+                                f"and put its folder first on LD_LIBRARY_PATH")
+    if timm_version != needs["timm"]:
+        missing["timm"] = (f"timm {timm_version or 'not installed'}; locvit pins timm=={needs['timm']} "
+                           f"(pyproject.toml): install it (make gpu-check installs the wheelhouse's; a wheelhouse "
+                           f"without it: make wheelhouse again, or pip install timm=={needs['timm']})")
+    return {"compiler": cc, "python_headers": headers, "glibc": glibc, "libstdcxx": cxx, "timm": timm_version,
+            "needs": needs, "missing": missing}
+
+
+def _parse_names(allowed):
+    """An argparse type: a comma-separated list of names out of ``allowed``."""
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if bad := [n for n in names if n not in allowed]:
+            raise argparse.ArgumentTypeError(f"{', '.join(bad)}: not one of {', '.join(allowed)}")
+        return names
+    return parse
+
+
 # ---------------------------------------------------------------- the whole check
 
 SECTIONS = ("cuda_tests", "demo_training", "throughput", "lsa_vs_nest", "restrict_attention", "augmentation", "feed")
 
 
 def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, families: dict = FAMILIES,
-              demo_data_dir: Path | None = None) -> dict:
+              demo_data_dir: Path | None = None, node: dict | None = None, allow_skipped=(),
+              allow_no_ffcv: bool = False) -> dict:
     """Every section (a failing one records its error), then ``gpu.json`` written atomically
-    (benchmarks/common.py's ``write_result``, into ``common.RESULTS``)."""
+    (benchmarks/common.py's ``write_result``, into ``common.RESULTS``). ``node`` is :func:`node_report`'s;
+    ``allow_skipped`` and ``allow_no_ffcv`` what :func:`problems` lets pass."""
     s = settings(device, quick)
     payload = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
                else None, "quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
                "ffcv": ffcv_status(), "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
                "glibc": "".join(platform.libc_ver()),
-               "wheelhouse": _wheelhouse_info(), "sections_run": list(sections), "errors": {}}
+               "wheelhouse": _wheelhouse_info(), "node": node, "sections_run": list(sections),
+               "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv}, "errors": {}}
     s["demo_data"] = demo_data_dir
     work = Path(tempfile.mkdtemp(prefix="locvit-gpu-check-"))
     try:
@@ -478,8 +618,25 @@ def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, fami
 
 
 def problems(payload: dict) -> list[str]:
-    """What went wrong, one line each (empty: everything that ran worked; make gpu-check then exits 0)."""
+    """What went wrong, one line each (empty: every section ran and worked; make gpu-check then exits 0).
+    Not checking is a problem too: a section that did not run, unless ``allowed["skipped"]`` names it, and
+    an FFCV that cannot be imported when a section needs it, unless ``allowed["no_ffcv"]``."""
     found = [f"{name}: {err}" for name, err in payload["errors"].items()]
+    allowed = payload.get("allowed") or {}
+    skip_ok, no_ffcv_ok = set(allowed.get("skipped") or ()), bool(allowed.get("no_ffcv"))
+    ffcv = payload.get("ffcv") or {}
+    needs_ffcv = [n for n in FFCV_SECTIONS if n in payload.get("sections_run", ()) and n not in skip_ok]
+    if not ffcv.get("available", True) and needs_ffcv and not no_ffcv_ok:
+        found.append(f"ffcv: cannot be imported ({ffcv.get('reason')}), so {' and '.join(needs_ffcv)} did not run "
+                     f"(only synthetic batches were measured): install it (make gpu-check installs the wheelhouse's) "
+                     f"or pass --allow-no-ffcv")
+    for name in payload.get("sections_run", ()):
+        section = payload.get(name)
+        if not isinstance(section, dict) or section.get("ran", True) or name in skip_ok:
+            continue
+        if section.get("skipped_for") == "ffcv":  # said once, by the ffcv line above
+            continue
+        found.append(f"{name}: did not run ({section.get('reason')}); --allow-skipped {name} accepts that")
     tests = payload.get("cuda_tests")
     if tests and not tests["ok"]:
         found.append(f"cuda_tests: {tests['summary']}")
@@ -507,20 +664,40 @@ def _wheelhouse_info() -> dict | None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="locvit's GPU check; writes benchmarks/results/gpu.json")
+    ap = argparse.ArgumentParser(
+        description="locvit's GPU check; writes benchmarks/results/gpu.json and exits 1 when anything failed or "
+                    "was not checked. It first checks the node (C compiler, Python headers, glibc, libstdc++, timm) "
+                    "and stops with what to install when one is missing.")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the self-test's device)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs, measures nothing")
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
                                                    "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="where gpu.json goes (default %(default)s)")
+    ap.add_argument("--allow-missing", type=_parse_names(NODE_PIECES), action="extend", default=[],
+                    metavar="PIECE[,PIECE]", help="run although the node lacks these (or has them too old): "
+                                                  f"{', '.join(NODE_PIECES)}; by default any one stops the check")
+    ap.add_argument("--allow-skipped", type=_parse_names(SECTIONS), action="extend", default=[],
+                    metavar="SECTION[,SECTION]", help="a section that did not run is not a problem (cuda_tests on "
+                                                      "--device cpu, where every CUDA-marked test skips); by default it is")
+    ap.add_argument("--allow-no-ffcv", action="store_true",
+                    help="an FFCV that cannot be imported is not a problem (demo_training and feed then do not run, "
+                         "and only synthetic batches are measured); by default it is")
     args = ap.parse_args(argv)
     common.RESULTS = args.results_dir
+    node = node_report()
+    print("gpu-check: node: " + json.dumps({k: node[k] for k in ("compiler", "python_headers", "glibc", "libstdcxx",
+                                                                   "timm", "needs")}), flush=True)
+    if stop := {k: v for k, v in node["missing"].items() if k not in args.allow_missing}:
+        raise SystemExit("gpu-check: this node lacks what the check needs; no section ran:\n"
+                         + "".join(f"  {k}: {v}\n" for k, v in stop.items())
+                         + f"(--allow-missing {','.join(stop)} runs the check without them)")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
                          "--device cpu runs the check on the CPU")
-    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data)
+    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data, node=node,
+                        allow_skipped=args.allow_skipped, allow_no_ffcv=args.allow_no_ffcv)
     print(json.dumps({k: payload.get(k) for k in ("device_name", "problems", "section_seconds")}, indent=1))
     print(f"gpu-check: wrote {payload['path']}")
     if payload["problems"]:

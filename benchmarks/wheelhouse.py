@@ -11,8 +11,16 @@ those depend on; no package index. The check needs on top of that:
   libjpeg-turbo and what they link, the C and C++ runtimes excepted) in ``lib/``;
 - jsonschema (locvit validates its configs) and pytest (the CUDA-marked tests), with
   their dependencies that the node does not already have;
+- timm at the version pyproject.toml pins (a pure-Python wheel, installed over the node's
+  timm with ``--no-deps``: its dependencies are the node's);
 - the demo study's prepared data (``demo-data.tar.gz``, made by ``locvit prepare``): the
   node has no scikit-learn, which reads the digits.
+
+What the node itself must provide (:data:`NODE_NEEDS`, written to ``wheelhouse.json`` as
+``node_needs`` with the newest symbol versions the built libraries ask for, and checked by
+gpu_check.py before it runs anything): glibc >= 2.34 and a libstdc++ with GLIBCXX_3.4.30
+(gcc 12's; the libraries are built on Debian 12), a C compiler and the Python headers
+(Triton builds torch.compile's CUDA launchers with them).
 
 Not needed there: MLflow (a run whose tracking fails trains on and says so), Snakemake,
 DVC, scikit-learn, SciPy, pandas, matplotlib.
@@ -36,6 +44,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -51,6 +60,11 @@ NODE_HAS = ("torch", "timm", "numba", "opencv-python-headless")
 ROOTS = ("ffcv", "jsonschema", "pytest", "pytest-timeout")
 # Installed without their declared dependencies (see the module docstring).
 NO_DEPS = ("ffcv",)
+# Carried at pyproject.toml's pin although the node has a version of its own (pure-Python wheels).
+CARRIED = ("timm",)
+# What the node must provide that no wheel can: the C and C++ runtimes the shared libraries ask for
+# (at least these; gather() raises them to what the built libraries ask).
+NODE_NEEDS = {"glibc": "2.34", "glibcxx": "3.4.30"}
 # Shared libraries every Linux node has: never shipped (a copy could clash with the node's C library).
 BASE_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so",
              "libstdc++", "libgcc_s")
@@ -88,9 +102,36 @@ def closure(roots, skip_deps_of=()) -> dict[str, str]:
 
 
 def requirements() -> dict[str, str]:
-    """What the wheelhouse holds: the check's closure minus the node's, pinned to this environment's versions."""
+    """What the wheelhouse holds: the check's closure minus the node's, pinned to this environment's
+    versions, and :data:`CARRIED` at pyproject.toml's pins."""
     node = closure(NODE_HAS)
-    return {n: v for n, v in sorted(closure(ROOTS, skip_deps_of=NO_DEPS).items()) if n not in node}
+    pins = {n: v for n, v in closure(ROOTS, skip_deps_of=NO_DEPS).items() if n not in node}
+    pins.update({canonicalize_name(n): pinned(n) for n in CARRIED})
+    return dict(sorted(pins.items()))
+
+
+def pinned(name: str) -> str:
+    """The version that pyproject.toml's dependencies pin ``name`` to (``name==X``)."""
+    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(line)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if canonicalize_name(req.name) == canonicalize_name(name) and len(exact) == 1:
+            return exact[0]
+    raise SystemExit(f"wheelhouse: pyproject.toml pins no {name}==<version>")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version))
+
+
+def node_needs(measured: dict[str, str] | None = None) -> dict[str, str]:
+    """What the node must provide: :data:`NODE_NEEDS` raised to ``measured`` (what the built libraries
+    ask, :func:`needed_versions`), and timm at pyproject.toml's pin."""
+    needs = dict(NODE_NEEDS)
+    for key, version in (measured or {}).items():
+        if key in needs and version_tuple(version) > version_tuple(needs[key]):
+            needs[key] = version
+    return {**needs, "timm": pinned("timm")}
 
 
 def python312() -> str:
@@ -169,7 +210,7 @@ def gather(dest: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(ffcv_wheel) as z:
             z.extractall(tmp)
-        needs = needed_versions([*(dest / "lib").iterdir(), *Path(tmp).rglob("*.so")])
+        needs = node_needs(needed_versions([*(dest / "lib").iterdir(), *Path(tmp).rglob("*.so")]))
     demo_data(dest)
     (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.utils import canonicalize_name
@@ -82,18 +83,25 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     results.mkdir()
     (results / "gpu.json").write_text("an older result\n")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
-                           "--demo-data", str(demo_data), "--results-dir", str(results)],
+                           "--demo-data", str(demo_data), "--results-dir", str(results),
+                           "--allow-skipped", "cuda_tests"],  # no CUDA here: every CUDA-marked test skips
                           cwd=REPO, env=hide["env"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("gpu-check: node: ")  # the node is reported before any section
     assert sorted(p.name for p in results.iterdir()) == ["gpu.json"]  # replaced whole, no temporary left
     r = json.loads((results / "gpu.json").read_text())
     assert r["errors"] == {} and r["problems"] == [] and r["machine"]["gpu"] is None and r["device"] == "cpu"
     assert r["sections_run"] == list(gpu_check.SECTIONS)
     assert r["ffcv"]["available"] is True
+    assert r["node"]["missing"] == {} and r["node"]["needs"] == {"glibc": "2.34", "glibcxx": "3.4.30", "timm": "1.0.31"}
+    assert r["allowed"] == {"skipped": ["cuda_tests"], "no_ffcv": False}
 
-    t = r["cuda_tests"]  # the CUDA-marked tests ran and skipped (no CUDA here)
+    t = r["cuda_tests"]  # the CUDA-marked tests were collected and skipped (no CUDA here): not run
     assert t["ok"] and "tests/test_augment.py" in t["files"] and t["counts"].get("skipped", 0) >= 1
-    assert not t["counts"].get("passed")
+    assert not t["counts"].get("passed") and t["ran"] is False and "no CUDA-marked test ran" in t["reason"]
+    # without --allow-skipped cuda_tests the same result is a problem: the default is strict
+    strict = gpu_check.problems({**r, "allowed": {"skipped": [], "no_ffcv": False}})
+    assert len(strict) == 1 and strict[0].startswith("cuda_tests: did not run") and "--allow-skipped" in strict[0]
 
     d = r["demo_training"]  # locvit train without MLflow: tracking fails, training goes on
     assert d["ran"] and d["ok"] and list(d["runs"]) == ["deit"]
@@ -125,19 +133,87 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     assert f["ran"] and _finite_positive(f["loader_images_per_s"]) and _finite_positive(f["loader_augment_images_per_s"])
 
 
-def test_without_ffcv_the_check_says_so_and_measures_synthetic_batches(tmp_path, demo_data):
+def test_without_ffcv_the_check_says_so_and_fails_unless_allowed(tmp_path, demo_data):
     hide = _hide_others(tmp_path, also=("ffcv",))
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
                            "--sections", "demo_training", "augmentation", "feed", "--demo-data", str(demo_data),
                            "--results-dir", str(tmp_path)], cwd=REPO, env=hide["env"], capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((tmp_path / "gpu.json").read_text())
     assert r["ffcv"]["available"] is False and "ffcv" in r["ffcv"]["reason"]
     for section in ("demo_training", "feed"):
         assert r[section]["ran"] is False and "FFCV cannot be imported" in r[section]["reason"]
     assert "synthetic" in r["feed"]["reason"] and _finite_positive(r["augmentation"]["images_per_s"])
-    assert r["problems"] == []
+    # one line for FFCV, naming the sections it kept from running and the flag that accepts it
+    assert len(r["problems"]) == 1, r["problems"]
+    assert r["problems"][0].startswith("ffcv: cannot be imported") and "demo_training and feed" in r["problems"][0]
+    assert "--allow-no-ffcv" in r["problems"][0]
+    # the same run, allowed (by the flag, or by allowing both sections to skip), has no problem
+    assert gpu_check.problems({**r, "allowed": {"skipped": [], "no_ffcv": True}}) == []
+    assert gpu_check.problems({**r, "allowed": {"skipped": ["demo_training", "feed"], "no_ffcv": False}}) == []
+    assert len(gpu_check.problems({**r, "allowed": {"skipped": ["feed"], "no_ffcv": False}})) == 1
+
+
+def test_a_section_that_did_not_run_is_a_problem_unless_allowed():
+    payload = {"errors": {}, "sections_run": ["demo_training", "augmentation"], "ffcv": {"available": True},
+               "demo_training": {"ran": False, "reason": "locvit prepare failed: no scikit-learn"},
+               "augmentation": {"images_per_s": 1.0}}
+    found = gpu_check.problems(payload)
+    assert found == ["demo_training: did not run (locvit prepare failed: no scikit-learn); "
+                     "--allow-skipped demo_training accepts that"]
+    assert gpu_check.problems({**payload, "allowed": {"skipped": ["demo_training"]}}) == []
+    # --allow-no-ffcv does not cover a section that skipped for another reason
+    assert gpu_check.problems({**payload, "allowed": {"no_ffcv": True}}) == found
+
+
+def _fake_libstdcxx(folder: Path, newest: str) -> Path:
+    lib = folder / "libstdc++.so.6"
+    lib.write_bytes(b"\x7fELF\0" + b"\0".join(f"GLIBCXX_3.4.{n}".encode() for n in range(20, int(newest) + 1)))
+    return lib
+
+
+# Each piece of the node missing or too old in turn: (piece, how the node stand-in lacks it, what the message says)
+NODE_LACKS = {
+    "compiler": (lambda mp, tmp: (mp.setenv("PATH", str(tmp)), mp.delenv("CC", raising=False)), "install gcc"),
+    "python-headers": (lambda mp, tmp: mp.setattr(gpu_check.sysconfig, "get_paths", lambda: {"include": str(tmp)}),
+                       "development headers"),
+    "glibc": (lambda mp, tmp: mp.setattr(gpu_check.os, "confstr", lambda name: "glibc 2.31"),
+              "glibc 2.31; the wheelhouse's ffcv and its libraries need glibc >= 2.34"),
+    "libstdcxx": (lambda mp, tmp: mp.setattr(gpu_check, "libstdcxx_path",
+                                             lambda: (str(_fake_libstdcxx(tmp, "29")), "the test's")),
+                  "GLIBCXX_3.4.29 at most; the wheelhouse's libraries need GLIBCXX_3.4.30 (gcc 12's): install gcc 12's"),
+    "timm": (lambda mp, tmp: mp.setitem(sys.modules, "timm", SimpleNamespace(__version__="0.9.16")),
+             "timm 0.9.16; locvit pins timm==1.0.31 (pyproject.toml): install it"),
+}
+
+
+@pytest.mark.parametrize("piece", list(NODE_LACKS))
+def test_a_node_without_a_piece_stops_before_any_section(piece, tmp_path, monkeypatch):
+    assert set(NODE_LACKS) == set(gpu_check.NODE_PIECES)
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_check", lambda *a, **k: ran.append(k) or {"problems": [], "path": "gpu.json"})
+    argv = ["--device", "cpu", "--quick", "--results-dir", str(tmp_path)]
+    assert gpu_check.node_report()["missing"] == {}  # this machine has every piece
+    lack, says = NODE_LACKS[piece]
+    lack(monkeypatch, tmp_path)
+    assert list(gpu_check.node_report()["missing"]) == [piece]
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(argv)
+    message = str(stop.value.code)
+    assert "no section ran" in message and f"  {piece}: " in message and says in message, message
+    assert f"--allow-missing {piece}" in message and ran == []
+    gpu_check.main([*argv, "--allow-missing", piece])  # allowed by name: the sections run
+    assert len(ran) == 1 and ran[0]["node"]["missing"] == {piece: ran[0]["node"]["missing"][piece]}
+
+
+def test_the_allow_flags_take_known_names_only(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--allow-skipped", "cuda_tests,nonsense"])
+    assert "nonsense: not one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--allow-missing", "gcc"])
+    assert "gcc: not one of" in capsys.readouterr().err
 
 
 def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -165,7 +241,11 @@ def test_wheelhouse_list_pins_what_is_installed_here_and_leaves_out_the_node_pac
     pins = wheelhouse.requirements()
     node = wheelhouse.closure(wheelhouse.NODE_HAS)
     assert {"ffcv", "jsonschema", "pytest", "rpds-py"} <= set(pins)
-    assert not set(pins) & set(node)
+    assert set(pins) & set(node) == {"timm"}  # carried at pyproject.toml's pin over the node's own
+    assert pins["timm"] == wheelhouse.pinned("timm") == "1.0.31"
+    assert wheelhouse.node_needs() == {"glibc": "2.34", "glibcxx": "3.4.30", "timm": "1.0.31"}
+    assert wheelhouse.node_needs({"glibc": "2.35", "glibcxx": "3.4.29"})["glibc"] == "2.35"  # raised, never lowered
+    assert wheelhouse.node_needs({"glibcxx": "3.4.29"})["glibcxx"] == "3.4.30"
     assert {"torch", "timm", "numba", "numpy", "pyyaml", "torchvision"} <= set(node)
     for name, version in pins.items():
         assert md.version(name) == version, name
