@@ -47,7 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
+import sysconfig  # noqa: F401  (locvit.toolchain's probe reads it; tests hide Python.h through it)
 import tarfile
 import tempfile
 import time
@@ -60,6 +60,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (benchmarks/common.py)
 import wheelhouse  # noqa: E402  (benchmarks/wheelhouse.py: what the node must provide)
+from locvit import toolchain  # noqa: E402  (the compiler and Python headers Triton builds with)
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELHOUSE = REPO / "wheelhouse"
@@ -448,21 +449,6 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
 NODE_PIECES = ("compiler", "python-headers", "glibc", "libstdcxx", "timm")
 
 
-def probe_compiler() -> dict:
-    """The C compiler Triton would use: ``$CC``, else ``cc`` or ``gcc`` on PATH, with its ``--version``'s first line."""
-    for exe in (os.environ.get("CC"), "cc", "gcc"):
-        path = shutil.which(exe) if exe else None
-        if path:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-            return {"path": path, "version": (out.splitlines() or ["unknown"])[0]}
-    return {"path": None, "version": None}
-
-
-def probe_python_headers() -> dict:
-    include = sysconfig.get_paths()["include"]
-    return {"include": include, "python_h": (Path(include) / "Python.h").is_file()}
-
-
 def probe_glibc() -> str | None:
     """glibc's version (``os.confstr("CS_GNU_LIBC_VERSION")``, "glibc 2.36"; else ``platform.libc_ver()``)."""
     try:
@@ -525,17 +511,9 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
     maps each piece (:data:`NODE_PIECES`) that is missing or too old to what to install."""
     needs = needs or node_needs()
     older = lambda have, need: have is None or wheelhouse.version_tuple(have) < wheelhouse.version_tuple(need)  # noqa: E731
-    cc, headers, glibc, cxx, timm_version = (probe_compiler(), probe_python_headers(), probe_glibc(),
-                                             probe_libstdcxx(), probe_timm())
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    missing = {}
-    if cc["path"] is None:
-        missing["compiler"] = ("no C compiler ($CC, cc or gcc on PATH), which Triton builds torch.compile's CUDA "
-                               "launchers with: install gcc (apt-get install gcc, dnf install gcc, module load gcc)")
-    if not headers["python_h"]:
-        missing["python-headers"] = (f"no Python.h in {headers['include']}, which Triton compiles against: install "
-                                     f"Python {py}'s development headers (apt-get install python{py}-dev, "
-                                     f"dnf install python{py}-devel)")
+    cc, headers = toolchain.probe_compiler(), toolchain.probe_python_headers()
+    glibc, cxx, timm_version = probe_glibc(), probe_libstdcxx(), probe_timm()
+    missing = toolchain.missing_pieces(cc, headers)  # the compiler and headers Triton builds with
     if older(glibc, needs["glibc"]):
         missing["glibc"] = (f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "
                             f"{needs['glibc']}: use a node with a newer one (Ubuntu 22.04, Debian 12, RHEL 9 or later) "

@@ -33,6 +33,7 @@ Choices (the paper is silent or vague; each is an option):
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence, Union
 
 import torch
@@ -45,6 +46,7 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.cait import Cait, TalkingHeadAttn
 from timm.models.vision_transformer import VisionTransformer, _cfg
 
+from locvit import toolchain
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
 from locvit.models.family import Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
 
@@ -196,6 +198,9 @@ class MaskedAttention(Attention):
         self._restrict_cache: torch.Tensor | None = None  # built on first use (not in the state dict)
         self.restrict_kernel = "auto"  # MaiT's option (see MaiT): flex on CUDA, dense elsewhere
         self._block_mask = None  # FlexAttention's block-sparse mask, built on first use
+        # What the node lacks to compile FlexAttention (locvit.toolchain.missing), probed before any forward so
+        # that a torch.compile'd forward reads a constant here; None: probe at the first compiled call.
+        self.toolchain_missing: dict[str, str] | None = None
 
     def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
@@ -244,14 +249,16 @@ class MaskedAttention(Attention):
 
     def _flex(self, x: torch.Tensor) -> bool:
         """Whether this call takes FlexAttention: restrict masks, ``restrict_kernel`` flex (or auto on
-        CUDA), and no attention dropout to apply (FlexAttention has none)."""
+        CUDA), no attention dropout to apply (FlexAttention has none), and, where it is compiled, a
+        node that can build Triton's launchers (:func:`_flex_buildable`)."""
         if self.masks.mode != "restrict" or self.restrict_kernel == "dense":
             return False
-        if self.restrict_kernel == "auto" and x.device.type != "cuda":
+        compiled = _flex_compiles(x.device)
+        if self.restrict_kernel == "auto" and not compiled:
             return False
-        if self.training and (x.device.type != "cuda" or self.attn_drop.p > 0):
+        if self.training and (not compiled or self.attn_drop.p > 0):
             return False  # eager FlexAttention (off CUDA) has no correct backward; it has no dropout either
-        return True
+        return not compiled or _flex_buildable(self.restrict_kernel, self.toolchain_missing)
 
     def _restrict_flex(self, x: torch.Tensor, B: int, N: int) -> torch.Tensor:
         """Masked heads through FlexAttention with a block-sparse neighbourhood mask (work skipped
@@ -347,12 +354,36 @@ class MaskedTalkingHeadAttn(TalkingHeadAttn):
         return self.proj_drop(self.proj(x))
 
 
+def _flex_compiles(device: torch.device) -> bool:
+    """Whether FlexAttention runs compiled on ``device`` (on CUDA: its fast path, built by Triton)."""
+    return device.type == "cuda"
+
+
+def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> bool:
+    """Whether this node can build compiled FlexAttention (:mod:`locvit.toolchain`). When it cannot,
+    ``auto`` falls back to the dense restrict kernel (the same result) with one warning per process saying
+    what to install, and an explicit ``flex`` raises :class:`locvit.toolchain.ToolchainError`."""
+    global _WARNED_NO_TOOLCHAIN
+    missing = toolchain.missing() if missing is None else missing
+    if not missing:
+        return True
+    if restrict_kernel == "flex":
+        toolchain.require("MaiT's restrict_kernel: flex (FlexAttention, compiled on CUDA)",
+                          "set restrict_kernel: auto (falls back to dense here) or dense")
+    if not _WARNED_NO_TOOLCHAIN:
+        _WARNED_NO_TOOLCHAIN = True
+        warnings.warn("MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
+                      "1,000 tokens): compiled FlexAttention needs a C compiler and Python's headers to build "
+                      f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}", stacklevel=2)
+    return False
+
+
 def _flex_attention(device: torch.device):
     """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (a reference, for tests)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     global _COMPILED_FLEX
-    if device.type != "cuda":
+    if not _flex_compiles(device):
         return flex_attention
     if _COMPILED_FLEX is None:
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
@@ -360,6 +391,7 @@ def _flex_attention(device: torch.device):
 
 
 _COMPILED_FLEX = None
+_WARNED_NO_TOOLCHAIN = False  # the fallback's warning, once per process
 RESTRICT_KERNELS = ("auto", "flex", "dense")
 
 
@@ -393,7 +425,10 @@ class MaiT(VisionTransformer):
         restrict_kernel: how ``restrict`` heads run: ``auto`` (FlexAttention with a block-sparse
             neighbourhood mask on CUDA, dense masked attention elsewhere), ``flex`` or ``dense``.
             FlexAttention has no attention dropout: with ``attn_drop_rate`` > 0 training uses dense;
-            off CUDA it runs (eager, forward only) in eval mode, training uses dense.
+            off CUDA it runs (eager, forward only) in eval mode, training uses dense. On CUDA it is
+            compiled, which needs a C compiler and Python's headers (:mod:`locvit.toolchain`): without
+            them ``auto`` falls back to dense with one warning per process naming what to install,
+            and ``flex`` raises :class:`locvit.toolchain.ToolchainError` at the first forward.
         drop_path_schedule: ``linear`` (timm's and DeiT's: 0 in the first block up to
             ``drop_path_rate`` in the last) or ``constant`` (``drop_path_rate`` in every block,
             as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
@@ -416,8 +451,10 @@ class MaiT(VisionTransformer):
             for block in self.blocks:  # every block's both branches at the full rate
                 block.drop_path1, block.drop_path2 = DropPath(rate), DropPath(rate)
         self.drop_path_schedule = drop_path_schedule
+        missing = toolchain.missing() if mask_mode == "restrict" and restrict_kernel != "dense" else None
         for block in self.blocks:
             block.attn.restrict_kernel = restrict_kernel
+            block.attn.toolchain_missing = missing
         install_masks(self, [b.attn for b in self.blocks], self.num_prefix_tokens, masked_heads, mask_kernel,
                       mask_mode, mask_type, alpha_init, random_seed)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from locvit import models
+from locvit import models, toolchain
 from locvit.config import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.ffcv_io import make_loader
@@ -105,6 +105,11 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     recipe = cfg["train"]
     device = models.device_for(recipe["device"], dist.local_rank)
     batch = per_process_batch(recipe, dist.world_size)
+    if recipe["compile"]:
+        # torch.compile's default backend, inductor, builds C++ kernels on the CPU and Triton's launchers on
+        # CUDA with a C compiler: without one, say so now, not at the first step.
+        toolchain.require(f"train.compile: true (torch.compile's inductor on {device.type})",
+                          "set train.compile: false")
     model = models.create(cfg).to(device)
     if recipe["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
