@@ -24,14 +24,10 @@ import sys
 from pathlib import Path
 
 from locvit.io import write_text
-from locvit.report.tables import as_markdown, summary_lines
+from locvit.report.tables import as_markdown, num, read_results_csv, summary_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
-
-
-def _num(value: str, fmt: str = ".2f") -> str:
-    return format(float(value), fmt) if value else "–"
 
 
 def efficiency_lines(rows: list[dict]) -> list[list[str]]:
@@ -44,13 +40,13 @@ def efficiency_lines(rows: list[dict]) -> list[list[str]]:
         for r in rows:
             if not r[f"{f} n"]:
                 continue
-            mean = _num(r[f]) + (f" ± {_num(r[f'{f} std'])}" if r[f"{f} std"] else "")
-            ci = f"[{_num(r[f'{f} ci95_low'])}, {_num(r[f'{f} ci95_high'])}]" if r[f"{f} ci95_low"] else "–"
-            delta = f"{_num(r[f'{f} delta'], '+.2f')} vs {r[f'{f} reference']}" if r[f"{f} reference"] else "–"
-            dci = (f"[{_num(r[f'{f} delta_ci95_low'], '+.2f')}, {_num(r[f'{f} delta_ci95_high'], '+.2f')}]"
+            mean = num(r[f]) + (f" ± {num(r[f'{f} std'])}" if r[f"{f} std"] else "")
+            ci = f"[{num(r[f'{f} ci95_low'])}, {num(r[f'{f} ci95_high'])}]" if r[f"{f} ci95_low"] else "–"
+            delta = f"{num(r[f'{f} delta'], '+.2f')} vs {r[f'{f} reference']}" if r[f"{f} reference"] else "–"
+            dci = (f"[{num(r[f'{f} delta_ci95_low'], '+.2f')}, {num(r[f'{f} delta_ci95_high'], '+.2f')}]"
                    if r[f"{f} delta_ci95_low"] else "–")
             lines.append([f.replace(" of train", ""), r["Variant"], r[f"{f} n"], mean, ci, delta, dci,
-                          _num(r[f"{f} mde80"]), r[f"{f} verdict"] or "–"])
+                          num(r[f"{f} mde80"]), r[f"{f} verdict"] or "–"])
     return lines
 
 
@@ -59,7 +55,7 @@ def throughput_lines(rows: list[dict]) -> list[list[str]]:
     lines = [["variant", "images/s", "rounds' range", "× baseline"]]
     for r in rows:
         lines.append([r["variant"], f"{float(r['img_s_median']):,.0f}",
-                      f"{float(r['img_s_low']):,.0f}-{float(r['img_s_high']):,.0f}", _num(r["ratio_vs_baseline"])])
+                      f"{float(r['img_s_low']):,.0f}-{float(r['img_s_high']):,.0f}", num(r["ratio_vs_baseline"])])
     return lines
 
 
@@ -94,7 +90,8 @@ def render(kind: str, source: str) -> str:
         raise FileNotFoundError(f"{source} (quoted by a '<!-- table: ... -->' marker) does not exist")
     if kind in FILE_RENDER:
         return as_markdown(FILE_RENDER[kind](path))
-    return as_markdown(RENDER[kind](list(csv.DictReader(path.open()))))
+    rows = read_results_csv(path) if kind == "results" else list(csv.DictReader(path.open(newline="")))
+    return as_markdown(RENDER[kind](rows))
 
 
 def docs() -> list[Path]:

@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from locvit.io import write_text
+from locvit.io import atomic_path, write_text
 
 RUN_LINK = re.compile(r"\[s\d+\]\([^)]*/runs/([0-9a-f]{32})[^)]*\)")
 
@@ -37,7 +37,8 @@ def publish(src: Path, dest: Path, names: list[str]) -> list[Path]:
         if source.suffix == ".md":
             write_text(target, unlink_runs(source.read_text()))
         else:
-            shutil.copy2(source, target)
+            with atomic_path(target) as tmp:  # a copy cut short leaves the previous file, never half of one
+                shutil.copyfile(source, tmp)
         copies.append(target)
     return copies
 

@@ -147,3 +147,16 @@ def test_the_two_machines_figures_are_the_files():
     assert f"{min(diffs.values()):+.2f} to {max(diffs.values()):+.2f} points from the AMD's".lstrip("+") in text
     for v, x in seeds.items():
         assert float(amd[v]["test_top1_ci95_low"]) <= statistics.mean(x) <= float(amd[v]["test_top1_ci95_high"]), v
+
+
+def test_a_results_csv_of_an_older_locvit_is_named_with_what_to_do(tmp_path):
+    """`locvit results --csv` and the doc tables read a results.csv through read_results_csv: the Xeon's
+    file, written before the verdict columns, gets an error naming it and the fix, not a KeyError."""
+    from locvit.report.tables import read_results_csv
+
+    old = REPO / "benchmarks" / "results" / "demo_xeon" / "results.csv"
+    with pytest.raises(ValueError, match=r"demo_xeon/results\.csv lacks the columns .*delta_ci95_low.*re-run"):
+        read_results_csv(old)
+    with pytest.raises(FileNotFoundError, match="nothing.csv does not exist"):
+        read_results_csv(tmp_path / "nothing.csv")
+    assert len(read_results_csv(REPO / "benchmarks" / "results" / "demo" / "results.csv")) == 8

@@ -177,20 +177,16 @@ def cmd_sync_tracking(args) -> None:
 
 
 def cmd_results(args) -> None:
-    import csv
-
-    from locvit.report.tables import as_markdown, as_text, summary_lines
+    from locvit.report.tables import as_markdown, as_text, read_results_csv, summary_lines
 
     if args.csv:  # any results.csv, e.g. a committed one (benchmarks/results/demo/results.csv)
-        if not args.csv.is_file():
-            raise FileNotFoundError(f"{args.csv} does not exist; give a results.csv written by the report step")
-        print(as_markdown(summary_lines(list(csv.DictReader(args.csv.open())))), end="")
+        print(as_markdown(summary_lines(read_results_csv(args.csv))), end="")
         return
     params = load_params(args.params, check_models=False)
     table = StudyLayout.of(params).report / "results.md"
     if not table.is_file():
         raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
-    lines = summary_lines(list(csv.DictReader(table.with_suffix(".csv").open())))
+    lines = summary_lines(read_results_csv(table.with_suffix(".csv")))
     if args.markdown:
         print(as_markdown(lines), end="")
         return

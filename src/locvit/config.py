@@ -83,6 +83,8 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
         sub = schema["$defs"][sub["$ref"].split("/")[-1]] if "$ref" in sub else sub
         out[section] = _fill_defaults_section(out[section], sub)
     out["resources"] = {**schema["properties"]["resources"]["default"], **out["resources"]}  # key by key
+    if out.get("seed_budget"):  # an optional section: its keys' defaults once it is given
+        out["seed_budget"] = _fill_defaults_section(out["seed_budget"], schema["properties"]["seed_budget"])
     for variant in out["variants"].values():
         variant.setdefault("kwargs", {})
         variant.setdefault("train", {})
@@ -139,7 +141,6 @@ def _budget_seeds(params: dict) -> None:
     """seed_budget: each variant's ``seeds`` from its training fraction (in place; a variant's own seeds stay)."""
     budget = params.get("seed_budget")
     if budget:
-        budget.setdefault("max_seeds", 10)
         for name, spec in params["variants"].items():
             spec.setdefault("seeds", budget_seeds(params["seeds"], variant_fraction(params, name), budget))
 

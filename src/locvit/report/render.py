@@ -84,11 +84,12 @@ class Table:
         families: dict[str, list[tuple[int, int]]] = {}
         for r, c in cells:
             families.setdefault(self.rows[r][c].reference, []).append((r, c))
-        for family in families.values():
+        tested: dict[str, int] = {}  # reference -> comparisons with a p-value (the family's size m)
+        for ref, family in families.items():
             tests = [self.rows[r][c].test for r, c in family]
             p_holm = stats.holm([t.p for t in tests])
             p_eq = stats.holm([t.p_equivalent for t in tests])
-            m = sum(t.p is not None for t in tests)
+            m = tested[ref] = sum(t.p is not None for t in tests)
             for (r, c), t, p, q in zip(family, tests, p_holm, p_eq):
                 detectable = stats.mde(t.se, t.df, stats.ALPHA / m) if t.p is not None else None
                 self.rows[r][c] = replace(self.rows[r][c], p_holm=p, p_equivalent_holm=q, mde=detectable,
@@ -99,9 +100,7 @@ class Table:
                     self.rows[r][c] = replace(cell, verdict="baseline")
         if families:
             margins = {self.rows[r][c].test.margin for r, c in cells} - {None}
-            tested = {ref: sum(self.rows[r][c].test.p is not None for r, c in f) for ref, f in families.items()}
-            note = verdicts_note(tested,
-                                 margins.pop() if len(margins) == 1 else None)
+            note = verdicts_note(tested, margins.pop() if len(margins) == 1 else None)
             self.notes = [*[n for n in self.notes if not n.startswith("Δ: difference")], note]
 
     @property

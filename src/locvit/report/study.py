@@ -218,7 +218,7 @@ class Study:
     @property
     def margin(self) -> float:
         """The equivalence margin in points (params' ``equivalence_margin``)."""
-        return float(self.params.get("equivalence_margin", 1.0))
+        return float(self.params["equivalence_margin"])
 
     def acc(self, v: Variant) -> Acc:
         """``v``'s test top-1, compared with its reference's (uncompared for the reference itself)."""

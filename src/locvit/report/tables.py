@@ -121,7 +121,23 @@ def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> T
     return table
 
 
-def _num(value: str, fmt: str = ".2f") -> str:
+def read_results_csv(path: Path) -> list[dict]:
+    """The rows of a results.csv, after checking it has the columns :func:`summary_lines` reads (a file
+    written by an older locvit lacks the verdict columns: re-run its report)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; give a results.csv written by the report step")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in (*ACC_CSV.values(),) if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
+                             "locvit (an older one has no verdicts); re-run the study's report")
+        return list(reader)
+
+
+def num(value: str, fmt: str = ".2f") -> str:
+    """A CSV cell as a formatted number, ``–`` where it is empty."""
     return format(float(value), fmt) if value not in ("", None) else "–"
 
 
@@ -132,12 +148,12 @@ def summary_lines(rows: list[dict]) -> list[list[str]]:
     lines = [["variant", "n", "test top-1 (%)", "95% CI", f"Δ vs {refs[0]}" if len(refs) == 1 else "Δ vs reference",
               "Δ 95% CI", "MDE", "verdict"]]
     for r in rows:
-        ci = f"[{_num(r['test_top1_ci95_low'])}, {_num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
-        dci = (f"[{_num(r['delta_ci95_low'], '+.2f')}, {_num(r['delta_ci95_high'], '+.2f')}]"
+        ci = f"[{num(r['test_top1_ci95_low'])}, {num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
+        dci = (f"[{num(r['delta_ci95_low'], '+.2f')}, {num(r['delta_ci95_high'], '+.2f')}]"
                if r["delta_ci95_low"] else "–")
-        mean = _num(r["test_top1_mean"]) + (f" ± {_num(r['test_top1_std'])}" if r["test_top1_std"] else "")
-        delta = _num(r["delta_vs_baseline"], "+.2f") + (f" vs {r['reference']}" if len(refs) > 1 else "")
-        lines.append([r["variant"], r["n_seeds"], mean, ci, delta, dci, _num(r["mde80"]), r["verdict"] or "–"])
+        mean = num(r["test_top1_mean"]) + (f" ± {num(r['test_top1_std'])}" if r["test_top1_std"] else "")
+        delta = num(r["delta_vs_baseline"], "+.2f") + (f" vs {r['reference']}" if len(refs) > 1 else "")
+        lines.append([r["variant"], r["n_seeds"], mean, ci, delta, dci, num(r["mde80"]), r["verdict"] or "–"])
     return lines
 
 
