@@ -8,7 +8,8 @@ repeats, from the repository root on the study of params.yaml (the demo: run
 copy of the workflow (its results table, training curves and locality table kept in benchmarks/results/demo/),
 and where its time goes: per rule, the jobs' summed wall time from
 Snakemake's log and, for training, how much of it the epochs took (metrics.json's
-train_time_s) and how much went to everything else (process start, imports, MLflow, loaders).
+train_time_s) and how much went to everything else (process start, imports, MLflow, loaders), and
+MLflow's whole share of the job time (:func:`mlflow_share`).
 
     cd benchmarks && ../.venv/bin/python bench_pipeline.py [--repeats 5] [--demo [--keep NAME]]
 
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_tracking import sampler_cost
 from common import alternate, median, write_result
 from publish import publish
 
@@ -75,6 +77,31 @@ def breakdown(log: str, study_dir: Path) -> dict:
     return rules
 
 
+MLFLOW_LINE = re.compile(r"^MLflow: .* logged in ([0-9.]+) s$", re.M)
+
+
+def mlflow_share(study_dir: Path, job_s: float, sample_cpu_s: float) -> dict:
+    """MLflow's whole share of a finished study's job time: the seconds its calls took in training
+    (metrics.json's tracking record: the import, the run tree, params, datasets, epochs, the model),
+    in evaluation and in the report (their logs' "MLflow: ... logged in X s" lines), and the system
+    metrics' sampling thread (samples logged x ``sample_cpu_s``, bench_tracking.py's CPU per sample)."""
+    import mlflow
+
+    runs = [json.loads(p.read_text()) for p in study_dir.glob("runs/*/seed*/metrics.json")]
+    train = sum(m["tracking"].get("seconds", 0.0) for m in runs)
+    logs = study_dir / "logs"
+    evaluate = sum(float(x) for p in logs.glob("evaluate/*.log") for x in MLFLOW_LINE.findall(p.read_text()))
+    report = sum(float(x) for x in MLFLOW_LINE.findall((logs / "report.log").read_text()))
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
+    samples = sum(len(client.get_metric_history(m["mlflow_run_id"], "system/cpu_utilization_percentage"))
+                  for m in runs)
+    sampling = samples * sample_cpu_s
+    total = train + evaluate + report + sampling
+    return {"train_s": round(train, 2), "evaluate_s": round(evaluate, 2), "report_s": round(report, 2),
+            "system_metrics_samples": samples, "system_metrics_s": round(sampling, 2), "total_s": round(total, 2),
+            "job_s": round(job_s, 1), "share_of_job_time": round(total / job_s, 4)}
+
+
 def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
     """`snakemake --cores all all` on params.yaml in a fresh copy of the workflow (nothing cached but models),
     and where the time went (:func:`breakdown`)."""
@@ -95,7 +122,10 @@ def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
         publish(study / "report", keep, ["results.md", "results.csv", "results_seeds.csv", "throughput.csv",
                                          "figures/curves.png", "figures/attention_distance.png",
                                          "tables/locality.csv"])
-        return wall, breakdown(log, study)
+        where = breakdown(log, study)
+        where["mlflow"] = mlflow_share(study, sum(r["job_s"] for r in where.values()),
+                                       sampler_cost(samples=20)["cpu_ms_per_sample"] / 1000)
+        return wall, where
 
 
 def main() -> None:
@@ -134,9 +164,15 @@ def main() -> None:
         payload["demo_wall_s"] = round(wall, 1)
         payload["demo_breakdown"] = where
         print(f"demo from scratch: {wall / 60:.1f} min")
+        share = where.pop("mlflow")
+        payload["demo_mlflow"] = share
         for rule, r in where.items():
             print(f"  {rule:16s} {r['jobs']:3d} job(s), {r['job_s']:7.1f} s of job time" +
                   (f" ({r['epochs_s']:.1f} s in epochs, {r['other_s']:.1f} s around them)" if "epochs_s" in r else ""))
+        print(f"  MLflow: {share['total_s']:.1f} s of {share['job_s']:.0f} s of job time "
+              f"({100 * share['share_of_job_time']:.1f} %; goal < 5 %): training {share['train_s']:.1f} s, "
+              f"evaluation {share['evaluate_s']:.1f} s, report {share['report_s']:.1f} s, system metrics "
+              f"{share['system_metrics_s']:.2f} s ({share['system_metrics_samples']} samples)")
     print(f"wrote {write_result('pipeline' if args.keep == 'demo' else f'pipeline_{args.keep}', payload)}")
 
 

@@ -134,6 +134,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def seed_runs(client, study: str) -> list:
+    """The training runs of a study's experiment (not the study and variant runs above them)."""
+    exp = client.get_experiment_by_name(study)
+    return client.search_runs([exp.experiment_id], filter_string="tags.`locvit.role` = 'seed'")
+
+
 def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
     """`locvit train` of one run config on the prepared tiny data (one thread, no progress bar)."""
     return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),

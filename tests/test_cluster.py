@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, REPO, copy_workflow, env_with_venv, train_cmd
+from conftest import BIN, REPO, copy_workflow, env_with_venv, seed_runs, train_cmd
 from locvit.train.checkpoint import load_checkpoint
 from slurm_cluster import LocalSlurm, node_overrides, unavailable
 
@@ -157,8 +157,7 @@ def test_every_job_went_through_sbatch_grouped(study, cluster):
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work / 'results' / 'tiny' / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("tiny")
-    runs = client.search_runs([exp.experiment_id])
+    runs = seed_runs(client, "tiny")
     by_id = {j["job_id"]: j for j in jobs}
     assert runs
     for run in runs:

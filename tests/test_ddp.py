@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, copy_workflow, env_with_venv
+from conftest import BIN, copy_workflow, env_with_venv, seed_runs
 from locvit.config import run_config
 from locvit import models
 from locvit.train.checkpoint import load_checkpoint, weights_digest
@@ -50,7 +50,7 @@ def test_two_processes_end_with_equal_weights_in_one_mlflow_run(ddp_run):
     assert metrics["rank_weights_sha256"] == [weights_digest(last["model"])] * 2
     assert last["world_size"] == 2 and len(last["rng"]) == 2  # each rank's generators, to resume from
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ddp_run['root'] / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(ddp_run["cfg"]["study"]).experiment_id])
+    runs = seed_runs(client, ddp_run["cfg"]["study"])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["world_size"] == "2" and float(runs[0].data.params["lr_peak"]) == 0.002
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_top1")] == [0, 1]

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import env_with_venv, train_cmd
+from conftest import env_with_venv, seed_runs, train_cmd
 from locvit.config import run_config
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +69,7 @@ def test_one_bad_step_too_many_stops_the_run_and_keeps_the_last_good_epoch(cfg, 
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    (run,) = seed_runs(client, cfg["study"])
     assert run.info.status == "FAILED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0]
 

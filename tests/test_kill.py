@@ -34,7 +34,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv
+from conftest import BIN, copy_workflow, env_with_venv, seed_runs
 from locvit.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -190,7 +190,7 @@ def test_the_killed_study_is_one_mlflow_run_with_each_epoch_once(works, killed):
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{works['cut'] / 'results/kill/mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+    (run,) = seed_runs(client, "kill")
     assert run.info.status == "FINISHED", SEED
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")]
     assert sorted(steps) == list(range(EPOCHS)), f"seed {SEED}: {steps}"

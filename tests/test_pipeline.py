@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv, free_port, snakemake
+from conftest import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
 from locvit.analysis.throughput import read_throughput
 from locvit.io import unpack_bits
+from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
 pytestmark = pytest.mark.e2e
 TINY = "presets/tiny.yaml"
@@ -94,7 +95,7 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout)
     exp = client.get_experiment_by_name("tiny")
     assert exp is not None and exp.tags["mlflow.experimentKind"] == "custom_model_development"  # model training
     manifest = json.loads((layout.data_files()["manifest"]).read_text())
-    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
+    runs = [r for r in seed_runs(client, "tiny") if r.data.tags["variant"] in params["variants"]]
     assert len(runs) == len(params["variants"]) * len(params["seeds"])
     seen = set()
     for run in runs:
@@ -125,6 +126,82 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout)
     assert seen == {(v, s) for v in params["variants"] for s in params["seeds"]}
 
 
+def test_mlflow_reads_as_the_results_table(study, params, layout):
+    """One top-level run (the study's: the params file and the report), one run per variant under it whose
+    metrics are its row of results.csv, every seed run under its variant's with MLflow's system metrics."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    every = client.search_runs([exp])
+    (top,) = [r for r in every if PARENT not in r.data.tags]
+    assert top.data.tags[ROLE] == "study" and top.info.run_name == "tiny" and top.info.status == "FINISHED"
+    assert top.data.tags["baseline"] == params["baseline"]
+    artifacts = {a.path for a in client.list_artifacts(top.info.run_id, "report")}
+    assert {f"report/{n}" for n in ("results.md", "results.csv", "index.md", "tables", "figures")} <= artifacts
+    assert "tiny.yaml" in {a.path for a in client.list_artifacts(top.info.run_id)}
+    rows = {r["variant"]: r for r in csv.DictReader((layout.report / "results.csv").open())}
+    speed = read_throughput(layout.throughput_file)
+    variants = {r.data.tags["variant"]: r for r in every if r.data.tags.get(ROLE) == "variant"}
+    assert set(rows) <= set(variants)  # and the mask search's rounds
+    for name, run in variants.items():
+        assert run.data.tags[PARENT] == top.info.run_id and run.info.status == "FINISHED" and run.info.run_name == name
+        if name not in rows:
+            continue
+        row, metrics = rows[name], run.data.metrics
+        for key in ("test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high", "n_seeds"):
+            assert metrics[key] == float(row[key]), (name, key)  # the file's numbers, not recomputed ones
+        assert metrics["img_s_vs_baseline"] == speed[name]["ratio_vs_baseline"]
+        assert run.data.tags["verdict"] == row["verdict"]
+        if row["verdict"] != "baseline":
+            for key in ("delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline", "p_holm", "mde80"):
+                assert metrics[key] == float(row[key]), (name, key)
+            assert run.data.tags["reference"] == row["reference"] == params["baseline"]
+        seeds = [r for r in every if r.data.tags.get(PARENT) == run.info.run_id]
+        assert sorted(int(r.data.tags["seed"]) for r in seeds) == params["seeds"]
+        assert {r.info.run_id for r in seeds} == set(row["mlflow_run_ids"].split())
+        for seed in seeds:
+            assert seed.data.tags[ROLE] == "seed" and "system/cpu_utilization_percentage" in seed.data.metrics
+    by_mean = sorted((r for n, r in variants.items() if n in rows), key=lambda r: -r.data.metrics["test_top1_mean"])
+    assert [r.data.tags["variant"] for r in by_mean] == sorted(rows, key=lambda n: -float(rows[n]["test_top1_mean"]))
+
+
+def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study, params, layout, tmp_path, prepared):
+    import shutil
+
+    import mlflow
+
+    from locvit.config import run_config
+    from locvit.report.build import build_report
+
+    db = tmp_path / "mlflow.db"  # a copy: the browser tests read the study's own
+    shutil.copy(layout.tracking_db, db)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    before = {r.info.run_id: r for r in client.search_runs([exp])}
+    served = "https://mlflow.example.org/ui"  # where the users of this study open the UI
+    report = build_report({**params, "tracking": {**params["tracking"], "ui_url": served}}, layout.root,
+                          tmp_path / "report", tracking_db=db)
+    after = {r.info.run_id: r for r in client.search_runs([exp])}
+    assert set(after) == set(before)  # found by tags: nothing made twice
+    for run_id, run in after.items():
+        assert run.data.metrics == before[run_id].data.metrics, run.info.run_name
+    tree = report["mlflow"]["tree"]
+    assert tree["study_run"] == find(client, exp, study_tags("tiny"))[0].info.run_id
+    assert tree["compare_link"].startswith(served + "/#/compare-runs?runs=")
+    assert tree["study_link"] == f"{served}/#/experiments/{exp}/runs/{tree['study_run']}?workflowType=machine_learning"
+    links = re.findall(r"\]\((http[^)]+)\)", (tmp_path / "report" / "results.md").read_text())
+    assert links and all(link.startswith(f"{served}/#/experiments/{exp}/runs/") for link in links)
+
+    cfg = run_config(params, "deit_a", 7)  # a seed added to the study: it joins the variant's run
+    run_dir = tmp_path / "seed7"
+    subprocess.run(train_cmd(cfg, prepared, run_dir, db), check=True, env=env_with_venv(), capture_output=True)
+    added = client.get_run(json.loads((run_dir / "metrics.json").read_text())["mlflow_run_id"])
+    (variant,) = find(client, exp, variant_tags("tiny", "deit_a"))
+    assert added.data.tags[PARENT] == variant.info.run_id == tree["variant_runs"]["deit_a"]
+    assert len(client.search_runs([exp])) == len(before) + 1
+
+
 def test_every_run_logs_its_best_checkpoint_as_a_loadable_mlflow_model(study, params, layout):
     import mlflow
     import torch
@@ -134,7 +211,7 @@ def test_every_run_logs_its_best_checkpoint_as_a_loadable_mlflow_model(study, pa
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
     logged = {m.source_run_id: m for m in client.search_logged_models([exp.experiment_id])}
-    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["variant"] in params["variants"]]
+    runs = [r for r in seed_runs(client, "tiny") if r.data.tags["variant"] in params["variants"]]
     assert {r.info.run_id for r in runs} <= set(logged)  # the Models tab lists every run's model
     for run in runs:
         model = logged[run.info.run_id]
@@ -447,7 +524,8 @@ def _tracked_runs(layout, params: dict) -> tuple[str, dict, int]:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
     every = client.search_runs([exp.experiment_id])
-    return exp.experiment_id, {r.info.run_name: r for r in every if r.data.tags.get("variant") in params["variants"]}, \
+    seeds = [r for r in every if r.data.tags.get(ROLE) == "seed"]
+    return exp.experiment_id, {r.info.run_name: r for r in seeds if r.data.tags["variant"] in params["variants"]}, \
         len(every)
 
 
@@ -474,43 +552,107 @@ def _close_assistant(page) -> None:
         pass
 
 
-def test_mlflow_ui_lists_every_run_with_its_metrics(layout, params, mlflow_ui, page):
+RUN_NAME = '[col-id="attributes.`Run Name`"]'
+
+
+def _expand(page, name: str) -> None:
+    """Open a parent run's row in the runs table (the button before its name) onto its child runs."""
+    row = page.locator("[role=row]").filter(has=page.get_by_role("link", name=name, exact=True))
+    row.first.locator(f"{RUN_NAME} button").click()
+
+
+def _show_columns(page, *metrics: str) -> None:
+    page.get_by_role("button", name="Columns", exact=True).click()
+    for metric in metrics:
+        page.get_by_role("dialog").get_by_text(metric, exact=True).click()
+    page.keyboard.press("Escape")
+
+
+def _cell(page, run_id: str, metric: str):
+    return page.locator(f'[role=row][row-id="{run_id}"] [role=gridcell][col-id="metrics.`{metric}`"]')
+
+
+def test_mlflow_ui_reads_as_the_study(layout, params, mlflow_ui, page):
+    """The link `locvit mlflow-ui` prints opens the study's run; its runs table opens onto the variants,
+    whose test_top1_mean is results.csv's, and a variant onto its seeds."""
+    import mlflow
     from playwright.sync_api import expect
 
     mlflow_ui, printed = mlflow_ui
     exp_id, runs, n_runs = _tracked_runs(layout, params)
     expected = {f"{v}-seed{s}" for v in params["variants"] for s in params["seeds"]}
     assert set(runs) == expected
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
+    (study_run,) = find(client, exp_id, study_tags("tiny"))
+    variant_runs = {v: find(client, exp_id, variant_tags("tiny", v))[0] for v in params["variants"]}
+    rows = {r["variant"]: r for r in csv.DictReader((layout.report / "results.csv").open())}
 
     page.goto(mlflow_ui)  # the home page lists the experiments
     expect(page.get_by_role("link", name="tiny", exact=True)).to_be_visible()
     _save(page, "experiments.png")
-    page.get_by_role("link", name="tiny", exact=True).click()
-    expect(page).to_have_url(re.compile(rf"#/experiments/{exp_id}\b"))
 
-    # The link locvit mlflow-ui prints: the study's runs table in the model-training view.
-    assert printed == f"{mlflow_ui}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    # The link locvit mlflow-ui prints: the study's run, its variants as child runs.
+    assert printed == f"{mlflow_ui}/#/experiments/{exp_id}/runs/{study_run.info.run_id}?workflowType=machine_learning"
     page.goto(printed)
-    for name in sorted(expected):
-        expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
-    expect(page.get_by_text("digits-train").first).to_be_visible()  # the Datasets column
+    expect(page.get_by_role("heading", name="tiny")).to_be_visible()
     _close_assistant(page)
-    page.get_by_role("button", name="Columns", exact=True).click()  # show the comparison metrics
-    for metric in ("test_top1", "best_val_top1"):
-        page.get_by_role("dialog").get_by_text(metric, exact=True).click()
-    page.keyboard.press("Escape")
-    cells = {m: page.locator(f'[role=gridcell][col-id="metrics.`{m}`"]') for m in ("test_top1", "best_val_top1")}
-    for metric, cell in cells.items():
-        expect(page.get_by_role("columnheader", name=metric, exact=True).first).to_be_visible()
-        expect(cell).to_have_count(n_runs)  # the mask search's runs are in the table too
-    _save(page, "runs-table.png")
+    for variant in params["variants"]:
+        expect(page.get_by_role("link", name=variant, exact=True).first).to_be_visible()
+    _save(page, "study-run.png")
 
-    for name, run in runs.items():  # each run's row shows its own values
+    # The runs table: one row, the study's, which opens onto one row per variant with the table's numbers.
+    page.get_by_role("link", name="Runs", exact=True).first.click()
+    expect(page).to_have_url(re.compile(rf"#/experiments/{exp_id}/runs\b"))
+    expect(page.locator(f'[role=row][row-id="{study_run.info.run_id}"]').first).to_be_visible()
+    for variant, run in variant_runs.items():
+        expect(page.locator(f'[role=row][row-id="{run.info.run_id}"]')).to_have_count(0)  # folded under the study
+    _expand(page, "tiny")
+    _show_columns(page, "test_top1_mean", "test_top1", "best_val_top1")
+    for variant, run in variant_runs.items():
+        cell = _cell(page, run.info.run_id, "test_top1_mean")
+        expect(cell).to_be_visible()
+        assert f"{float(cell.inner_text()):.2f}" == f"{float(rows[variant]['test_top1_mean']):.2f}", variant
+    _save(page, "runs-tree.png")
+
+    for variant in params["variants"]:  # each variant opens onto its seed runs, with their own values
+        _expand(page, variant)
+    for name, run in runs.items():
         row = page.locator(f'[role=row][row-id="{run.info.run_id}"]')
         expect(row.get_by_role("link", name=name, exact=True)).to_be_visible()
-        for metric in cells:
-            text = row.locator(f'[role=gridcell][col-id="metrics.`{metric}`"]').inner_text()
+        for metric in ("test_top1", "best_val_top1"):
+            text = _cell(page, run.info.run_id, metric).inner_text()
             assert float(text) == pytest.approx(run.data.metrics[metric], abs=1e-6), (name, metric, text)
+    _save(page, "runs-tree-seeds.png")
+
+
+def test_mlflow_ui_compares_two_variants_and_shows_system_metrics(layout, params, mlflow_ui, page):
+    """The compare link of the report (and of `locvit mlflow-ui`) opens the variants side by side, then their
+    validation curves; a seed run's system metrics are charted."""
+    from playwright.sync_api import expect
+
+    mlflow_ui, _ = mlflow_ui
+    exp_id, runs, _ = _tracked_runs(layout, params)
+    report = json.loads((layout.report / "report.json").read_text())
+    link = report["mlflow"]["tree"]["compare_link"]
+    assert link.startswith(params["tracking"]["ui_url"])
+    page.goto(link.replace(params["tracking"]["ui_url"], mlflow_ui))  # the test's UI listens on another port
+    expect(page.get_by_text(f"Comparing {len(params['variants'])} Runs", exact=False)).to_be_visible()
+    for variant in params["variants"]:
+        expect(page.get_by_text(variant, exact=True).first).to_be_visible()
+    _close_assistant(page)
+    _save(page, "compare-variants.png")
+    page.locator('a[title="Plot chart"]').filter(has_text=re.compile(r"^val_loss$")).click()
+    expect(page).to_have_url(re.compile(r"#/metric\?"))
+    for variant in params["variants"]:  # one curve per variant: the mean over its seeds, per epoch
+        expect(page.get_by_text(f"{variant} (val_loss)", exact=True)).to_be_visible()
+    _save(page, "compare-curves.png")
+
+    variant, seed = next(iter(params["variants"])), params["seeds"][0]
+    run = runs[f"{variant}-seed{seed}"]
+    page.goto(f"{mlflow_ui}/#/experiments/{exp_id}/runs/{run.info.run_id}/system-metrics?workflowType=machine_learning")
+    expect(page.get_by_text("cpu_utilization_percentage", exact=True).first).to_be_visible()
+    expect(page.get_by_text("system_memory_usage_megabytes", exact=True).first).to_be_visible()
+    _save(page, "system-metrics.png")
 
 
 def test_mlflow_ui_shows_a_runs_metrics_and_report_plots(layout, params, mlflow_ui, page):

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import env_with_venv, train_cmd
+from conftest import env_with_venv, seed_runs, train_cmd
 from locvit.config import run_config
 from locvit.train.checkpoint import load_checkpoint, save_checkpoint
 from locvit.train.resume import plan_run
@@ -99,8 +99,7 @@ def test_a_resumed_run_is_one_finished_mlflow_run(runs, cfg):
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'cut.db'}")
-    experiment = client.get_experiment_by_name(cfg["study"])
-    found = client.search_runs([experiment.experiment_id])
+    found = seed_runs(client, cfg["study"])
     assert len(found) == 1
     run = found[0]
     assert run.info.status == "FINISHED"
@@ -120,9 +119,9 @@ def test_a_run_killed_before_its_params_were_logged_gets_them_when_it_resumes(ru
     kill_at(cmd, "run_created")
     run_ok(cmd)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-    (run,) = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    (run,) = seed_runs(client, cfg["study"])
     whole_client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs['root'] / 'whole.db'}")
-    (whole,) = whole_client.search_runs([whole_client.get_experiment_by_name(cfg["study"]).experiment_id])
+    (whole,) = seed_runs(whole_client, cfg["study"])
     assert run.info.status == "FINISHED" and run.data.params and run.data.params == whole.data.params
     datasets = [{(d.dataset.name, d.dataset.digest) for d in r.inputs.dataset_inputs} for r in (run, whole)]
     assert datasets[0] and datasets[0] == datasets[1]
@@ -208,5 +207,5 @@ def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_sam
         assert {k: v for k, v in a.items() if k != "train_images_per_s"} == \
                {k: v for k, v in b.items() if k != "train_images_per_s"}
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-    found = client.search_runs([client.get_experiment_by_name(cfg["study"]).experiment_id])
+    found = seed_runs(client, cfg["study"])
     assert [r.info.status for r in found] == ["FINISHED"]

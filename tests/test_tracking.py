@@ -28,10 +28,13 @@ import pytest
 from conftest import BIN, create_and_die, env_with_venv, free_port, train_cmd
 from locvit import cli, tracking
 from locvit.config import run_config
+from locvit.tracking.run import SYSTEM_METRICS_ENV
+from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
 EPOCHS = 2
 RUNS = [("deit_a", 0), ("deit_a", 1), ("mait_b", 0), ("mait_b", 1)]
 KEYS = {"train_loss", "train_top1", "train_images_per_s", "lr", "val_loss", "val_top1"}  # one value per epoch
+SAMPLED = {SYSTEM_METRICS_ENV: "0.5"}  # system metrics sampled often enough for runs of a few seconds
 
 
 @pytest.fixture(autouse=True)
@@ -125,6 +128,29 @@ def client_for(uri: str):
     return mlflow.MlflowClient(tracking_uri=uri)
 
 
+def check_tree(client, seed_runs: dict[tuple[str, int], str]) -> None:
+    """One top-level run (the study's), one run per variant under it, each seed run under its variant's."""
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    (study,) = find(client, exp, study_tags("tiny"))
+    assert [r.info.run_id for r in client.search_runs([exp]) if PARENT not in r.data.tags] == [study.info.run_id]
+    for variant in {v for v, _ in seed_runs}:
+        (run,) = find(client, exp, variant_tags("tiny", variant))
+        assert run.info.run_name == variant and run.data.tags[PARENT] == study.info.run_id
+        for (v, seed), run_id in seed_runs.items():
+            if v == variant:
+                tags = client.get_run(run_id).data.tags
+                assert tags[PARENT] == run.info.run_id and tags[ROLE] == "seed", (variant, seed)
+
+
+def check_system_metrics(client, run_id: str) -> None:
+    """MLflow's system metrics were sampled into the run (CPU and memory at least), at steps 0, 1, ..."""
+    metrics = client.get_run(run_id).data.metrics
+    for key in ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"):
+        steps = sorted(m.step for m in client.get_metric_history(run_id, key))
+        assert steps and steps == list(range(len(steps))), (key, steps)
+    assert 0 <= metrics["system/cpu_utilization_percentage"] <= 100
+
+
 def check_complete(client, run_id: str, history: list[dict]) -> None:
     """The run is FINISHED and holds every epoch of every metric, once, equal to metrics.json's history."""
     run = client.get_run(run_id)
@@ -167,8 +193,8 @@ def trained(tiny_params, prepared, tmp_path_factory, servers) -> dict:
     lone = start(train_cmd(cfgs[("deit_a", 0)], prepared, untracked_dir, untracked / "mlflow.db"),
                  MLFLOW_TRACKING_URI=closed)
     lone_started = time.monotonic()
-    procs = {key: start(sqlite_cmd(key), **({"SLURM_JOB_ID": "1001", "LOCVIT_KILL_AT": "after_epoch_0"}
-                                            if key == killed else {})) for key in RUNS}
+    procs = {key: start(sqlite_cmd(key), **SAMPLED, **({"SLURM_JOB_ID": "1001", "LOCVIT_KILL_AT": "after_epoch_0"}
+                                                       if key == killed else {})) for key in RUNS}
     sqlite_logs = {key: finish(proc, rc=-signal.SIGKILL if key == killed else 0) for key, proc in procs.items()}
     lone_logs = finish(lone)
     lone_s = time.monotonic() - lone_started
@@ -176,7 +202,7 @@ def trained(tiny_params, prepared, tmp_path_factory, servers) -> dict:
     server.wait_ready()
     resumed = start(sqlite_cmd(killed), SLURM_JOB_ID="1002", SLURM_RESTART_COUNT="1")
     procs = {key: start(train_cmd(cfg, prepared, via_server / "runs" / key[0] / f"seed{key[1]}",
-                                  via_server / "unused.db"), MLFLOW_TRACKING_URI=server.uri)
+                                  via_server / "unused.db"), MLFLOW_TRACKING_URI=server.uri, **SAMPLED)
              for key, cfg in cfgs.items()}
     server_logs = {key: finish(proc) for key, proc in procs.items()}
     sqlite_logs[killed] = finish(resumed)
@@ -218,8 +244,9 @@ def sqlite_runs(trained) -> dict:
 def test_four_concurrent_writers_into_one_sqlite_file_lose_nothing(sqlite_runs):
     client = client_for(sqlite_runs["uri"])
     (experiment,) = [e for e in client.search_experiments() if e.name == "tiny"]
-    runs = client.search_runs([experiment.experiment_id])
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`locvit.role` = 'seed'")
     assert len(runs) == len(RUNS)
+    ids = {}
     for variant, seed in RUNS:
         out, err = sqlite_runs["logs"][(variant, seed)]
         assert "database is locked" not in err and "TRACKING FAILED" not in err
@@ -229,6 +256,9 @@ def test_four_concurrent_writers_into_one_sqlite_file_lose_nothing(sqlite_runs):
         run = client.get_run(metrics["mlflow_run_id"])
         assert run.data.tags["variant"] == variant and run.data.tags["seed"] == str(seed)
         assert run.data.metrics["best_val_top1"] == metrics["best_val_top1"]
+        check_system_metrics(client, run.info.run_id)
+        ids[(variant, seed)] = run.info.run_id
+    check_tree(client, ids)  # four jobs created the tree at once: one study run, one run per variant
 
 
 def test_a_resubmitted_slurm_job_adds_itself_to_the_runs_job_history(sqlite_runs):
@@ -261,6 +291,7 @@ def test_slurm_provenance(monkeypatch):
 def test_four_concurrent_writers_through_an_mlflow_server(trained):
     study, logs = trained["server"]["study"], trained["server"]["logs"]
     client = client_for(trained["server"]["uri"])  # the same database, served again after phase 3
+    ids = {}
     for (variant, seed), (out, err) in logs.items():
         assert "TRACKING FAILED" not in err, err[-3000:]
         metrics = json.loads((study / "runs" / variant / f"seed{seed}" / "metrics.json").read_text())
@@ -268,6 +299,9 @@ def test_four_concurrent_writers_through_an_mlflow_server(trained):
         check_complete(client, metrics["mlflow_run_id"], metrics["history"])
         artifacts = {a.path for a in client.list_artifacts(metrics["mlflow_run_id"])}
         assert {"metrics.json", "checkpoints"} <= artifacts
+        check_system_metrics(client, metrics["mlflow_run_id"])
+        ids[(variant, seed)] = metrics["mlflow_run_id"]
+    check_tree(client, ids)
     assert not (study / "unused.db").exists()  # MLFLOW_TRACKING_URI wins
 
 
@@ -287,7 +321,7 @@ def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkey
     (study / "eval" / "deit_late" / "seed0.json").write_text(json.dumps(
         {"study": "tiny", "variant": "deit_late", "seed": 0, "split": "test", "test_top1": 0.25, "test_loss": 2.0,
          "checkpoint_epoch": metrics["best_epoch"], "mlflow_run_id": partial}))
-    sync = ["sync-tracking", "--runs-dir", str(study / "runs"), "--tracking-db", "unused.db"]
+    sync = ["sync-tracking", "--runs-dir", str(study / "runs"), "--tracking-db", str(study / "unused.db")]
     with env_uri(monkeypatch, uri):
         assert cli.main(sync) == 0
         first = capsys.readouterr().out
@@ -303,6 +337,9 @@ def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkey
     run = client.get_run(partial)
     assert run.data.metrics["test_top1"] == 0.25 and run.data.metrics["best_val_top1"] == metrics["best_val_top1"]
     assert [a.path for a in client.list_artifacts(partial, "checkpoints")] == ["checkpoints/best.pt"]
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    (variant_run,) = find(client, exp, variant_tags("tiny", "deit_late"))
+    assert run.data.tags[PARENT] == variant_run.info.run_id  # made before the server died, found again by sync
 
 
 # A backend that cannot be reached at all ---------------------------------------------------------------
@@ -363,6 +400,7 @@ def test_an_unreachable_backend_does_not_stop_training_and_sync_uploads_it_later
     assert {k: run.data.tags[k] for k in record["tags"]} == record["tags"]
     assert run.data.metrics["test_top1"] == test_top1 and run.data.metrics["best_val_top1"] == metrics["best_val_top1"]
     assert {a.path for a in client.list_artifacts(run_id)} == {"metrics.json", "checkpoints"}
+    check_tree(client, {("deit_a", 0): run_id})  # the spool's run lands under its variant's run, made by sync
     uploaded = json.loads(Path(client.download_artifacts(run_id, "metrics.json")).read_text())
     assert uploaded["mlflow_run_id"] == run_id  # the uploaded record names its run
 

@@ -43,6 +43,7 @@ def cmd_prepare(args) -> None:
 def cmd_train(args) -> None:
     from locvit.train import stop
     from locvit.train.distributed import distributed
+    from locvit.tracking.run import system_metrics_interval
     from locvit.train.loop import train_run
 
     stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
@@ -65,10 +66,12 @@ def cmd_train(args) -> None:
         params = load_params(args.params)
         seeds = variant_seeds(params, args.variant)
         jobs = list(zip([run_config(params, args.variant, s) for s in seeds], per_seed(args.runs_dir, seeds, "")))
+    interval = system_metrics_interval(args.system_metrics_s, None if args.run_config else params)
     with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
         for cfg, out_dir in jobs:
             train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
-                      show_progress=args.progress, threads=args.threads, keep_finished=args.keep_finished)
+                      show_progress=args.progress, threads=args.threads, keep_finished=args.keep_finished,
+                      system_metrics_s=interval)
 
 
 def cmd_evaluate(args) -> None:
@@ -151,11 +154,16 @@ def cmd_report(args) -> None:
     params = load_params(args.params, check_models=False)
     extra = [(load_params(p, check_models=False), d) for p, d in zip(args.extra_params, args.extra_study_dir)]
     report = build_report(params, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
-                          tracking_db=args.tracking_db)
+                          tracking_db=args.tracking_db, params_file=args.params)
     print(f"results table: {args.out_dir / 'results.md'}; {len(report['tables']) - 1} paper table(s), "
           f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / 'index.md'}")
     for name, why in report["skipped"].items():
         print(f"  not written: {name}: {why}")
+    tree = report["mlflow"].get("tree", {})
+    if "seconds" in report["mlflow"]:
+        print(f"MLflow: the report's links, figures and run tree logged in {report['mlflow']['seconds']:.3f} s")
+    if "study_link" in tree:
+        print(f"MLflow: the study's run {tree['study_link']}\n        its variants side by side {tree['compare_link']}")
 
 
 def cmd_sync_tracking(args) -> None:
@@ -294,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-finished", action="store_true",
                    help="a finished run (last.pt says so) whose metrics.json is gone is restored, not retrained "
                         "(a job of several runs that Snakemake re-runs; delete last.pt to retrain one)")
+    p.add_argument("--system-metrics-s", type=float, default=None,
+                   help="seconds between samples of MLflow's system metrics, 0 for none (default: "
+                        "$LOCVIT_SYSTEM_METRICS_S, which the workflow sets from tracking.system_metrics_s; else with "
+                        "--params its tracking.system_metrics_s; else none)")
 
     p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
     g = p.add_mutually_exclusive_group(required=True)

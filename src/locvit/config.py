@@ -76,7 +76,7 @@ def _schema_errors(params: Any, schema: dict) -> list[str]:
 def _fill_defaults(params: dict, schema: dict) -> dict:
     """Fill the declared defaults of the top-level sections (not of variant overrides)."""
     out = _fill_defaults_section(params, schema)
-    for section in ("data", "train", "analysis", "mask_search"):
+    for section in ("data", "train", "analysis", "mask_search", "tracking"):
         if section not in out:  # an optional section left out (mask_search)
             continue
         sub = schema["properties"][section]

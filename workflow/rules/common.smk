@@ -7,6 +7,7 @@ import sys
 
 from locvit.config import run_config, seed_sets, train_resources, variant_fraction, variant_seeds
 from locvit.layout import StudyLayout
+from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit.train import launch
 
 # Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
@@ -24,6 +25,9 @@ THROUGHPUT_FILE = str(LAYOUT.throughput_file)  # every variant's images/s, measu
 LOG_DIR = str(LAYOUT.logs)
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = str(LAYOUT.tracking_db)
+# How often training samples MLflow's system metrics, handed to the jobs (local or sbatch) in the environment:
+# a rule param would make Snakemake retrain every run when it changes, and it changes no result.
+os.environ[SYSTEM_METRICS_ENV] = str(P["tracking"]["system_metrics_s"])
 VARIANTS = list(P["variants"])
 # Variants grouped by their seeds (seed_budget gives smaller training fractions more): the per-variant
 # rules (train per_variant, evaluate, analyse) are defined once per group, as their outputs list the seeds.

@@ -23,6 +23,7 @@ rule report:
         params_file=PARAMS_FILE,
         baseline=P["baseline"],  # params triggers: another baseline or margin re-runs the report
         margin=P["equivalence_margin"],
+        ui_url=P["tracking"]["ui_url"],  # the tables' links to the MLflow UI
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,

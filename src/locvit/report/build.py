@@ -13,14 +13,17 @@
 A table or figure the study cannot fill is not written; report.json says why. Files of
 an earlier report that this one does not write again are removed, so no stale table
 survives a change of the study. MLflow is touched only with ``log_to_mlflow``: then the
-tables link every run to the tracking UI, and each per-variant figure is logged as an
-artifact (folder ``report/``) of that variant's runs. A failure to reach MLflow is a
-warning; the files on disk are written regardless.
+tables link every run to the tracking UI, each per-variant figure is logged as an artifact
+(folder ``report/``) of that variant's runs, and the study's run tree is settled and filled
+(:func:`publish_tree`: the study run with the report's files, one run per variant with its row of
+results.csv as metrics). A failure to reach MLflow is a warning; the files on disk are written
+regardless.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -38,7 +41,7 @@ DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default ad
 
 def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_to_mlflow: bool = True,
                  extra_studies: Sequence[tuple[dict, str | Path]] = (), tracking_db: str | Path | None = None,
-                 ui_base: str = DEFAULT_UI) -> dict:
+                 ui_base: str | None = None, params_file: str | Path | None = None) -> dict:
     """Write the study's report; return what report.json records.
 
     Args:
@@ -50,12 +53,16 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
             fraction figure, besides the study's own train_fractions; without either that
             figure is skipped and report.json says so.
         tracking_db: the SQLite backend (default: the study's ``mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
-        ui_base: the MLflow UI address the links point to.
+        ui_base: the MLflow UI address the links point to (default: params' ``tracking.ui_url``).
+        params_file: the params file, logged to the study's MLflow run.
     """
     study_dir, out_dir = Path(study_dir), Path(out_dir)
+    ui_base = ui_base or params.get("tracking", {}).get("ui_url") or DEFAULT_UI
     study = load_study(params, study_dir)
+    started = time.perf_counter()
     client = _tracking_client(study, Path(tracking_db or StudyLayout(study_dir).tracking_db)) if log_to_mlflow else None
     link = _run_links(client, study, ui_base) if client else None
+    mlflow_s = time.perf_counter() - started
     previous = _previous_files(out_dir)
     for sub in ("tables", "figures", "pdf"):  # declared outputs of the step, so present even when empty
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -85,10 +92,16 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
             "caption": fig.caption, "variant": fig.variant}
         index += [f"![{fig.name}]({_rel(fig.png, out_dir)})", "", fig.caption, ""]
     if client:
+        started = time.perf_counter()
         report["mlflow"] = _log_figures(client, study, figures)
+        mlflow_s += time.perf_counter() - started
 
     write_text(out_dir / "index.md", "\n".join(index) + "\n")
     _remove_stale(out_dir, previous, report)
+    if client:
+        started = time.perf_counter()
+        report["mlflow"]["tree"] = publish_tree(client, study, out_dir, params_file, ui_base)
+        report["mlflow"]["seconds"] = round(mlflow_s + time.perf_counter() - started, 3)  # what tracking cost
     write_json(out_dir / "report.json", report)
     return report
 
@@ -181,6 +194,78 @@ def _run_links(client, study: Study, ui_base: str) -> RunLink:
         warnings.warn(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
                       "their tables show the run id without a link", stacklevel=3)
     return {run_id: tracking.ui_link(ui_base, exp, run_id) for run_id, exp in experiments.items()}.get
+
+
+#: What the study's MLflow run keeps of the report (artifact folder ``report/``).
+STUDY_ARTIFACTS = ("results.md", "results.csv", "results_seeds.csv", "index.md", "summary.json")
+
+
+def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | None, ui_base: str) -> dict:
+    """The study's MLflow run tree settled (:func:`locvit.tracking.tree.adopt`) and filled: each variant
+    run gets its row of results.csv as metrics at step 0 (the file's values, so a row of the UI's table
+    reads as the file does) with its verdict and reference as tags, the throughput job's ratio to the
+    baseline, and its seeds' mean training curves (:data:`CURVES`, step = epoch); the study run gets the params file and the report (tables, figures) as artifacts. Both
+    are marked FINISHED. A re-run of the report updates the same runs. Returns the ids and links
+    (study run, compare view of the variant runs), or the error when the backend failed."""
+    from locvit import tracking
+    from locvit.report.tables import read_results_csv
+    from locvit.tracking import tree
+
+    try:
+        with tracking.bounded_http():
+            exp = tracking.retry(client.get_experiment_by_name, study.name).experiment_id
+            ids = tree.adopt(client, exp, study.name, {v.name: v.run_ids().values() for v in study.variants.values()})
+            for row in read_results_csv(out_dir / "results.csv"):
+                run_id = ids[row["variant"]]
+                metrics = {k: float(x) for k, x in row.items() if k not in RESULT_TEXT and x not in ("", None)}
+                speed = (study.throughput or {}).get(row["variant"], {})
+                if speed.get("ratio_vs_baseline") is not None:
+                    metrics["img_s_vs_baseline"] = speed["ratio_vs_baseline"]
+                tracking.log_metrics(run_id, metrics, step=0)
+                for epoch, means in _mean_history(study.variants[row["variant"]]).items():  # the compare view's curves
+                    tracking.log_metrics(run_id, means, step=epoch)
+                tracking.set_tags(run_id, {"verdict": row["verdict"], "reference": row["reference"] or "–",
+                                           "model": row["model"]})
+                tracking.retry(client.set_terminated, run_id, status="FINISHED")
+            study_id = ids[""]
+            for run in tree.find(client, exp, {tree.ROLE: "variant", "study": study.name}):
+                if run.info.status == "RUNNING":  # a mask search's rounds: the report runs after all training
+                    tracking.retry(client.set_terminated, run.info.run_id, status="FINISHED")
+            tracking.set_tags(study_id, {"baseline": study.params["baseline"], "variants": str(len(study.variants))})
+            files = [out_dir / name for name in STUDY_ARTIFACTS if (out_dir / name).is_file()]
+            failed = tracking.log_files(client, study_id, files, "report")
+            for sub in ("tables", "figures"):
+                failed += tracking.log_files(client, study_id, sorted((out_dir / sub).glob("*")), f"report/{sub}")
+            if params_file:
+                failed += tracking.log_files(client, study_id, [params_file])
+            tracking.retry(client.set_terminated, study_id, status="FINISHED")
+    except Exception as err:  # any backend problem: the report on disk is complete
+        warnings.warn(f"the study's MLflow run tree was not updated ({type(err).__name__}: {err})", stacklevel=2)
+        return {"error": f"{type(err).__name__}: {err}"}
+    variant_ids = [ids[v] for v in study.variants]
+    return {"study_run": study_id, "variant_runs": {v: ids[v] for v in study.variants},
+            "study_link": tracking.ui_link(ui_base, exp, study_id),
+            "compare_link": tracking.compare_link(ui_base, exp, variant_ids), "failed": failed}
+
+
+#: The per-epoch metrics a variant's run carries as the mean over its seeds (its curves in the UI).
+CURVES = ("train_loss", "train_top1", "val_loss", "val_top1")
+
+
+def _mean_history(variant) -> dict[int, dict[str, float]]:
+    """Epoch -> the mean over the variant's seeds of each of :data:`CURVES` (epochs every seed reached)."""
+    histories = [m["history"] for m in variant.metrics.values() if m and m.get("history")]
+    if not histories:
+        return {}
+    out = {}
+    for epoch in range(min(len(h) for h in histories)):
+        rows = [h[epoch] for h in histories]
+        out[rows[0]["epoch"]] = {k: sum(r[k] for r in rows) / len(rows) for k in CURVES if all(k in r for r in rows)}
+    return out
+
+
+#: results.csv's columns that are not numbers (tags, or not for MLflow).
+RESULT_TEXT = {"variant", "reference", "verdict", "mlflow_run_ids", "missing_seeds", "model"}
 
 
 def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:

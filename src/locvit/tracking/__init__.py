@@ -5,6 +5,7 @@
   experiment, :func:`~locvit.tracking.backend.connect` for any step that reads runs;
 - :mod:`~locvit.tracking.sqlite`: MLflow's SQLite files (the study's, the server's login
   database) built and upgraded whole or not at all;
+- :mod:`~locvit.tracking.tree`: the study's run tree (study, variants, seeds), found by tags;
 - :mod:`~locvit.tracking.run`: a training run's MLflow run (its lifecycle, tags, params,
   SLURM provenance), test scores logged to it, and the loud notice when tracking fails;
 - :mod:`~locvit.tracking.sync`: ``locvit sync-tracking``, which uploads the records a run
@@ -13,17 +14,18 @@
 - :mod:`~locvit.tracking.server`: ``locvit mlflow-server``, the study's database served to
   jobs on many nodes, with MLflow's basic-auth login.
 
-One run per (variant, seed), in an experiment named after the study.
+One experiment per study; in it a study run, one run per variant under it and one run per
+(variant, seed) under its variant's (:mod:`~locvit.tracking.tree`).
 """
 
 from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, TrackingAuthError, bounded_http,
-                                     check_reachable, connect, default_uri, experiments_of, log_files, retry, safe_uri,
-                                     setup, ui_link)
+                                     check_reachable, compare_link, connect, default_uri, experiments_of, log_files,
+                                     log_metrics, retry, safe_uri, set_tags, setup, ui_link)
 from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
                                  slurm_provenance, sync_command)
 from locvit.tracking.sync import sync_runs
 
 __all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrackingAuthError", "TrainingTracker", "bounded_http",
-           "check_reachable", "confirm_finished", "connect", "default_uri", "experiments_of", "failure_notice",
+           "check_reachable", "compare_link", "confirm_finished", "connect", "log_metrics", "set_tags", "default_uri", "experiments_of", "failure_notice",
            "log_evaluation", "log_files", "ui_link",
            "retry", "safe_uri", "setup", "slurm_provenance", "sync_command", "sync_runs"]

@@ -119,6 +119,16 @@ def ui_link(base: str, experiment_id: str, run_id: str | None = None) -> str:
     return f"{base.rstrip('/')}{path}?workflowType=machine_learning"
 
 
+def compare_link(base: str, experiment_id: str, run_ids) -> str:
+    """A link to the MLflow UI's compare view of ``run_ids`` (their params, metrics and curves side by side)."""
+    import json
+    from urllib.parse import quote
+
+    runs = quote(json.dumps(list(run_ids), separators=(",", ":")))
+    return (f"{base.rstrip('/')}/#/compare-runs?runs={runs}&experiments={quote(json.dumps([experiment_id]))}"
+            "&workflowType=machine_learning")
+
+
 def connect(study: str, db: str | Path):
     """An MlflowClient on the study's backend with its experiment set up, after one bounded probe.
 

@@ -18,6 +18,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from typing import Any, Callable
 from locvit.config import flatten, peak_lr
 from locvit.tracking.backend import (current_uri, bounded_http, check_reachable, default_uri, find_run, log_metrics,
                                      log_params, retry, run_status, safe_uri, set_tags, setup)
+from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +63,25 @@ def slurm_provenance(previous: list[str]) -> tuple[list[str], dict[str, str]]:
     return ids, tags
 
 
+#: The environment variable that gives ``locvit train`` its seconds between system-metrics samples when
+#: the command line does not (the workflow sets it from params' ``tracking.system_metrics_s``).
+SYSTEM_METRICS_ENV = "LOCVIT_SYSTEM_METRICS_S"
+
+
+def system_metrics_interval(given: float | None, params: dict | None = None) -> float:
+    """Seconds between system-metrics samples: ``given`` (the command line), else the environment's
+    :data:`SYSTEM_METRICS_ENV`, else ``params``' ``tracking.system_metrics_s``, else 0 (none)."""
+    if given is not None:
+        return max(0.0, float(given))
+    env = os.environ.get(SYSTEM_METRICS_ENV)
+    if env:
+        try:
+            return max(0.0, float(env))
+        except ValueError:
+            raise ValueError(f"{SYSTEM_METRICS_ENV}={env!r} is not a number of seconds (0: no system metrics)") from None
+    return float(params["tracking"]["system_metrics_s"]) if params else 0.0
+
+
 # One training run's MLflow run -------------------------------------------------------------------
 
 #: What a run folder uploads as artifacts: file name -> artifact folder (None: the run's root).
@@ -78,8 +99,9 @@ class TrainingTracker:
     artifacts (every epoch's metrics are the record's ``history``).
 
     A run's life: :meth:`for_run` (tags and params from the run config), :meth:`open`
-    (create the MLflow run, or resume it), :meth:`log_epoch` after each epoch, then
-    :meth:`close` or :meth:`mark_failed`.
+    (create the MLflow run under its variant's run, :mod:`locvit.tracking.tree`, or resume it;
+    start sampling system metrics), :meth:`log_epoch` after each epoch, then :meth:`close` or
+    :meth:`mark_failed`. ``seconds``: the wall time spent in MLflow's calls so far.
     """
 
     def __init__(self, study: str, tracking_db: str | Path, out_dir: str | Path, run_name: str = "",
@@ -96,18 +118,23 @@ class TrainingTracker:
         self.error: str | None = None
         self.failed_during: str | None = None
         self.datasets: dict | None = None  # the manifest and split -> file, for the run's dataset inputs
+        self.system_metrics_s = 0.0  # seconds between samples of MLflow's system metrics; 0: none
+        self.monitor = None  # MLflow's SystemMetricsMonitor while it samples
+        self.seconds = 0.0
 
     @classmethod
     def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
                 n_params: int, world_size: int, run_id: str | None = None, slurm_job_ids: list[str] = (),
-                data: dict[str, Path] | None = None) -> TrainingTracker:
+                data: dict[str, Path] | None = None, system_metrics_s: float = 0.0) -> TrainingTracker:
         """The tracker of a training run (a :func:`locvit.config.run_config`) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
         config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from
         last.pt) plus this one (:func:`slurm_provenance`); params: the flattened config, the
         model's size, the number of processes and the peak lr. ``data``: split -> FFCV file
-        the run reads (``train``, ``val``), logged as the run's dataset inputs.
+        the run reads (``train``, ``val``), logged as the run's dataset inputs. ``system_metrics_s``:
+        seconds between samples of MLflow's system metrics (CPU, memory, disk, network; GPU where
+        ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``).
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))
         tags = {"study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
@@ -117,6 +144,7 @@ class TrainingTracker:
         tracker = cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
                       run_id=run_id)
         tracker.datasets = dict(manifest=manifest, files=dict(data or {}))
+        tracker.system_metrics_s = float(system_metrics_s)
         return tracker
 
     @property
@@ -126,11 +154,14 @@ class TrainingTracker:
     @contextlib.contextmanager
     def guard(self, what: str):
         """Run the block against the backend (HTTP bounded); on an error, record it, say so, go on."""
+        started = time.perf_counter()
         try:
             with bounded_http():
                 yield
         except Exception as err:  # whatever the backend raised: training goes on
             self.fail(what, err)
+        finally:
+            self.seconds += time.perf_counter() - started
 
     def connect(self):
         """Probe the backend and set up the study's experiment; an MlflowClient, or None when that failed."""
@@ -158,6 +189,8 @@ class TrainingTracker:
         with self.guard("opening the MLflow run"):
             if stale_run_id and run_status(client, stale_run_id) == "RUNNING":
                 retry(client.set_terminated, stale_run_id, status="KILLED")
+            self.tags.update(seed_tags(variant_parent(client, self.experiment_id, self.study, self.tags["variant"],
+                                                      lock_beside(self.tracking_db))))
             resumed = find_run(client, self.run_id)
             if resumed is not None:
                 # Jobs recorded on the run but not in last.pt (killed before their first epoch) come first.
@@ -165,7 +198,8 @@ class TrainingTracker:
                     resumed.data.tags.get("slurm_job_ids", "").split(",") + self.slurm_job_ids)
                 self.tags.update(provenance)
                 retry(client.update_run, self.run_id, status="RUNNING")
-                set_tags(self.run_id, provenance)
+                # A run of an older locvit (no tree) is adopted by its variant's run.
+                set_tags(self.run_id, {**provenance, **{k: v for k, v in self.tags.items() if k in seed_tags("")}})
                 self.log_inputs(client, resumed)  # what a kill right after the run's creation left out
             else:
                 if self.run_id is not None:
@@ -180,6 +214,30 @@ class TrainingTracker:
             for row in history:  # epochs finished before an interruption but not logged
                 if row["epoch"] not in logged:
                     log_metrics(self.run_id, {k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+            self.start_monitor(resumed is not None)
+
+    def start_monitor(self, resumed: bool) -> None:
+        """Sample MLflow's system metrics every ``system_metrics_s`` (in a thread of MLflow's) into the run."""
+        if self.system_metrics_s <= 0 or not self.ok or self.monitor is not None:
+            return
+        import psutil
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        psutil.cpu_percent()  # MLflow's CPU sample is the use since psutil's last call: else the first one reads 0
+
+        quiet = logging.getLogger("mlflow.system_metrics")  # it says "started" and "stopped" at INFO each run
+        quiet.setLevel(logging.WARNING)
+        self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.system_metrics_s,
+                                            resume_logging=resumed, tracking_uri=self.uri)
+        self.monitor.start()
+
+    def stop_monitor(self) -> None:
+        """Stop sampling and log the last samples (only while tracking works: a dead backend would hold
+        the join; the sampling thread is a daemon and ends with the process)."""
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None and self.ok:
+            with self.guard("logging the last system metrics"):
+                monitor.finish()
 
     def log_inputs(self, client, logged=None) -> None:
         """Log the run's params and datasets, those that ``logged`` (the MLflow run as found) lacks."""
@@ -191,11 +249,13 @@ class TrainingTracker:
 
     def close(self, metrics: dict) -> None:
         """Log best_val_top1 and the run folder's artifacts, mark the run FINISHED (if tracking is still on)."""
+        self.stop_monitor()
         if self.ok and self.run_id:
             with self.guard("closing the run (best_val_top1, artifacts, FINISHED)"):
                 close_run(self.client, self.run_id, self.out_dir, metrics)
 
     def mark_failed(self) -> None:
+        self.stop_monitor()
         if self.ok and self.run_id and self.client is not None:
             with self.guard("marking the run FAILED"):
                 retry(self.client.set_terminated, self.run_id, status="FAILED")
@@ -224,7 +284,7 @@ class TrainingTracker:
     def record(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "failed", "uri": safe_uri(self.uri), "error": self.error,
                 "failed_during": self.failed_during, "experiment": self.study, "run_name": self.run_name,
-                "tags": self.tags, "params": self.params, "artifacts": ARTIFACTS}
+                "tags": self.tags, "params": self.params, "artifacts": ARTIFACTS, "seconds": round(self.seconds, 3)}
 
 
 def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
@@ -323,6 +383,7 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
     of ``run_dir``, the checkpoint's run folder, reading ``out``, the evaluation file).
     """
     uri = default_uri(tracking_db)
+    started = time.perf_counter()
     try:
         with bounded_http():
             check_reachable(uri)
@@ -331,6 +392,8 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
                 import mlflow
 
                 log_datasets(mlflow.MlflowClient(), state["mlflow_run_id"], manifest, data)
+        print(f"MLflow: {', '.join(metrics)} logged in {time.perf_counter() - started:.3f} s", file=sys.stderr,
+              flush=True)  # the job log's record of what tracking cost (benchmarks/bench_pipeline.py sums it)
     except Exception as err:  # any backend failure: the evaluation file is already written
         print(failure_notice(
             f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +

@@ -18,6 +18,7 @@ from locvit.layout import StudyLayout, per_seed
 from locvit.tracking.backend import (bounded_http, check_reachable, default_uri, find_run, log_metrics, log_params,
                                      retry, safe_uri, set_tags, setup)
 from locvit.tracking.run import ARTIFACTS, log_best_model
+from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
 
 
 def _batches(items: list, size: int):
@@ -49,7 +50,7 @@ def _params_from_checkpoint(folder: Path, metrics: dict) -> dict[str, str]:
 
 
 def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evaluation: dict | None,
-            uri: str) -> tuple[str, int]:
+            uri: str, lock: Path) -> tuple[str, int]:
     """Create (or complete) the run of a record; return its id and the number of metric points logged."""
     from mlflow.entities import Metric
 
@@ -58,6 +59,8 @@ def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evalua
             "seed": str(metrics["seed"]), **record.get("tags", {})}
     if metrics.get("slurm_job_ids") and "slurm_job_ids" not in tags:
         tags["slurm_job_ids"] = ",".join(metrics["slurm_job_ids"])
+    # Under its variant's run in this backend (the record's parent, if any, was another backend's).
+    tags.update(seed_tags(variant_parent(client, experiment_id, metrics["study"], metrics["variant"], lock)))
     params = record.get("params") or _params_from_checkpoint(folder, metrics)
     if run is None:
         run = retry(client.create_run, experiment_id, tags=tags,
@@ -101,7 +104,8 @@ def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Pat
     knows it, completed), with params, tags, every epoch's metrics at their steps,
     ``best_val_top1``, the test result when there is one (``<eval_dir>/<variant>/seed<k>.json``,
     ``eval_dir`` defaulting to ``eval/`` beside ``runs_dir``, or ``eval.json`` in the run
-    folder), ``metrics.json`` and ``best.pt`` as artifacts, and marked FINISHED; then
+    folder), ``metrics.json`` and ``best.pt`` as artifacts, under its variant's run
+    (:mod:`locvit.tracking.tree`), and marked FINISHED; then
     ``metrics.json`` is rewritten (atomically) with the run's id and status ``ok``. A run
     that is complete but lacks its test result gets just that. Anything else is left
     alone, so a second call uploads nothing. Returns the folders by outcome:
@@ -138,7 +142,8 @@ def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Pat
                     outcome["evaluation"].append(str(folder))
                     log(f"{folder}: test result logged to MLflow run {run.info.run_id}")
                 else:
-                    run_id, n = _upload(client, experiments[metrics["study"]], folder, metrics, run, evaluation, uri)
+                    run_id, n = _upload(client, experiments[metrics["study"]], folder, metrics, run, evaluation, uri,
+                                        lock_beside(tracking_db))
                     outcome["uploaded"].append(str(folder))
                     log(f"{folder}: uploaded to MLflow run {run_id} ({n} metric values"
                         f"{', test result' if evaluation else ''}; metrics.json updated)")

@@ -48,29 +48,44 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
             "--host", host, "--port", str(port), "--workers", str(workers)]
 
 
-def study_link(study_dir: str | Path, study: str, base: str) -> str:
-    """The UI link to the study's runs in the model-training view (the UI's home when the study has no
-    experiment yet)."""
+def study_links(study_dir: str | Path, study: str, base: str) -> list[str]:
+    """What to open: the study's run in the model-training view and MLflow's compare view of its variant
+    runs (:mod:`locvit.tracking.tree`); the study's runs table when it has no study run yet (runs of an
+    older locvit, before its report re-ran); the UI's home when the study has no experiment."""
     import mlflow
+
+    from locvit.tracking.backend import compare_link
+    from locvit.tracking.tree import ROLE, find, study_tags
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{StudyLayout(Path(study_dir).resolve()).tracking_db}")
     exp = client.get_experiment_by_name(study)
-    return ui_link(base, exp.experiment_id) if exp is not None else f"{base}/#/?workflowType=machine_learning"
+    if exp is None:
+        return [f"{base}/#/?workflowType=machine_learning"]
+    runs = find(client, exp.experiment_id, study_tags(study))
+    if not runs:
+        return [ui_link(base, exp.experiment_id)]
+    variants = find(client, exp.experiment_id, {ROLE: "variant", "study": study})
+    # The variants of the results table (a mask search's rounds have no test_top1_mean), best first.
+    variants = sorted([r for r in variants if "test_top1_mean" in r.data.metrics] or variants,
+                      key=lambda r: r.data.metrics.get("test_top1_mean", float("-inf")), reverse=True)
+    return [ui_link(base, exp.experiment_id, runs[0].info.run_id),
+            compare_link(base, exp.experiment_id, [r.info.run_id for r in variants])]
 
 
 def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
           study: str | None = None) -> None:
     """Replace this process by ``mlflow ui`` (so a signal to our pid reaches MLflow itself).
 
-    Prints the link to the study's runs (``study``: default the folder's name) in the UI's
-    model-training view.
+    Prints the links of :func:`study_links` (``study``: default the folder's name).
     """
     cmd = ui_command(study_dir, host, port, workers)
     if host not in LOOPBACK:
         print(f"WARNING: binding the MLflow UI to {host}: anyone who can reach port {port} can read, change and "
               f"delete these runs (it has no login).", file=sys.stderr)
-    link = study_link(study_dir, study or Path(study_dir).resolve().name, ui_url(host, port))
-    print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {link} (Ctrl-C stops it)", flush=True)
+    links = study_links(study_dir, study or Path(study_dir).resolve().name, ui_url(host, port))
+    print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {links[0]} (Ctrl-C stops it)", flush=True)
+    if len(links) > 1:
+        print(f"  the variants side by side (best test top-1 first): {links[1]}", flush=True)
     os.execve(cmd[0], cmd, ui_env())
 
 

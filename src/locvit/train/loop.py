@@ -147,11 +147,12 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
 
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
               tracking_db: Path, show_progress: bool | None = None, threads: int | None = None,
-              keep_finished: bool = False) -> dict:
+              keep_finished: bool = False, system_metrics_s: float = 0.0) -> dict:
     """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json.
 
     Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
     ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).
+    ``system_metrics_s``: seconds between samples of MLflow's system metrics (0: none).
     """
     dist = distributed.current()
     out_dir = Path(out_dir)
@@ -174,7 +175,7 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         if plan.action == "fresh":
             (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
         run.tracker = open_tracking(run, progress, manifest, tracking_db, plan,
-                                    {"train": train_path, "val": val_path})
+                                    {"train": train_path, "val": val_path}, system_metrics_s)
     try:
         if plan.action == "resume":
             restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
@@ -310,7 +311,7 @@ def finish(run: Run, p: Progress) -> dict:
 
 
 def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan,
-                  data: dict[str, Path]) -> TrainingTracker:
+                  data: dict[str, Path], system_metrics_s: float = 0.0) -> TrainingTracker:
     """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
     A new run's id is recorded (run.json) before any epoch, and a run resumed into a new
@@ -325,6 +326,6 @@ def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan
     tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
                                       sum(t.numel() for t in run.model.parameters()), run.dist.world_size,
                                       run_id=p.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
-                                      data=data)
+                                      data=data, system_metrics_s=system_metrics_s)
     tracker.open(p.history, plan.stale_run_id, on_created=created)
     return tracker
