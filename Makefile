@@ -87,7 +87,7 @@ lint: install
 # Speed comparisons, measured as ratios side by side; results in benchmarks/results/*.json.
 # bench_pipeline times snakemake -n / dvc status on the finished demo, and the demo from scratch in a copy.
 bench: demo
-	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py && ../$(BIN)/python bench_dataloader.py && ../$(BIN)/python bench_feed.py && ../$(BIN)/python bench_pipeline.py --demo
+	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py && ../$(BIN)/python bench_dataloader.py && ../$(BIN)/python bench_feed.py && ../$(BIN)/python bench_tracking.py && ../$(BIN)/python bench_pipeline.py --demo
 
 # The GPU check (docs/benchmarks.md, "GPU check"). `make wheelhouse`, on a connected machine: the
 # wheels, shared libraries and demo data an offline GPU node lacks (benchmarks/wheelhouse.py).

@@ -160,3 +160,18 @@ def test_a_results_csv_of_an_older_locvit_is_named_with_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.csv does not exist"):
         read_results_csv(tmp_path / "nothing.csv")
     assert len(read_results_csv(REPO / "benchmarks" / "results" / "demo" / "results.csv")) == 8
+
+
+def test_the_system_metrics_cost_claim_is_the_files():
+    """tracking.md and the schema say sampling at the default interval costs under 1 % of a run: the benchmark's file."""
+    import json
+
+    import yaml
+
+    cost = json.loads((REPO / "benchmarks" / "results" / "tracking_cost.json").read_text())
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "params.schema.yaml").read_text())
+    default = schema["properties"]["tracking"]["properties"]["system_metrics_s"]["default"]
+    assert cost["default_interval_s"] == default and cost["samples_logged"] >= 10
+    assert cost["share_of_one_core_at_default"] == pytest.approx(cost["cpu_ms_per_sample"] / 1000 / default, rel=1e-2)
+    assert cost["share_of_one_core_at_default"] < 0.01 == cost["goal"]
+    assert "goal: under 1 %" in (REPO / "docs" / "tracking.md").read_text()
