@@ -94,6 +94,7 @@ def study(cluster, tmp_path_factory):
     preset = work / TINY
     params = yaml.safe_load(preset.read_text())
     params["variants"][TWO_NODES]["resources"] = {"nodes": 2, "gpus": 0}
+    params["train"]["read_every"] = 1  # the time-limited run stops at the step after the warning
     preset.write_text(yaml.safe_dump(params, sort_keys=False))
     hold, stall = work / "hold", work / "stall"
     hold.touch()

@@ -117,12 +117,14 @@ def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
 
 
 def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_equal(ddp_run, prepared, tmp_path):
-    """SIGUSR1 to one of the two processes, held after step 3: both stop after step 4 (the flag is
-    all-reduced), last.pt holds both ranks' generators, and the resumed run ends bitwise equal."""
+    """SIGUSR1 to one of the two processes, held after step 3: both stop after step 6, the next read of
+    train.read_every 3 (the flag is all-reduced there), last.pt holds both ranks' generators, and the
+    resumed run ends bitwise equal to the uninterrupted one (read_every 50)."""
+    cfg = {**ddp_run["cfg"], "train": {**ddp_run["cfg"]["train"], "read_every": 3}}
     hold = tmp_path / "hold"
     hold.touch()
     env = {**env_with_venv(), "LOCVIT_HOLD_AT": "train_step_3", "LOCVIT_HOLD_FILE": str(hold)}
-    proc = subprocess.Popen(ddp_cmd(ddp_run["cfg"], prepared, tmp_path), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(ddp_cmd(cfg, prepared, tmp_path), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while len(list(tmp_path.glob("hold.*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -132,12 +134,12 @@ def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_e
     os.kill(json.loads(markers[0].read_text())["pid"], signal.SIGUSR1)  # one rank only
     hold.unlink()
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and "stopped on request after step 4 (epoch 1, batch 4 of 18)" in out, out[-3000:]
+    assert proc.returncode != 0 and "stopped on request after step 6 (epoch 1, batch 6 of 18)" in out, out[-3000:]
     state = load_checkpoint(tmp_path / "run" / "last.pt")
-    assert state["step"] == 4 and state["partial"]["batches"] == 4 and len(state["rng"]) == 2
-    proc = subprocess.run(ddp_cmd(ddp_run["cfg"], prepared, tmp_path), env=env_with_venv(), capture_output=True,
+    assert state["step"] == 6 and state["partial"]["batches"] == 6 and len(state["rng"]) == 2
+    proc = subprocess.run(ddp_cmd(cfg, prepared, tmp_path), env=env_with_venv(), capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and "resuming after step 6" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     whole = load_checkpoint(ddp_run["run"] / "last.pt")
     resumed = load_checkpoint(tmp_path / "run" / "last.pt")
     assert weights_digest(resumed["model"]) == weights_digest(whole["model"])

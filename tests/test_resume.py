@@ -173,12 +173,16 @@ def test_a_finished_run_is_restored_not_retrained_when_asked(runs, cfg, prepared
 def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_same_weights(runs, cfg, prepared,
                                                                                            tmp_path):
     """SIGUSR1 (what a SLURM job's warning before its time limit becomes) in the middle of the second epoch:
-    `locvit train` saves last.pt at the next step boundary and exits with EXIT_STOPPED; run again, it
-    continues at that step and ends bitwise equal to the uninterrupted run, in one MLflow run."""
+    `locvit train` saves last.pt at its next read (train.read_every 5 here, 50 in the uninterrupted run) and
+    exits with EXIT_STOPPED; run again, it continues at that step and ends bitwise equal to the
+    uninterrupted run, in one MLflow run."""
     import mlflow
 
+    cfg = {**cfg, "train": {**cfg["train"], "read_every": 5}}
     per_epoch = load_checkpoint(runs["whole"] / "last.pt")["step"] // EPOCHS
     at = per_epoch + per_epoch // 2  # optimiser step (0-based) in the middle of epoch 1
+    stop = -(-(at + 1) // 5) * 5  # optimiser steps done at the next read
+    assert stop < 2 * per_epoch
     hold = tmp_path / "hold"
     hold.touch()
     env = {**env_with_venv(), "LOCVIT_HOLD_AT": f"train_step_{at}", "LOCVIT_HOLD_FILE": str(hold)}
@@ -193,11 +197,11 @@ def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_sam
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_STOPPED, log[-3000:]
     state = load_checkpoint(out / "last.pt")
-    assert (state["epoch"], state["step"], state["partial"]["batches"]) == (0, at + 1, at + 1 - per_epoch), log
+    assert (state["epoch"], state["step"], state["partial"]["batches"]) == (0, stop, stop - per_epoch), log
     assert not (out / "metrics.json").exists() and "run it again to resume" in log
 
     resumed = run_ok(train_cmd(cfg, prepared, out, db))
-    assert f"resuming after step {at + 1} (batch {at + 1 - per_epoch} of epoch 2)" in resumed
+    assert f"resuming after step {stop} (batch {stop - per_epoch} of epoch 2)" in resumed
     whole, cut = load_checkpoint(runs["whole"] / "last.pt"), load_checkpoint(out / "last.pt")
     for part in ("model", "ema", "best_model"):
         assert all(torch.equal(whole[part][k], cut[part][k]) for k in whole[part]), part

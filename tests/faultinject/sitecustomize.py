@@ -125,9 +125,9 @@ def _patch_loop(loop) -> None:
             current["step"] = step
             return lr_at(step)
 
-        def after_step(step):  # step = optimiser steps done
+        def after_step(step, ok=None):  # step = optimiser steps done; ok: see engine.train_one_epoch
             if on_step is not None:
-                on_step(step)
+                on_step(step, ok)
             kill_point(f"train_step_{step - 1}", _where["train"])
             hold_point(f"train_step_{step - 1}", _where["train"])
             stall_point(f"train_step_{step - 1}", _where["train"])

@@ -280,6 +280,13 @@ def read_all(path: str | Path, limit: int | None = None, jit: bool = True,
 def to_model_input(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W) on the images' device."""
     x = images.float().div_(255.0)
-    mean_t = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    mean_t, std_t = _normalisation(tuple(map(float, mean)), tuple(map(float, std)), x.device, x.dtype)
     return (x - mean_t) / std_t
+
+
+@functools.lru_cache(maxsize=None)
+def _normalisation(mean: tuple, std: tuple, device: torch.device, dtype: torch.dtype) -> tuple:
+    """(1, C, 1, 1) mean and std tensors, built once per device: on CUDA each build is a copy from the host."""
+    with torch.inference_mode(False):  # usable outside inference mode, whichever pass built them first
+        return (torch.tensor(mean, device=device, dtype=dtype).view(1, -1, 1, 1),
+                torch.tensor(std, device=device, dtype=dtype).view(1, -1, 1, 1))

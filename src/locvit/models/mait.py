@@ -141,6 +141,8 @@ class _HeadMasks(nn.Module):
         self.mask_type = "hard"
         self.leading = True
         self.register_buffer("heads", torch.zeros(0, dtype=torch.long), persistent=False)
+        # The other heads, in order: kept here so that a forward finds them without a nonzero() (a host sync).
+        self.register_buffer("free", torch.zeros(0, dtype=torch.long), persistent=False)
         self.register_buffer("keep", torch.zeros(0, 0, dtype=torch.bool), persistent=False)
         self.alpha_logit: nn.Parameter | None = None
 
@@ -148,7 +150,8 @@ class _HeadMasks(nn.Module):
     def active(self) -> bool:
         return self.heads.numel() > 0
 
-    def configure(self, heads: Sequence[int], keep: torch.Tensor, mode: str, mask_type: str, alpha_init: float):
+    def configure(self, heads: Sequence[int], num_heads: int, keep: torch.Tensor, mode: str, mask_type: str,
+                  alpha_init: float):
         if mode not in MASK_MODES:
             raise ValueError(f"mask_mode: {mode!r} is not allowed; allowed values: {', '.join(MASK_MODES)}")
         if mask_type not in MASK_TYPES:
@@ -160,6 +163,8 @@ class _HeadMasks(nn.Module):
             raise ValueError(f"alpha_init: {alpha_init} must lie in (0, 1)")
         self.mode, self.mask_type = mode, mask_type
         self.heads = torch.as_tensor(list(heads), dtype=torch.long, device=self.heads.device)
+        self.free = torch.as_tensor([h for h in range(num_heads) if h not in heads], dtype=torch.long,
+                                    device=self.heads.device)
         self.leading = list(heads) == list(range(len(heads)))  # heads 0..h'-1: sliceable
         self.keep = keep.to(self.heads.device)
         if mask_type == "soft" and heads:
@@ -240,7 +245,7 @@ class MaskedAttention(Attention):
         if n_masked == self.num_heads:
             attn = self._masked_logits(q, k).softmax(dim=-1)
             return self._finish(self.attn_drop(attn) @ v, B, N)
-        masked, free = self.masks.heads, self._free_heads()
+        masked, free = self.masks.heads, self.masks.free
         attn = self._masked_logits(q[:, masked], k[:, masked]).softmax(dim=-1)
         out = self.attn_drop(attn) @ v[:, masked]  # (B, h', T, hd)
         free_out = self._plain_attention(q[:, free], k[:, free], v[:, free])
@@ -272,7 +277,7 @@ class MaskedAttention(Attention):
                                           scale=self.scale)
         if masked.numel() == self.num_heads:
             return self._finish(out_m, B, N)
-        free = self._free_heads()
+        free = self.masks.free
         out_f = self._plain_attention(q[:, free], k[:, free], v[:, free])
         out = torch.zeros_like(q).index_copy(1, free, out_f).index_copy(1, masked, out_m.to(q.dtype))
         return self._finish(out, B, N)
@@ -309,11 +314,6 @@ class MaskedAttention(Attention):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
         return self.attn_drop(attn) @ v
-
-    def _free_heads(self) -> torch.Tensor:
-        taken = torch.zeros(self.num_heads, dtype=torch.bool, device=self.masks.heads.device)
-        taken[self.masks.heads] = True
-        return (~taken).nonzero().flatten()
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor, logits: bool = False) -> torch.Tensor:
@@ -405,7 +405,7 @@ def install_masks(model: nn.Module, attns: Sequence[nn.Module], num_prefix: int,
     keep = neighbourhood_mask(tuple(model.patch_embed.grid_size), tuple(mask_kernel), num_prefix)
     for layer, (attn, idx) in enumerate(zip(attns, heads)):
         layer_keep = random_mask(keep, num_prefix, random_seed + layer) if mask_type == "random" else keep
-        attn.masks.configure(idx, layer_keep, mask_mode, mask_type, alpha_init)
+        attn.masks.configure(idx, attn.num_heads, layer_keep, mask_mode, mask_type, alpha_init)
     model.mask_options = dict(masked_heads=masked_heads, mask_kernel=tuple(mask_kernel), mask_mode=mask_mode,
                               mask_type=mask_type, alpha_init=alpha_init, random_seed=random_seed)
 

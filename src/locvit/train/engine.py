@@ -71,19 +71,39 @@ class NonFiniteLoss(FloatingPointError):
         self.step, self.bad_steps = step, bad_steps
 
 
+@dataclass(frozen=True)
+class Checks:
+    """What an epoch checks between its steps, and how often it reads the device to do so.
+
+    ``read_every``: steps between two host reads of the running sums (the progress bar), the count
+    of bad steps and ``stop()``, at the steps whose global number it divides (the same steps on every
+    process, so that DDP's all-reduce in ``stop()`` lines up); the epoch's end reads them too. On
+    CUDA each read waits for the queued kernels. ``max_bad_steps`` (``train.max_bad_steps``) with
+    ``bad_steps_before`` (the run's earlier epochs'): the bad steps the run may skip.
+    ``stop()``: whether to end the epoch at this step (:mod:`locvit.train.stop`).
+    """
+
+    read_every: int = 50
+    max_bad_steps: int = 0
+    bad_steps_before: int = 0
+    stop: Callable[[], bool] | None = None
+
+
 def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
                     lr_at: callable, first_step: int, mean, std, label_smoothing: float = 0.0,
                     clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
                     mixup: Callable | None = None, compute: Compute = Compute(),
-                    on_step: Callable[[int], None] | None = None, augment=None, max_bad_steps: int = 0,
-                    bad_steps_before: int = 0, feed_ahead: int = 0, feed_workers: int = 1, done: dict | None = None,
-                    stop: Callable[[], bool] | None = None) -> dict:
+                    on_step: Callable[[int, torch.Tensor | None], None] | None = None, augment=None,
+                    feed_ahead: int = 0, feed_workers: int = 1, done: dict | None = None,
+                    checks: Checks = Checks()) -> dict:
     """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
 
     ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
     smoothing) mixes each batch with draws seeded by the step and turns the labels into
     soft targets; accuracy is still counted on the true labels.
-    ``on_step(step)`` runs after every optimiser step (the EMA update), with the steps done.
+    ``on_step(step, ok)`` runs after every optimiser step (the EMA update, :func:`update_ema`),
+    with the steps done; ``ok`` is None when the step updated the weights, or a () bool tensor on
+    the device when the optimiser may have skipped the update there (fused, below).
     ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
     uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
     ``feed_ahead``: batches prepared ahead (augmented, normalised) in a background thread
@@ -92,29 +112,34 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
 
     A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
     the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
-    (``bad_steps_before`` + this epoch's) exceeds ``max_bad_steps``, :class:`NonFiniteLoss`
-    is raised, before the epoch's checkpoint: last.pt stays the last good epoch's. The
-    decision reads the gradient norm after backward, which DDP has already averaged, so
-    every process skips the same steps.
+    (``checks.bad_steps_before`` + this epoch's) exceeds ``checks.max_bad_steps``,
+    :class:`NonFiniteLoss` is raised, naming the step that exceeded it, before the epoch's
+    checkpoint: last.pt stays the last good epoch's. The decision reads the gradient norm after
+    backward, which DDP has already averaged, so every process skips the same steps. A fused
+    optimiser (``fused=True``, as on CUDA) skips on the device (its ``found_inf``) and the count
+    is read every ``checks.read_every`` steps, so the raise may come up to that many steps later;
+    any other optimiser reads the flag at every step (on the CPU that is no host sync).
 
-    ``stop()``, asked after every step but the epoch's last, ends the epoch early when it
-    says so (``stopped`` in the result). ``done``: the ``partial`` result of such an
-    epoch; its batches are drawn again from ``loader`` (the same order and numpy draws
-    when the generators are as they were at the epoch's start) and skipped, and its
+    The loss, accuracy and image sums stay on the device between reads (``checks``); the result
+    holds them as Python numbers. ``checks.stop()``, asked at a read but not after the epoch's last
+    step, ends the epoch early when it says so (``stopped`` in the result). ``done``: the
+    ``partial`` result of such an epoch; its batches are drawn again from ``loader`` (the same order
+    and numpy draws when the generators are as they were at the epoch's start) and skipped, and its
     sums carried on, so the resumed epoch ends as the uninterrupted one would.
     """
     model.train()
     done = done or {"batches": 0, "loss_sum": 0.0, "correct": 0, "seen": 0, "bad_steps": 0, "elapsed_s": 0.0}
-    total_loss, total_correct, total_seen, bad_steps = done["loss_sum"], done["correct"], done["seen"], done["bad_steps"]
-    batches, stopped = done["batches"], False
-    step = first_step
+    batches, stopped, step = done["batches"], False, first_step
     start = time.perf_counter() - done["elapsed_s"]
+    fused = all(group.get("fused") for group in optimizer.param_groups)  # skips a bad step on the device
+    tally = _Tally(done, next(model.parameters()).device, checks)
     feed = TrainFeed(_Skip(loader, batches), augment, compute, mean, std, first_step, feed_ahead,
                      feed_workers)  # x: RandAugment, normalised, erased
     bar = tqdm(feed, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
     for x, labels in bar:
         batches += 1
-        if stop is not None and batches > done["batches"] + 1 and stop():
+        if (checks.stop is not None and batches > done["batches"] + 1 and step % checks.read_every == 0
+                and checks.stop()):
             stopped = True  # asked after the previous step: that one was the last
             batches -= 1
             break
@@ -133,36 +158,104 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
-        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-            bad_steps += 1
-            if bad_steps_before + bad_steps > max_bad_steps:
-                raise NonFiniteLoss(step, loss.item(), grad_norm.item(), bad_steps_before + bad_steps, max_bad_steps)
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            continue
-        optimizer.step()
+        ok = torch.isfinite(loss) & torch.isfinite(grad_norm)  # (): the step counts
+        tally.add(step, loss, grad_norm, logits, labels, ok)
+        if fused:  # the kernel leaves weights and state as they were (step count included) where found_inf is 1
+            optimizer.found_inf = (~ok).float()
+            optimizer.step()
+            stepped = ok  # known on the device only: the EMA follows it there
+        elif bool(ok):  # read at every step: on the CPU no sync (no queue of kernels to wait for)
+            optimizer.step()
+            stepped = None  # known to have stepped
+        else:
+            stepped = False
         step += 1
-        if on_step is not None:
-            on_step(step)
-        n = labels.shape[0]
-        total_seen += n
-        total_loss += loss.item() * n
-        total_correct += (logits.argmax(-1) == labels).sum().item()
-        elapsed = time.perf_counter() - start
-        bar.set_postfix(loss=f"{total_loss / total_seen:.3f}", acc=f"{total_correct / total_seen:.3f}",
-                        img_s=f"{total_seen / max(elapsed, 1e-9):.0f}")
+        if on_step is not None and stepped is not False:
+            on_step(step, stepped)
+        if stepped is False or step % checks.read_every == 0:  # a known bad step: check the budget now
+            loss_sum, correct, seen, bad = tally.read()
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", acc=f"{correct / max(seen, 1):.3f}",
+                            img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+    loss_sum, correct, seen, bad = tally.read()  # before the epoch's checkpoint
     elapsed = time.perf_counter() - start
     return {
         "stopped": stopped,
-        "partial": {"batches": batches, "loss_sum": total_loss, "correct": total_correct, "seen": total_seen,
-                    "bad_steps": bad_steps, "elapsed_s": elapsed},
-        "train_loss": total_loss / max(total_seen, 1),
-        "train_top1": total_correct / max(total_seen, 1),
-        "train_images_per_s": total_seen / max(elapsed, 1e-9),
+        "partial": {"batches": batches, "loss_sum": loss_sum, "correct": correct, "seen": seen,
+                    "bad_steps": bad, "elapsed_s": elapsed},
+        "train_loss": loss_sum / max(seen, 1),
+        "train_top1": correct / max(seen, 1),
+        "train_images_per_s": seen / max(elapsed, 1e-9),
         "lr": optimizer.param_groups[0]["lr"],
         "steps": step,
-        "bad_steps": bad_steps,
+        "bad_steps": bad,
     }
+
+
+class _Tally:
+    """An epoch's sums on the device, added to at every step without a host sync; :meth:`read` brings
+    them over (one sync) and raises :class:`NonFiniteLoss` when the bad steps exceed the budget.
+
+    The loss sum is float64, adding ``loss * batch size`` as the host once added ``loss.item() * n``:
+    the same numbers. A bad step adds nothing but its count; the step, loss and gradient norm of the
+    bad step that went over the run's budget are kept for the message.
+    """
+
+    def __init__(self, done: dict, device: torch.device, checks: Checks):
+        self.loss = torch.tensor(done["loss_sum"], dtype=torch.float64, device=device)
+        self.correct, self.seen, self.bad = (torch.tensor(done[k], dtype=torch.int64, device=device)
+                                             for k in ("correct", "seen", "bad_steps"))
+        self.over = torch.zeros(3, dtype=torch.float64, device=device)  # (step, loss, grad norm)
+        self.max_bad_steps = checks.max_bad_steps
+        self.budget = checks.max_bad_steps - checks.bad_steps_before  # bad steps this epoch may skip
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, logits: torch.Tensor,
+            labels: torch.Tensor, ok: torch.Tensor) -> None:
+        n = labels.shape[0]
+        self.loss += torch.where(ok, loss.detach().double() * n, 0.0)
+        self.correct += torch.where(ok, (logits.argmax(-1) == labels).sum(), 0)
+        self.seen += ok * n
+        self.bad += ~ok
+        first_over = ~ok & (self.bad == self.budget + 1)
+        now = torch.stack([torch.full_like(self.over[0], step), loss.detach().double(), grad_norm.detach().double()])
+        self.over = torch.where(first_over, now, self.over)
+
+    def read(self) -> tuple[float, int, int, int]:
+        """(loss sum, correct, seen, bad steps) as Python numbers."""
+        loss, correct, seen, bad = torch.stack([self.loss, self.correct.double(), self.seen.double(),
+                                                self.bad.double()]).tolist()  # int64 counts: exact in float64
+        correct, seen, bad = int(correct), int(seen), int(bad)
+        if bad > self.budget:
+            step, loss_at, grad_norm = self.over.tolist()
+            raise NonFiniteLoss(int(step), loss_at, grad_norm, self.max_bad_steps + 1, self.max_bad_steps)
+        return loss, correct, seen, bad
+
+
+@torch.no_grad()
+def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None = None) -> None:
+    """``ema`` (timm's ModelEmaV3) after optimiser step ``step`` of ``model``.
+
+    ``ok`` (:func:`train_one_epoch`'s ``on_step``): None, the step updated the weights: timm's
+    update. A () bool tensor on the device: the step may have been skipped there, and the EMA
+    must not move then either, without a host read to know. timm's update takes its weight as a
+    Python number, so this one is ours: ``ModelEmaV3.apply_update_`` (foreach, buffers included)
+    with the weight ``ok * (1 - decay)``, and non-float buffers copied only where ``ok``. The EMA
+    holds the model's float32 (built without a dtype), so timm's bfloat16 rounding does not arise.
+    """
+    if ok is None:
+        ema.update(model, step=step)
+        return
+    weight = ok.float() * (1.0 - ema.get_decay(step))  # (); 0 on a skipped step: lerp leaves the EMA as it is
+    ema_values, model_values = [], []
+    for ema_v, model_v in zip(ema.module.state_dict().values(), model.state_dict().values()):
+        if ema_v.is_floating_point():
+            ema_values.append(ema_v)
+            model_values.append(model_v)
+        else:
+            ema_v.copy_(torch.where(ok, model_v, ema_v))
+    # A weight per tensor: given one tensor, torch takes it as a Python number (a host read). Each is a lerp_
+    # of its own then (the one-kernel path wants equal shapes); on the CPU the numbers are timm's.
+    torch._foreach_lerp_(ema_values, model_values, [weight] * len(ema_values))
 
 
 class _Skip:
@@ -189,11 +282,11 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
     ``limit`` drops the padding a distributed loader adds at the end of a rank's share;
     the sums (``loss_sum``, ``correct``, ``n``) are what ranks add up. ``hits`` holds, per sample
     in the loader's order, whether its top-1 prediction was right (a CPU bool tensor): the report
-    pairs two variants scored on the same test images with it.
+    pairs two variants scored on the same test images with it. The sums stay on the device until
+    the end (one host read); the loss sum in float64, as the host added each batch's.
     """
     model.eval()
-    total_loss, total_correct, total_seen = 0.0, 0, 0
-    hits = []
+    total_seen, sums, hits = 0, None, []
     for batch, (images, labels) in enumerate(loader):
         if limit is not None:
             keep = max(0, min(labels.shape[0], limit - total_seen))
@@ -203,11 +296,13 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
         x = compute.inputs(images, mean, std)
         with compute.autocast(x.device):
             logits = model(x).float()  # (B, num_classes)
-        total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
         hit = logits.argmax(-1) == labels  # (B,)
         hits.append(hit)
-        total_correct += hit.sum().item()
+        batch_sums = torch.stack([F.cross_entropy(logits, labels, reduction="sum").double(), hit.sum().double()])
+        sums = batch_sums if sums is None else sums + batch_sums  # (loss sum, correct); counts exact in float64
         total_seen += labels.shape[0]
+    total_loss, total_correct = sums.tolist() if sums is not None else (0.0, 0)
+    total_correct = int(total_correct)
     return {"loss": total_loss / max(total_seen, 1), "top1": total_correct / max(total_seen, 1), "n": total_seen,
             "loss_sum": total_loss, "correct": total_correct,
             "hits": torch.cat(hits).cpu() if hits else torch.zeros(0, dtype=torch.bool)}

@@ -32,7 +32,8 @@ from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
-from locvit.train.engine import Compute, cosine_schedule, evaluate, set_deterministic, train_one_epoch
+from locvit.train.engine import (Checks, Compute, cosine_schedule, evaluate, set_deterministic, train_one_epoch,
+                                 update_ema)
 from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
 from locvit.train.stop import REQUEST, Stopped
 
@@ -123,11 +124,22 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     if threads and device.type == "cpu":
         torch.set_num_threads(threads)  # after the loaders: FFCV's Loader resets torch's thread count
     lr = peak_lr(recipe)
-    optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=lr, betas=tuple(recipe["betas"]))
+    # Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
+    # sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
+    # fused kernel rounds differently, and CPU runs keep the numbers they always had.
+    optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=lr, betas=tuple(recipe["betas"]),
+                                  fused=True if device.type == "cuda" else None)
+    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
     net = torch.compile(model) if recipe["compile"] else model  # nanoGPT's order: compile, then DDP
     if dist.ddp:  # the constructor broadcasts rank 0's weights, so every rank starts equal
         device_ids = [device.index] if device.type == "cuda" else None
-        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
+        # broadcast_buffers: rank 0's buffers copied to the others before every forward, needed only where
+        # training changes them (BatchNorm's running statistics). Our families and timm's baselines have none:
+        # MaiT's head indices and masks and IBiT's roll index and sin-cos table are fixed, and ConViT's relative
+        # positions are built at the first forward from the token count, the same on every process.
+        # finish() compares the replicas' weights at the end.
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=device_ids,
+                                                        broadcast_buffers=buffers_change(model))
     ema = None
     if recipe["ema"]:  # after DDP's broadcast: the average starts from the common weights
         from timm.utils import ModelEmaV3
@@ -143,6 +155,19 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     return Run(cfg, key, out_dir, dist, device, model, net, ema, optimizer, train_loader, val_loader,
                make_mixup(recipe, num_classes, cfg["seed"], dist.rank), augment, compute, lr_at, mean, std,
                show_progress and dist.main)
+
+
+def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """A checkpoint's optimiser state loads into the implementation this run built (fused on CUDA), whatever
+    wrote it: a GPU run saved unfused by an older locvit, or a CPU run resumed on a GPU."""
+    groups = [{**saved, "fused": ours["fused"]} for saved, ours in zip(state_dict["param_groups"],
+                                                                      optimizer.param_groups)]
+    return {**state_dict, "param_groups": groups}
+
+
+def buffers_change(model: torch.nn.Module) -> bool:
+    """Whether training changes one of ``model``'s buffers: running statistics (BatchNorm's)."""
+    return any(getattr(m, "track_running_stats", False) for m in model.modules())
 
 
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
@@ -192,13 +217,14 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
 def train_epochs(run: Run, p: Progress) -> None:
     """Train from epoch ``p.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
 
-    A stop request (:mod:`locvit.train.stop`) ends training after the current step: last.pt
+    A stop request (:mod:`locvit.train.stop`) ends training at the next step whose number
+    ``train.read_every`` divides (the next read of the device): last.pt
     then holds the step, the epoch's sums so far and the generators, numpy's as they were
     at the epoch's start (FFCV's loader thread draws from it ahead of the steps; the resumed
     epoch reads its first batches again to draw the same), and :class:`Stopped` is raised.
     """
     cfg, recipe = run.cfg, run.cfg["train"]
-    on_step = (lambda step: run.ema.update(run.model, step=step)) if run.ema is not None else None
+    on_step = functools.partial(update_ema, run.ema, run.model) if run.ema is not None else None
     stop = functools.partial(REQUEST.agreed, run.dist, run.device)
     for epoch in range(p.epoch, recipe["epochs"]):
         epoch_numpy = rng_state(run.device)["numpy"]  # before the loader's thread draws this epoch's augmentations
@@ -211,9 +237,10 @@ def train_epochs(run: Run, p: Progress) -> None:
                                 desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
                                 compute=run.compute, on_step=on_step, augment=run.augment,
                                 feed_ahead=recipe["feed_ahead"], feed_workers=recipe["feed_workers"],
-                                max_bad_steps=recipe["max_bad_steps"],
-                                bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
-                                done=p.partial, stop=stop)
+                                done=p.partial,
+                                checks=Checks(read_every=recipe["read_every"], max_bad_steps=recipe["max_bad_steps"],
+                                              bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
+                                              stop=stop))
         p.step, p.partial = stats.pop("steps"), None
         if stats.pop("stopped"):
             p.partial = stats["partial"]
