@@ -154,6 +154,27 @@ def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypa
     assert builds[3:] == ["deit_a", "deit_a"]
 
 
+def test_the_working_directory_is_on_sys_path_only_while_a_model_module_is_found(tmp_path, monkeypatch, repo):
+    """params' model_modules are found in the working directory (a study's own family beside its params),
+    through one helper that both the config check and the import use, and nothing else sees it there."""
+    import os
+    import sys
+
+    from locvit.model_modules import working_dir_on_path
+
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    with working_dir_on_path() as cwd:
+        assert cwd == os.getcwd() and sys.path[0] == cwd
+    assert sys.path == before
+    with pytest.raises(KeyError), working_dir_on_path():
+        raise KeyError("a failed import")
+    assert sys.path == before
+    inserting = [f.relative_to(repo).as_posix() for f in sorted((repo / "src").rglob("*.py"))
+                 if "sys.path.insert" in f.read_text()]
+    assert inserting == ["src/locvit/model_modules.py"]
+
+
 def test_seed_budget_gives_smaller_fractions_more_seeds(raw_tiny):
     """round(full_runs / f) seeds, at least the study's, at most max_seeds; the extra ones count up from the
     largest; a variant's own seeds stay; variants with the same seeds form one group (one Snakemake rule)."""

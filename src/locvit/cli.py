@@ -6,8 +6,13 @@ Two ways to say what to run:
 * Snakemake validates ``params.yaml`` once and hands each job exactly its part of
   it (``--data-config`` / ``--run-config``, JSON). A job's command then changes only
   when its own config does, so editing one variant re-runs only that variant.
-* DVC stages (and people) give ``--params params.yaml`` with ``--variant`` and
-  ``--all-seeds``; the file is validated before anything is written.
+* People give ``--params params.yaml`` (with ``train --variant``); the file is
+  validated before anything is written.
+
+A user's mistake (a :class:`locvit.errors.LocvitError`: a bad config, argument or file)
+is printed as one line naming it, and the command exits 1 (2 for a config that breaks the
+schema); any other exception is a bug or a failure below locvit and keeps its traceback,
+after a line saying where to report it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,17 @@ import sys
 from pathlib import Path
 
 from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section, variant_seeds
+from locvit.errors import InputError, LocvitError, MissingFileError
 from locvit.layout import StudyLayout, per_seed
 from locvit.train.stop import EXIT_STOPPED, Stopped
+
+
+def json_option(text: str, option: str):
+    """A command-line option's JSON value (Snakemake writes them); an error naming the option when it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{option}: not valid JSON ({err})") from err
 
 
 def cmd_validate(args) -> None:
@@ -33,8 +47,10 @@ def cmd_validate(args) -> None:
 def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
-    data = validate_section("data", json.loads(args.data_config), "--data-config") if args.data_config else \
-        load_params(args.params, check_models=False)["data"]
+    if args.data_config:
+        data = validate_section("data", json_option(args.data_config, "--data-config"), "--data-config")
+    else:
+        data = load_params(args.params, check_models=False)["data"]
     manifest = prepare(data, {"train": args.train, "val": args.val, "test": args.test}, args.manifest)
     sizes = {s: manifest["splits"][s]["size"] for s in manifest["splits"]}
     print(f"prepared {manifest['source']} at {manifest['image_size']}px: {sizes}; data hash {manifest['data_hash']}")
@@ -49,7 +65,7 @@ def cmd_train(args) -> None:
     stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
 
     if args.run_config:
-        given = json.loads(args.run_config)
+        given = json_option(args.run_config, "--run-config")
         cfgs = [validate_run_config(c) for c in (given if isinstance(given, list) else [given])]
         out_dirs = args.out_dir or []
         if len(out_dirs) != len(cfgs):
@@ -77,13 +93,7 @@ def cmd_train(args) -> None:
 def cmd_evaluate(args) -> None:
     from locvit.train.evaluate import evaluate_checkpoints
 
-    if args.all_seeds:
-        seeds = load_params(args.params, check_models=False)["seeds"]
-        checkpoints = [run / "best.pt" for run in per_seed(args.runs_dir, seeds, "")]
-        outs = per_seed(args.eval_dir, seeds, ".json")
-    else:
-        checkpoints, outs = args.checkpoint, args.out
-    for result in evaluate_checkpoints(checkpoints, outs, args.data, args.manifest, args.tracking_db,
+    for result in evaluate_checkpoints(args.checkpoint, args.out, args.data, args.manifest, args.tracking_db,
                                        threads=args.threads):
         print(f"{result['variant']} seed {result['seed']}: test top-1 {100 * result['test_top1']:.2f}% "
               f"on {result['n']} images")
@@ -92,17 +102,9 @@ def cmd_evaluate(args) -> None:
 def cmd_analyse(args) -> None:
     from locvit.analysis.analyse import analyse_checkpoints
 
-    if args.all_seeds:
-        params = load_params(args.params, check_models=False)
-        seeds, cfg = params["seeds"], params["analysis"]
-        checkpoints = [run / "best.pt" for run in per_seed(args.runs_dir, seeds, "")]
-        out_json, out_npz = per_seed(args.out_dir, seeds, ".json"), per_seed(args.maps_dir, seeds, ".npz")
-        profile_out = args.out_dir / "profile.json"
-    else:
-        cfg = validate_section("analysis", json.loads(args.analysis_config), "--analysis-config")
-        checkpoints, out_json, out_npz, profile_out = args.checkpoint, args.json, args.npz, args.profile
-    for record in analyse_checkpoints(checkpoints, out_json, out_npz, args.data, args.manifest, cfg["images"],
-                                      tuple(cfg["als_kernel"]), profile_out, threads=args.threads):
+    cfg = validate_section("analysis", json_option(args.analysis_config, "--analysis-config"), "--analysis-config")
+    for record in analyse_checkpoints(args.checkpoint, args.json, args.npz, args.data, args.manifest, cfg["images"],
+                                      tuple(cfg["als_kernel"]), args.profile, threads=args.threads):
         print(f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
               f"ALS on {len(record['als_layers'])}")
 
@@ -122,7 +124,7 @@ def cmd_search_spec(args) -> None:
     from locvit.analysis.search import next_spec
     from locvit.io import read_json, write_json
 
-    search = validate_section("mask_search", json.loads(args.search_config), "--search-config")
+    search = validate_section("mask_search", json_option(args.search_config, "--search-config"), "--search-config")
     previous = read_json(args.previous_spec, "search spec", "Re-run the previous round.") if args.previous_spec else None
     als = read_json(args.previous_analysis, "analysis file", "Re-run the previous round's analyse step.")["als"] \
         if args.previous_analysis else None
@@ -193,7 +195,7 @@ def cmd_results(args) -> None:
     params = load_params(args.params, check_models=False)
     table = StudyLayout.of(params).report / "results.md"
     if not table.is_file():
-        raise FileNotFoundError(f"{table} does not exist yet; run the pipeline first (make demo)")
+        raise MissingFileError(f"{table} does not exist yet; run the pipeline first (make demo)")
     lines = summary_lines(read_results_csv(table.with_suffix(".csv")))
     if args.markdown:
         print(as_markdown(lines), end="")
@@ -222,10 +224,7 @@ def cmd_mlflow_server(args) -> None:
 
     if args.study_dir is None:
         args.study_dir = StudyLayout.of(load_params(args.params, check_models=False)).root
-    try:
-        serve(args.study_dir, args.host, args.port, args.workers)
-    except ValueError as err:
-        raise SystemExit(f"locvit mlflow-server: error: {err}") from err
+    serve(args.study_dir, args.host, args.port, args.workers)
 
 
 def cmd_launch(args) -> None:
@@ -233,16 +232,13 @@ def cmd_launch(args) -> None:
 
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     if not rest:
-        raise SystemExit("locvit launch: error: name the command to run after --, e.g. -- train --run-config ...")
-    try:
-        if args.agent:
-            if not args.endpoint or not args.rdzv_id:
-                raise launch.LaunchError("--agent needs --endpoint and --rdzv-id")
-            code = launch.run_agent(args.nodes, args.gpus_per_node, args.endpoint, args.rdzv_id, rest)
-        else:
-            code = launch.run_job(args.nodes, args.gpus_per_node, rest)
-    except launch.LaunchError as err:
-        raise SystemExit(f"locvit launch: error: {err}") from err
+        raise InputError("name the command to run after --, e.g. -- train --run-config ...")
+    if args.agent:
+        if not args.endpoint or not args.rdzv_id:
+            raise launch.LaunchError("--agent needs --endpoint and --rdzv-id")
+        code = launch.run_agent(args.nodes, args.gpus_per_node, args.endpoint, args.rdzv_id, rest)
+    else:
+        code = launch.run_job(args.nodes, args.gpus_per_node, rest)
     raise SystemExit(code)
 
 
@@ -259,6 +255,8 @@ def cmd_pull(args) -> None:
     pull(str(args.params))
 
 
+#: Where to report a bug (pyproject.toml names no project URL).
+ISSUES = "the locvit issue tracker"
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
 THREADS_HELP = "torch CPU threads (default: torch's choice)"
 
@@ -308,29 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "--params its tracking.system_metrics_s; else none)")
 
     p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--checkpoint", type=Path, nargs="+", help="checkpoints to score")
-    g.add_argument("--all-seeds", action="store_true", help="score --runs-dir/seed<k>/best.pt into --eval-dir")
-    p.add_argument("--out", type=Path, nargs="+", help="one output JSON per --checkpoint")
-    p.add_argument("--runs-dir", type=Path)
-    p.add_argument("--eval-dir", type=Path)
+    p.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoints to score")
+    p.add_argument("--out", type=Path, nargs="+", required=True, help="one output JSON per --checkpoint")
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--manifest", type=Path, required=True)
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
     p = add("analyse", cmd_analyse, "attention analyses (ALS, similarity, rollout, masks) and a profile of checkpoints")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--checkpoint", type=Path, nargs="+", help="checkpoints to analyse")
-    g.add_argument("--all-seeds", action="store_true",
-                   help="analyse --runs-dir/seed<k>/best.pt into --out-dir (JSON) and --maps-dir (npz)")
-    p.add_argument("--analysis-config", help="with --checkpoint: the analysis section as JSON")
-    p.add_argument("--json", type=Path, nargs="+", help="one output JSON per --checkpoint")
-    p.add_argument("--npz", type=Path, nargs="+", help="one output .npz per --checkpoint")
+    p.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoints to analyse")
+    p.add_argument("--analysis-config", required=True, help="the analysis section as JSON")
+    p.add_argument("--json", type=Path, nargs="+", required=True, help="one output JSON per --checkpoint")
+    p.add_argument("--npz", type=Path, nargs="+", required=True, help="one output .npz per --checkpoint")
     p.add_argument("--profile", type=Path, help="output JSON of the model's profile (from the first checkpoint)")
-    p.add_argument("--runs-dir", type=Path)
-    p.add_argument("--out-dir", type=Path)
-    p.add_argument("--maps-dir", type=Path)
     p.add_argument("--data", type=Path, required=True, help="the test split (its first images are analysed)")
     p.add_argument("--manifest", type=Path, required=True)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
@@ -409,14 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Options each mode needs beyond argparse's own checks.
+# Options each of train's two modes needs beyond argparse's own checks.
 NEEDED = {
     ("train", "run_config"): ["out_dir"],
     ("train", "variant"): ["runs_dir"],
-    ("evaluate", "checkpoint"): ["out"],
-    ("evaluate", "all_seeds"): ["runs_dir", "eval_dir"],
-    ("analyse", "checkpoint"): ["analysis_config", "json", "npz"],
-    ("analyse", "all_seeds"): ["runs_dir", "out_dir", "maps_dir"],
 }
 
 
@@ -433,14 +417,26 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"locvit: {err}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, FloatingPointError) as err:
+    except LocvitError as err:  # a user's mistake: one line, no traceback
         print(f"locvit {args.command}: error: {err}", file=sys.stderr)
         return 1
     except Stopped as err:
         print(f"locvit {args.command}: {err}; run it again to resume (exit status {EXIT_STOPPED})",
               file=sys.stderr, flush=True)
         return EXIT_STOPPED
+    except Exception as err:  # a bug, or a failure below locvit: its traceback follows, from Python
+        print(bug_report_line(args.command, err), file=sys.stderr, flush=True)
+        raise
     return 0
+
+
+def bug_report_line(command: str, err: BaseException) -> str:
+    """The line printed above an unexpected exception's traceback: what it is and where to report it."""
+    from locvit import __version__
+
+    return (f"locvit {command}: unexpected {type(err).__name__}, a bug in locvit or a failure below it (numpy, "
+            f"torch, timm, FFCV, MLflow, the file system); its traceback follows. Please report it on {ISSUES} with "
+            f"the command, this output and locvit {__version__}")
 
 
 if __name__ == "__main__":

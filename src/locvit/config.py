@@ -19,13 +19,15 @@ from typing import Any
 import jsonschema
 import yaml
 
+from locvit.errors import LocvitError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
 # Keys the pipeline sets itself from the data section; a variant may not override them.
 PIPELINE_KWARGS = ("img_size", "num_classes")
 
 
-class ConfigError(ValueError):
+class ConfigError(LocvitError, ValueError):
     """A config that breaks the schema; ``problems`` lists one message per bad key."""
 
     def __init__(self, problems: list[str], source: str = "params.yaml"):
@@ -242,27 +244,23 @@ def _model_check_stamp(variant: dict, image_size: int, num_classes: int, modules
     inputs passes again. Failures are never cached: their message is always fresh.
     """
     import hashlib
+    import importlib.util
     import json
     from importlib.metadata import version
 
     from locvit.io import cache_dir
-
-    import importlib.util
-    import os
-    import sys
+    from locvit.model_modules import working_dir_on_path
 
     h = hashlib.sha256(json.dumps([variant["model"], variant["kwargs"], image_size, num_classes,
                                    version("timm"), version("torch"), list(modules)], sort_keys=True).encode())
     for code in sorted((Path(__file__).parent / "models").glob("*.py")):
         h.update(code.read_bytes())
     for module in modules:  # a module outside locvit: its code too
-        sys.path.insert(0, os.getcwd())
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            spec = None
-        finally:
-            sys.path.remove(os.getcwd())
+        with working_dir_on_path():
+            try:
+                spec = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                spec = None
         if spec is not None and spec.origin and Path(spec.origin).is_file():
             h.update(Path(spec.origin).read_bytes())
     return cache_dir("model-checks") / h.hexdigest()

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from locvit.errors import InputError, MissingFileError
 
 
 @functools.cache
@@ -105,11 +106,11 @@ def read_json(path: str | os.PathLike, what: str = "file", fix: str = "") -> Any
     """Read JSON, turning a missing or corrupt file into an error that names it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist. {fix}".strip())
+        raise MissingFileError(f"{what} {path} does not exist. {fix}".strip())
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what} {path} is not valid JSON ({err}). {fix}".strip()) from err
+        raise InputError(f"{what} {path} is not valid JSON ({err}). {fix}".strip()) from err
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

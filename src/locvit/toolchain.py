@@ -20,10 +20,12 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from locvit.errors import LocvitError
+
 PIECES = ("compiler", "python-headers")
 
 
-class ToolchainError(ValueError):
+class ToolchainError(LocvitError, ValueError):
     """A compiled path was asked for on a node without the compiler or headers it builds with (a user's
     problem to fix by installing them or turning the compiled path off; ``locvit`` prints it as one line)."""
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from locvit.config import variant_seeds
+from locvit.errors import InputError, allowed
 from locvit.layout import StudyLayout
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
@@ -28,10 +29,9 @@ DVC_PARAMS = "params.yaml"
 def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[Path]:
     """The Snakemake targets (files) of a DVC stage; ``variant`` for the per-variant stages."""
     layout = StudyLayout.of(params)
-    if stage not in STAGES:
-        raise ValueError(f"stage: {stage!r}; allowed values: {', '.join(STAGES)}")
+    allowed("stage", stage, STAGES)
     if stage in ("train", "evaluate", "analyse") and variant not in params["variants"]:
-        raise ValueError(f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}")
+        raise InputError(f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}")
     seeds = variant_seeds(params, variant) if variant else params["seeds"]
     if stage == "prepare":
         return list(layout.data_files().values())

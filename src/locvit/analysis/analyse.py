@@ -37,6 +37,7 @@ from locvit.analysis.metrics import rollout_applies
 from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
+from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import GRID_KINDS, ROW_STOCHASTIC, family_of
 from locvit.train.checkpoint import load_checkpoint
@@ -104,7 +105,7 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
                         profile_out: Path | None = None, threads: int | None = None) -> list[dict]:
     """Analyse each checkpoint (see the module docstring); return the per-seed records."""
     if not len(checkpoints) == len(out_json) == len(out_npz):
-        raise ValueError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
+        raise InputError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
                          "output(s): give one of each per checkpoint")
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
     load_manifest(manifest_path, {"test": data})

@@ -14,6 +14,8 @@ round's spec from the previous round's ALS file starts no torch.
 
 from __future__ import annotations
 
+from locvit.errors import InputError
+
 
 # Round 0: head 0 masked in every layer, i.e. MaiT's Sch.1 (the first head of each layer).
 INITIAL = "sch1"
@@ -64,10 +66,10 @@ def next_spec(round_: int, previous: dict | None = None, als: list[list[float]] 
     if round_ == 0:
         return {"round": 0, "masked_heads": INITIAL, "rule": ["initial: head 0 masked in every layer (Sch.1)"]}
     if previous is None or als is None:
-        raise ValueError(f"round {round_} needs the previous round's spec and ALS")
+        raise InputError(f"round {round_} needs the previous round's spec and ALS")
     spec = _per_layer(previous["masked_heads"], len(als))
     if len(spec) != len(als):
-        raise ValueError(f"the ALS has {len(als)} layers, the previous spec {len(spec)}: not this search's model")
+        raise InputError(f"the ALS has {len(als)} layers, the previous spec {len(spec)}: not this search's model")
     if round_ == 1:
         spec, why = assign(als, spec, len(als[0]), all_above, remove_below)
     else:

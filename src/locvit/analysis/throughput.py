@@ -43,6 +43,7 @@ import torch
 from locvit import models
 from locvit.analysis.profile import device_name
 from locvit.config import run_config
+from locvit.errors import InputError, MissingFileError
 from locvit.io import write_text
 
 COLUMNS = ("variant", "img_s_median", "img_s_low", "img_s_high", "ratio_vs_baseline", "rounds", "device")
@@ -139,10 +140,10 @@ def read_throughput(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     fix = "Delete it and run the throughput job again (snakemake --cores all all)."
     if not path.is_file():
-        raise FileNotFoundError(f"throughput file {path} does not exist. {fix}")
+        raise MissingFileError(f"throughput file {path} does not exist. {fix}")
 
-    def corrupt(why: str) -> ValueError:
-        return ValueError(f"throughput file {path} is corrupt ({why}). {fix}")
+    def corrupt(why: str) -> InputError:
+        return InputError(f"throughput file {path} is corrupt ({why}). {fix}")
 
     try:
         lines = list(csv.reader(path.read_text().splitlines()))

@@ -73,6 +73,7 @@ nothing else uses them concurrently (FFCV's loader thread draws from numpy only)
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -83,7 +84,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-_LEVEL_DENOM = 10.0  # timm's magnitude scale: 'm10' is the strongest level of an op
+from locvit.errors import InputError
 
 
 @contextlib.contextmanager
@@ -121,6 +122,16 @@ def _aa():
     from timm.data import auto_augment
 
     return auto_augment
+
+
+@functools.cache
+def _erasing_ranges() -> tuple[float, float, tuple[float, float]]:
+    """timm's RandomErasing defaults, as DeiT uses them: the box's area as fractions of the image (min, max)
+    and the log of its aspect ratio (min, max)."""
+    from timm.data.random_erasing import RandomErasing
+
+    timm_erasing = RandomErasing(device="cpu")
+    return timm_erasing.min_area, timm_erasing.max_area, timm_erasing.log_aspect_ratio
 
 
 def _on(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
@@ -376,7 +387,7 @@ class TrainAugment:
             try:
                 self._policies[(h, w)] = rand_augment_transform(self.spec, hparams)
             except (AssertionError, ValueError, KeyError) as err:
-                raise ValueError(f"train.randaugment: {self.spec!r} is not a timm RandAugment spec ({err!r}); "
+                raise InputError(f"train.randaugment: {self.spec!r} is not a timm RandAugment spec ({err!r}); "
                                  f"DeiT's is 'rand-m9-mstd0.5-inc1'") from err
         return self._policies[(h, w)]
 
@@ -384,6 +395,7 @@ class TrainAugment:
         """Each image's ops and their arguments: the draws of timm's RandAugment / AugmentOp, from ``rng``."""
         policy = self._policy(h, w)
         ops, weights = policy.ops, policy.choice_weights
+        bound = _aa()._LEVEL_DENOM  # timm's magnitude scale: 'm10' is an op's strongest level (unless 'mmax')
         plans = []
         # the signs timm's level functions pick, from Python's random: seeded here, one thread at a time
         with self._draw_lock, _seeded_python_random(int(rng.integers(2 ** 63))):
@@ -398,7 +410,7 @@ class TrainAugment:
                         magnitude = rng.uniform(0, magnitude)
                     elif op.magnitude_std > 0:
                         magnitude = rng.normal(magnitude, op.magnitude_std)
-                    magnitude = max(0.0, min(magnitude, op.magnitude_max or _LEVEL_DENOM))
+                    magnitude = max(0.0, min(magnitude, op.magnitude_max or bound))
                     plan.append((op, op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()))
                 plans.append(plan)
         return plans
@@ -432,9 +444,10 @@ class TrainAugment:
         (mode 'pixel', one box, area 0.02-1/3 of the image, log-uniform aspect 0.3-3.3, ten tries
         to fit), drawn from the run's Generator for (seed, rank, step)."""
         rng = self._rng(step, 1)
+        min_area, max_area, log_aspect = _erasing_ranges()
         hit = rng.random(n) <= self.erase_prob  # timm skips an image when random() > p
-        area = rng.uniform(0.02, 1 / 3, (n, 10)) * (h * w)
-        aspect = np.exp(rng.uniform(math.log(0.3), math.log(1 / 0.3), (n, 10)))
+        area = rng.uniform(min_area, max_area, (n, 10)) * (h * w)  # (n, 10): timm's ten tries
+        aspect = np.exp(rng.uniform(*log_aspect, (n, 10)))
         bh = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # rint: Python's round, half to even
         bw = np.rint(np.sqrt(area / aspect)).astype(np.int64)
         fits = (bh < h) & (bw < w)

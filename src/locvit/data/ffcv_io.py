@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from locvit.errors import InputError, LocvitError, MissingFileError
 from locvit.io import atomic_path
 
 
@@ -73,7 +74,8 @@ class _Subset:
             with self.failed.get_lock():
                 first, self.failed.value = not self.failed.value, 1
             if first:  # one message at most: a full pipe would block this process
-                self.errors.put(str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")
+                mine = isinstance(err, LocvitError)  # a bad image, named; else a failure below locvit
+                self.errors.put((mine, str(err) if mine else f"{type(err).__name__}: {err}"))
             return _BLANK, label
 
 
@@ -110,7 +112,9 @@ def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution
             # FFCV's progress bar goes to stderr; harmless in logs.
             writer.from_indexed_dataset(_Subset(source, indices, crop, failed, errors), chunksize=chunk_size)
             if failed.value:
-                raise ValueError(f"{errors.get()} (while writing {Path(path).name}; nothing was written)")
+                mine, message = errors.get()
+                raise (InputError if mine else RuntimeError)(
+                    f"{message} (while writing {Path(path).name}; nothing was written)")
     finally:
         np.random.set_state(numpy_state)
         errors.close()
@@ -138,7 +142,7 @@ def _image_decoder(path: Path, train: bool, image_size: int | None):
     if h0 == h1 and w0 == w1 and (image_size is None or h0 == w0 == image_size):
         return SimpleRGBImageDecoder()
     if image_size is None:
-        raise ValueError(f"FFCV file {path} holds images of {h0}-{h1} x {w0}-{w1} px (written whole, "
+        raise InputError(f"FFCV file {path} holds images of {h0}-{h1} x {w0}-{w1} px (written whole, "
                          f"data.max_resolution): the loader needs image_size (data.image_size) to crop them")
     if train:
         return RandomResizedCropRGBImageDecoder((image_size, image_size), scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
@@ -214,7 +218,7 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"FFCV file {path} does not exist; run the prepare step (snakemake prepare / dvc repro prepare)")
+        raise MissingFileError(f"FFCV file {path} does not exist; run the prepare step (snakemake prepare / dvc repro prepare)")
     image_pipe = [_image_decoder(path, train, image_size)]
     if train and hflip:
         image_pipe.append(RandomHorizontalFlip())

@@ -25,6 +25,7 @@ import numpy as np
 
 from locvit.data.ffcv_io import write_beton
 from locvit.data.sources import get_source
+from locvit.errors import InputError, MissingFileError
 from locvit.io import read_json, remove_temporaries, sha256_file, verified_sha256, write_json
 
 SPLITS = ("train", "val", "test")
@@ -91,7 +92,7 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     remove_temporaries(*outputs.values(), manifest_path)  # what a killed prepare left
     size, max_resolution = data_cfg["image_size"], data_cfg["max_resolution"]
     if max_resolution is not None and max_resolution < size:
-        raise ValueError(f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
+        raise InputError(f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
                          f"crops of {size} px would be cut from smaller pictures. Use at least {size} (FFCV's "
                          f"ImageNet example stores 400-500 px for 160-224 px training), or null")
     source = get_source(data_cfg["source"], data_cfg["root"], data_cfg["download"])
@@ -161,17 +162,17 @@ def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) 
     recorded = manifest.get(MANIFEST_DIGEST) if isinstance(manifest, dict) else None
     if not isinstance(manifest, dict) or "splits" not in manifest or \
             (recorded is not None and recorded != manifest_digest(manifest)):
-        raise ValueError(f"dataset manifest {path} is corrupt: it was changed after the prepare step wrote it "
+        raise InputError(f"dataset manifest {path} is corrupt: it was changed after the prepare step wrote it "
                          f"(its recorded digest does not match). {fix}")
     for split, file in (check_files or {}).items():
         file = Path(file)
         expected = manifest["splits"][split]["file_bytes"]
         if not file.is_file():
-            raise FileNotFoundError(f"FFCV file {file} is missing. {fix}")
+            raise MissingFileError(f"FFCV file {file} is missing. {fix}")
         if file.stat().st_size != expected:
-            raise ValueError(f"FFCV file {file} has {file.stat().st_size} bytes, the manifest recorded {expected}: "
+            raise InputError(f"FFCV file {file} has {file.stat().st_size} bytes, the manifest recorded {expected}: "
                              f"it is truncated or was replaced. {fix}")
         if verified_sha256(file) != manifest["splits"][split]["file_sha256"]:
-            raise ValueError(f"FFCV file {file} is corrupt: its SHA-256 differs from the one the manifest {path} "
+            raise InputError(f"FFCV file {file} is corrupt: its SHA-256 differs from the one the manifest {path} "
                              f"recorded when it was written. {fix}")
     return manifest

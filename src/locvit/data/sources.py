@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from locvit.errors import InputError, MissingFileError, allowed
+
 
 class DatasetSource:
     """Base interface: ``labels`` for the split, ``image(i)`` for the writer."""
@@ -170,12 +172,12 @@ class CifarSource(InMemorySource):
     def _read(self, file: str) -> dict:
         path = self.folder / file
         if not path.is_file():
-            raise FileNotFoundError(f"{self.name}: {path} is missing. {self._how_to_get()}")
+            raise MissingFileError(f"{self.name}: {path} is missing. {self._how_to_get()}")
         try:
             with open(path, "rb") as fh:
                 return pickle.load(fh, encoding="bytes")
         except Exception as err:
-            raise ValueError(f"{self.name}: {path} is not a readable CIFAR batch ({err}); delete "
+            raise InputError(f"{self.name}: {path} is not a readable CIFAR batch ({err}); delete "
                              f"{self.folder} and prepare again with data.download: true") from err
 
     def _archive_problem(self) -> str | None:
@@ -197,10 +199,10 @@ class CifarSource(InMemorySource):
             download_url(self.url, str(self.root), self.archive.name)
             problem = self._archive_problem()
         if problem == "missing":
-            raise FileNotFoundError(f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
-                                    f"is there. {self._how_to_get()}")
+            raise MissingFileError(f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
+                                   f"is there. {self._how_to_get()}")
         if problem:
-            raise ValueError(f"{self.name}: {self.archive} {problem}: it is truncated, corrupt or another file. "
+            raise InputError(f"{self.name}: {self.archive} {problem}: it is truncated, corrupt or another file. "
                              f"Delete it; then set data.download: true to fetch {self.url} again, or download it "
                              f"yourself")
         self._extract()
@@ -213,11 +215,11 @@ class CifarSource(InMemorySource):
                 with tarfile.open(self.archive, "r:gz") as tar:
                     tar.extractall(tmp, filter="data")  # refuses absolute paths, links out of tmp
             except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
-                raise ValueError(f"{self.name}: {self.archive} could not be unpacked ({err}); delete it and fetch "
+                raise InputError(f"{self.name}: {self.archive} could not be unpacked ({err}); delete it and fetch "
                                  f"{self.url} again (data.download: true)") from err
             unpacked = tmp / self.release[0]
             if not unpacked.is_dir():
-                raise ValueError(f"{self.name}: {self.archive} does not hold the folder {self.release[0]}/; it is not "
+                raise InputError(f"{self.name}: {self.archive} does not hold the folder {self.release[0]}/; it is not "
                                  f"the published archive ({self.url})")
             try:
                 os.rename(unpacked, self.folder)  # atomic on one file system
@@ -242,7 +244,7 @@ class CifarSource(InMemorySource):
         self._labels = np.concatenate(labels)
         bad = self._labels[(self._labels < 0) | (self._labels >= self.num_classes)]
         if bad.size:
-            raise ValueError(f"{self.name}: labels outside 0..{self.num_classes - 1} in {self.folder}")
+            raise InputError(f"{self.name}: labels outside 0..{self.num_classes - 1} in {self.folder}")
 
     @property
     def fixed_test(self) -> np.ndarray:
@@ -291,10 +293,10 @@ class ImageFolderSource(DatasetSource):
 
     def _class_folders(self, top: Path) -> list[str]:
         if not top.is_dir():
-            raise FileNotFoundError(f"{self.name}: {top} is missing. {self._hint}")
+            raise MissingFileError(f"{self.name}: {top} is missing. {self._hint}")
         found = sorted(d.name for d in top.iterdir() if d.is_dir())
         if not found:
-            raise ValueError(f"{self.name}: {top} has no class folders; it should hold one sub-folder of images "
+            raise InputError(f"{self.name}: {top} has no class folders; it should hold one sub-folder of images "
                              f"per class")
         return found
 
@@ -303,19 +305,19 @@ class ImageFolderSource(DatasetSource):
         found = self._class_folders(top)
         if classes is None:
             if not self._counted and len(found) != self.num_classes:
-                raise ValueError(f"{self.name}: {top} has {len(found)} class folders; {self.name} has "
+                raise InputError(f"{self.name}: {top} has {len(found)} class folders; {self.name} has "
                                  f"{self.num_classes}")
             classes = found
         else:
             unknown = [c for c in found if c not in classes]
             if unknown:
-                raise ValueError(f"{self.name}: {top / unknown[0]} is a class folder that {self.folder / 'train'} "
+                raise InputError(f"{self.name}: {top / unknown[0]} is a class folder that {self.folder / 'train'} "
                                  f"does not have ({len(unknown)} such folder(s))")
         files, labels, label_of = [], [], {c: i for i, c in enumerate(classes)}
         for name in found:
             images = sorted(f for f in (top / name).iterdir() if f.is_file() and f.suffix.lower() in self.EXTENSIONS)
             if not images:
-                raise ValueError(f"{self.name}: {top / name} holds no images (files ending in "
+                raise InputError(f"{self.name}: {top / name} holds no images (files ending in "
                                  f"{', '.join(self.EXTENSIONS)}, any case)")
             files.extend(images)
             labels.extend([label_of[name]] * len(images))
@@ -358,7 +360,7 @@ class ImageFolderSource(DatasetSource):
                                      reducing_gap=None)
                 return np.asarray(img, dtype=np.uint8)
         except (OSError, ValueError, Image.DecompressionBombError) as err:
-            raise ValueError(f"{self.name}: {path} is not a readable image ({err}); replace or remove it") from err
+            raise InputError(f"{self.name}: {path} is not a readable image ({err}); replace or remove it") from err
 
     def fingerprint(self, index: int) -> bytes:
         """The file's name, byte size and the preparation sizes: hashing a large folder reads no pixels."""
@@ -397,6 +399,5 @@ SOURCES: dict[str, Callable[..., DatasetSource]] = {
 
 def get_source(name: str, root: str | Path = "data", download: bool = False) -> DatasetSource:
     """The source called ``name``; ``root`` and ``download`` matter to the file-backed datasets."""
-    if name not in SOURCES:
-        raise ValueError(f"data.source: unknown source {name!r}; allowed values: {', '.join(SOURCES)}")
+    allowed("data.source", name, SOURCES)
     return SOURCES[name](root=root, download=download)

@@ -25,19 +25,17 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def import_modules(modules) -> None:
     """Import params' ``model_modules`` (families outside locvit), from PYTHONPATH or the working directory."""
     import importlib
-    import os
-    import sys
 
-    cwd = os.getcwd()
+    from locvit.model_modules import working_dir_on_path
+
     for module in modules:
-        sys.path.insert(0, cwd)
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ImportError(f"cannot import {module!r} (looked in the working directory {cwd} and on PYTHONPATH): "
-                              f"{err}; put {module.replace('.', '/')}.py there or fix the name") from err
-        finally:
-            sys.path.remove(cwd)  # the first occurrence: the one inserted here
+        with working_dir_on_path() as cwd:
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                raise ImportError(f"cannot import {module!r} (looked in the working directory {cwd} and on "
+                                  f"PYTHONPATH): {err}; put {module.replace('.', '/')}.py there or fix the "
+                                  "name") from err
 
 
 def create(cfg: dict) -> torch.nn.Module:

@@ -20,6 +20,7 @@ import numpy as np
 
 from locvit.analysis.throughput import read_throughput
 from locvit.config import run_config, variant_seeds
+from locvit.errors import InputError
 from locvit.io import read_json, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
@@ -167,7 +168,7 @@ class Variant:
         try:
             return unpack_bits(self.evals[seed]["test_hits"], n_images)
         except ValueError as err:
-            raise ValueError(f"evaluation file of {self.name} seed {seed}: test_hits: {err}; re-run its "
+            raise InputError(f"evaluation file of {self.name} seed {seed}: test_hits: {err}; re-run its "
                              "evaluation (delete the file and run the pipeline)") from err
 
     def run_ids(self) -> dict[int, str]:
@@ -246,7 +247,7 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
         return None
     data = read_json(path, what, "Re-run the step that writes it.")
     if data.get("variant", variant) != variant or (seed is not None and int(data.get("seed", seed)) != seed):
-        raise ValueError(f"{what} {path} belongs to variant {data.get('variant')!r} seed {data.get('seed')!r}, "
+        raise InputError(f"{what} {path} belongs to variant {data.get('variant')!r} seed {data.get('seed')!r}, "
                          f"not {variant!r} seed {seed!r}; it was copied to the wrong place")
     return data
 

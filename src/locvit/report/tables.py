@@ -24,6 +24,7 @@ import csv
 import io
 from pathlib import Path
 
+from locvit.errors import InputError, MissingFileError
 from locvit.io import write_json, write_text
 from locvit.report.render import RunLink, Table, points, to_csv, to_latex, to_markdown
 from locvit.report.study import Acc, Study, Variant
@@ -126,12 +127,12 @@ def read_results_csv(path: Path) -> list[dict]:
     written by an older locvit lacks the verdict columns: re-run its report)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; give a results.csv written by the report step")
+        raise MissingFileError(f"{path} does not exist; give a results.csv written by the report step")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in (*ACC_CSV.values(),) if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
+            raise InputError(f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
                              "locvit (an older one has no verdicts); re-run the study's report")
         return list(reader)
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from locvit.errors import LocvitError
 from locvit.layout import artifacts_beside
 from locvit.tracking.sqlite import ensure as ensure_sqlite, lock as sqlite_lock
 
@@ -270,10 +271,10 @@ def bounded_http():
 
 
 def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: float = PROBE_READ_TIMEOUT_S) -> None:
-    """Raise ConnectionError unless the HTTP(S) server at ``uri`` accepts a connection within
-    ``timeout`` s and answers within ``read_timeout`` s more (one try each for ``/health`` and
-    one read of the tracking API); :class:`TrackingAuthError` when that read is refused
-    (HTTP 401 or 403) with the credentials in the environment.
+    """Raise :class:`TrackingUnreachable` (a ConnectionError) unless the HTTP(S) server at ``uri``
+    accepts a connection within ``timeout`` s and answers within ``read_timeout`` s more (one try
+    each for ``/health`` and one read of the tracking API); :class:`TrackingAuthError` when that
+    read is refused (HTTP 401 or 403) with the credentials in the environment.
 
     Any answer of ``/health`` counts (a proxy may refuse it without credentials): that only
     tells a dead or unreachable server from a live one. Other backends are not probed.
@@ -290,9 +291,9 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: fl
         answer = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
                               timeout=(timeout, read_timeout), verify=verify, **_client_auth())
     except requests.RequestException as err:
-        raise ConnectionError(f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
-                              f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
-                              f"{type(err).__name__}: {err})") from err
+        raise TrackingUnreachable(f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
+                                  f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
+                                  f"{type(err).__name__}: {err})") from err
     if answer.status_code in (401, 403):
         sent = "no credentials" if not _client_auth() else "the credentials of MLFLOW_TRACKING_USERNAME / " \
             "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
@@ -302,8 +303,12 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: fl
                                 "every job (sbatch passes it on)")
 
 
-class TrackingAuthError(PermissionError):
+class TrackingAuthError(LocvitError, PermissionError):
     """The tracking server answers but refuses the client's credentials (HTTP 401 or 403)."""
+
+
+class TrackingUnreachable(LocvitError, ConnectionError):
+    """The tracking server does not answer within the probe's time (named, with what was tried)."""
 
 
 def _client_auth() -> dict:

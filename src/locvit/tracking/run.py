@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from locvit.config import flatten, peak_lr
+from locvit.errors import InputError
 from locvit.tracking.backend import (current_uri, bounded_http, check_reachable, default_uri, find_run, log_metrics,
                                      log_params, retry, run_status, safe_uri, set_tags, setup)
 from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
@@ -78,7 +79,7 @@ def system_metrics_interval(given: float | None, params: dict | None = None) -> 
         try:
             return max(0.0, float(env))
         except ValueError:
-            raise ValueError(f"{SYSTEM_METRICS_ENV}={env!r} is not a number of seconds (0: no system metrics)") from None
+            raise InputError(f"{SYSTEM_METRICS_ENV}={env!r} is not a number of seconds (0: no system metrics)") from None
     return float(params["tracking"]["system_metrics_s"]) if params else 0.0
 
 

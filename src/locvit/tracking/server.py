@@ -29,6 +29,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from locvit.errors import InputError
 from locvit.io import atomic_path
 from locvit.layout import StudyLayout
 from locvit.tracking.sqlite import AUTH, TRACKING, ensure as ensure_sqlite, lock as sqlite_lock
@@ -47,7 +48,7 @@ def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
         return None
     if not (user and password):
         missing = USER if not user else PASSWORD
-        raise ValueError(f"{missing} is not set: set both {USER} and {PASSWORD} (the server's administrator, "
+        raise InputError(f"{missing} is not set: set both {USER} and {PASSWORD} (the server's administrator, "
                          f"and what its clients send), or neither for a server without a login on {LOCAL_HOST}")
     return user, password
 
@@ -77,7 +78,7 @@ def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 50
     env = dict(os.environ if env is None else env)
     login = credentials(env)
     if login is None and host not in LOOPBACK:
-        raise ValueError(f"--host {host}: a server reachable from other machines needs a login; set {USER} and "
+        raise InputError(f"--host {host}: a server reachable from other machines needs a login; set {USER} and "
                          f"{PASSWORD} in the environment (the server's administrator; jobs send the same two "
                          f"variables), or serve on {LOCAL_HOST}")
     layout = StudyLayout(Path(study_dir).resolve())

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from locvit.errors import InputError, MissingFileError
 from locvit.layout import StudyLayout
 from locvit.tracking.backend import ui_link
 
@@ -33,14 +34,14 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
     if uri:
         there = f"browse {uri}" if uri.startswith(("http://", "https://")) else \
             f"run `mlflow ui --backend-store-uri {uri}`"
-        raise ValueError(f"MLFLOW_TRACKING_URI is set ({uri}), so the pipeline logged this study's runs there, "
+        raise InputError(f"MLFLOW_TRACKING_URI is set ({uri}), so the pipeline logged this study's runs there, "
                          f"not to {StudyLayout(Path(study_dir)).tracking_db}: {there}, or unset MLFLOW_TRACKING_URI "
                          f"to open the study's own file.")
     layout = StudyLayout(Path(study_dir).resolve())
     db = layout.tracking_db
     if not db.is_file():
-        raise FileNotFoundError(f"{db} does not exist: the study has no MLflow runs yet; run the pipeline first "
-                                f"(snakemake --cores all all, or make demo)")
+        raise MissingFileError(f"{db} does not exist: the study has no MLflow runs yet; run the pipeline first "
+                               f"(snakemake --cores all all, or make demo)")
     return [sys.executable, "-m", "mlflow", "ui",
             "--backend-store-uri", f"sqlite:///{db}",
             # Where artifacts of experiments created from the UI would go (ours keep their own location).

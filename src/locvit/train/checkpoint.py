@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
 
 
@@ -47,18 +48,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     path = Path(path)
     fix = fix or rebuild_hint(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist. {fix}")
+        raise MissingFileError(f"checkpoint {path} does not exist. {fix}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); "
+        raise InputError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); "
                          f"it is truncated or corrupt. {fix}") from err
     recorded = state.pop(DIGEST_KEY, None) if isinstance(state, dict) else None
     if recorded is None:
-        raise ValueError(f"checkpoint {path} records no content digest (not written by this version of locvit's "
+        raise InputError(f"checkpoint {path} records no content digest (not written by this version of locvit's "
                          f"save_checkpoint), so it cannot be checked. {fix}")
     if recorded != content_digest(state):
-        raise ValueError(f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it "
+        raise InputError(f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it "
                          f"was written. {fix}")
     return state
 

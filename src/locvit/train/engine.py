@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from locvit.data.feed import TrainFeed
+from locvit.errors import LocvitError
 from locvit.data.ffcv_io import to_model_input
 
 
@@ -60,7 +61,7 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, m
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-class NonFiniteLoss(FloatingPointError):
+class NonFiniteLoss(LocvitError, FloatingPointError):
     """Too many training steps with a NaN or inf loss (``train.max_bad_steps``)."""
 
     def __init__(self, step: int, loss: float, grad_norm: float, bad_steps: int, max_bad_steps: int):

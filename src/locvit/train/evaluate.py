@@ -15,6 +15,7 @@ import torch
 from locvit import models
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
+from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
 from locvit.train.checkpoint import load_checkpoint
@@ -25,7 +26,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
                          tracking_db: Path, split: str = "test", threads: int | None = None) -> list[dict]:
     """Score each checkpoint on ``data``; write one JSON per checkpoint to ``outs``."""
     if len(checkpoints) != len(outs):
-        raise ValueError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
+        raise InputError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
     remove_temporaries(*outs)  # what a killed evaluation left
     manifest = load_manifest(manifest_path, {split: data})
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work

@@ -44,6 +44,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from locvit.errors import LocvitError
+
 #: Seconds within which a rendezvous must complete (every node joined), else the job fails.
 DEFAULT_RDZV_TIMEOUT = 300
 #: torchrun's words for a rendezvous that did not complete (its exceptions' names). Not
@@ -54,7 +56,7 @@ RDZV_FAILURES = ("RendezvousConnectionError", "RendezvousTimeoutError", "Rendezv
 ADDRESS_VAR = "LOCVIT_NODE_ADDRESS"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(LocvitError, RuntimeError):
     """The processes of a training job could not be started; the message says what to do."""
 
 

@@ -27,6 +27,7 @@ from locvit.config import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
+from locvit.errors import InputError
 from locvit.io import remove_temporaries, write_json
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
@@ -55,11 +56,11 @@ def per_process_batch(recipe: dict, world_size: int) -> int:
     """The recipe's batch_size is global: each of ``world_size`` processes takes an equal share."""
     batch = recipe["batch_size"]
     if batch % world_size:
-        raise ValueError(f"train.batch_size {batch} is the global batch and must split evenly over the "
+        raise InputError(f"train.batch_size {batch} is the global batch and must split evenly over the "
                          f"{world_size} processes; use a multiple of {world_size} or another process count")
     share = batch // world_size
     if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and share % 2:
-        raise ValueError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
+        raise InputError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
                          "MixUp/CutMix pair images within a process's batch, so that must be even")
     return share
 

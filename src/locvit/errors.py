@@ -1,0 +1,29 @@
+"""The errors locvit raises for its users: bad input named with what to do, printed as one line.
+
+``locvit``'s command line prints a :class:`LocvitError` as one line (the file, key or command it
+names, and what to do) and exits non-zero; any other exception is a bug or a failure of something
+below locvit (numpy, torch, timm, the file system) and keeps its traceback, with a line saying where
+to report it. The subclasses also derive from the built-in type a caller would catch (ValueError,
+FileNotFoundError), so code that catches those keeps working.
+"""
+
+from __future__ import annotations
+
+
+class LocvitError(Exception):
+    """A user-facing error: what is wrong with the input, named, and what to do."""
+
+
+class InputError(LocvitError, ValueError):
+    """A value a user gave (a config key, a model option, a command-line argument) that cannot be used."""
+
+
+class MissingFileError(LocvitError, FileNotFoundError):
+    """A file or folder a step needs is not there (named, with the step that makes it)."""
+
+
+def allowed(name: str, value, choices) -> None:
+    """Raise :class:`InputError` naming ``name``, ``value`` and the allowed values unless ``value`` is one."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise InputError(f"{name}: {value!r} is not allowed; allowed values: {', '.join(map(str, choices))}")
