@@ -136,7 +136,7 @@ def test_shift_lists_and_bad_options():
         resolve_shifts("cifar17")
     with pytest.raises(ValueError, match=r"starting with \[0, 0\]"):
         resolve_shifts([[1, 0], [0, 0]])
-    with pytest.raises(ValueError, match="shift_mode: 'roll'; allowed values: conv, translate"):
+    with pytest.raises(ValueError, match="shift_mode: 'roll' is not allowed; allowed values: conv, translate"):
         timm.create_model("lsa_tiny_cifar", shift_mode="roll", **SMALL)
     with pytest.raises(ValueError, match="num_heads: need one value per level"):
         timm.create_model("lsa_tiny_cifar", **dict(SMALL, num_heads=(3, 3, 3)))

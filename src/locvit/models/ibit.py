@@ -77,6 +77,7 @@ import math
 import warnings
 from functools import partial
 from pathlib import Path
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -89,6 +90,7 @@ from timm.models.deit import _cfg
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from locvit import io
+from locvit.errors import allowed
 from locvit.io import atomic_path
 from locvit.models.family import Family, normed_qk, register_family, vit_blocks, vit_sites
 
@@ -102,19 +104,13 @@ NORM_EPS = 1e-8  # added to the Frobenius norm, as in the authors' code
 FIT_FORMAT = 1  # bump when the fit or its file changes: old files are then ignored
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name}: {value!r} is not allowed; allowed values: {', '.join(allowed)}")
-    return value
-
-
 # ---------------------------------------------------------------------------------------
 # The kernel, the roll and the fit (Algorithm 1)
 
 
 def kernel_matrix(grid: tuple[int, int], kernel: str = "radial") -> torch.Tensor:
     """(N, N) float32, N = H*W: ``K[p, k]`` = kernel of the distance between patches p and k."""
-    _choice("mask_kernel", kernel, KERNELS)
+    allowed("mask_kernel", kernel, KERNELS)
     h, w = grid
     idx = torch.arange(h * w, device="cpu")  # built on the CPU, whatever the default device
     rows, cols = idx // w, idx % w
@@ -297,6 +293,9 @@ class LearnedMaskAttention(Attention):
     it the patch grid (the model does this after construction).
     """
 
+    __constants__ = ["norm_eps"]
+    norm_eps = NORM_EPS  # a constant TorchScript can read (it cannot read a module's global float)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.normalize = "frobenius"
@@ -309,8 +308,9 @@ class LearnedMaskAttention(Attention):
     def configure(self, grid: tuple[int, int], num_prefix: int, rank: int = 9, kernel: str = "radial",
                   normalize: str = "frobenius", fit_steps: int = 10_000, fit_lr: float = 0.1) -> None:
         """Create the mask for an ``H x W`` patch grid after ``num_prefix`` class/register tokens."""
-        self.normalize = _choice("normalize", normalize, NORMALIZATIONS)
-        _choice("mask_kernel", kernel, KERNELS)
+        allowed("normalize", normalize, NORMALIZATIONS)
+        allowed("mask_kernel", kernel, KERNELS)
+        self.normalize = normalize
         if rank < 1 or fit_steps < 0 or fit_lr <= 0:
             raise ValueError(f"mask_rank ({rank}) must be >= 1, mask_fit_steps ({fit_steps}) >= 0 "
                              f"and mask_fit_lr ({fit_lr}) > 0")
@@ -346,7 +346,13 @@ class LearnedMaskAttention(Attention):
             mask = F.pad(mask, (p, 0, p, 0), value=1.0)  # prefix rows and columns are 1
         return mask
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if torch.jit.is_scripting():  # the same as normed_qk, which takes the layer: TorchScript cannot pass one
+            return self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
+        else:
+            return normed_qk(self, q, k, v)
+
+    def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         if self.mask_a is None:
             raise RuntimeError("LearnedMaskAttention has no mask yet: call configure(grid, num_prefix) first")
@@ -357,28 +363,38 @@ class LearnedMaskAttention(Attention):
         # One copy here, rather than one inside each of the six matmuls (forward and backward)
         # that would otherwise flatten a strided (B, H) batch.
         q, k, v = qkv.contiguous().unbind(0)  # (B, H, T, hd)
-        return (*normed_qk(self, q, k, v), v)  # one dtype, as FrobeniusAttention's backward needs
+        q, k = self._normed_qk(q, k, v)  # one dtype, as FrobeniusAttention's backward needs
+        return q, k, v
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise NotImplementedError("LMSA applies its own learned mask; attn_mask / is_causal are not supported")
         B, T, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self._qkv(x)
         mask = (self.full_mask() * self.scale).to(q.dtype)  # (H, T, T); the 1/sqrt(d) folded in
-        if self.normalize == "frobenius" and not (self.training and self.attn_drop.p > 0):
-            out = FrobeniusAttention.apply(q, k, v, mask)
-        elif self.normalize == "frobenius":
-            attn = (q @ k.transpose(-2, -1)) * mask  # (B, H, T, T)
-            norm = torch.linalg.vector_norm(attn, dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
-            out = (self.attn_drop(attn) @ v) / (norm + NORM_EPS)  # dropout scales entries: linear, commutes
-        else:
+        if self.normalize == "softmax":
             out = self.attn_drop(((q @ k.transpose(-2, -1)) * mask).softmax(dim=-1)) @ v
+        elif torch.jit.is_scripting():
+            # TorchScript cannot run a custom autograd Function: the plain expression, whose values and
+            # gradients FrobeniusAttention reproduces (it only saves passes over the maps).
+            out = self._frobenius(q, k, v, mask)
+        elif self.training and self.attn_drop.p > 0:
+            out = self._frobenius(q, k, v, mask)
+        else:
+            out = FrobeniusAttention.apply(q, k, v, mask)
         x = out.transpose(1, 2).reshape(B, T, self.attn_dim)  # (B, H, T, hd) -> (B, T, C)
         x = self.norm(x)
         if gate is not None:
             x = x * gate
         return self.proj_drop(self.proj(x))
+
+    def _frobenius(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``attn_drop(S * M) @ V / (||S * M||_F + eps)``, autograd's way (FrobeniusAttention's reference)."""
+        attn = (q @ k.transpose(-2, -1)) * mask  # (B, H, T, T)
+        norm = torch.linalg.vector_norm(attn, dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+        return (self.attn_drop(attn) @ v) / (norm + self.norm_eps)  # dropout scales entries: linear, commutes
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
@@ -399,13 +415,16 @@ class IBiTBlock(Block):
 
     def __init__(self, *args, residual: str = "prenorm", mlp_drop_path: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.residual = _choice("residual", residual, RESIDUALS)
+        allowed("residual", residual, RESIDUALS)
+        self.residual = residual
         if not mlp_drop_path:
             self.drop_path2 = nn.Identity()
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if self.residual == "prenorm":
-            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        if self.residual == "prenorm":  # timm's Block.forward (TorchScript cannot call super())
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         x = self.norm1(x)
         x = x + self.drop_path1(self.ls1(self.attn(x, attn_mask=attn_mask, is_causal=is_causal)))
         x = self.norm2(x)
@@ -441,8 +460,8 @@ class IBiT(VisionTransformer):
     def __init__(self, mask_rank: int = 9, mask_kernel: str = "radial", normalize: str = "frobenius",
                  mask_fit_steps: int = 10_000, mask_fit_lr: float = 0.1, residual: str = "prenorm",
                  mlp_drop_path: bool = False, pos_embed: str = "learn", **kwargs):
-        _choice("residual", residual, RESIDUALS)
-        _choice("pos_embed", pos_embed, POS_EMBEDS)
+        allowed("residual", residual, RESIDUALS)
+        allowed("pos_embed", pos_embed, POS_EMBEDS)
         if kwargs.get("dynamic_img_size") or kwargs.get("patch_drop_rate"):
             raise ValueError("IBiT's mask is built for one patch grid: dynamic_img_size and patch_drop_rate "
                              "are not supported")

@@ -50,9 +50,9 @@ Choices (the paper is silent or vague, or it and the code disagree; each is an o
   level; a few hundred parameters).
 """
 
-from __future__ import annotations
-
-from typing import Optional, Sequence, Union
+# No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
+# generates, and TorchScript cannot read a string there.
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -60,8 +60,10 @@ import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, trunc_normal_, use_fused_attn
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
+from timm.models._features import feature_take_indices
 from timm.models._registry import generate_default_cfgs
 
+from locvit.errors import InputError, allowed
 from locvit.models.family import AttentionSite, Family, exact_reader, register_family, softmax_map
 
 Shift = tuple[int, int]
@@ -80,7 +82,7 @@ def resolve_shifts(shifts: Union[str, Sequence[Sequence[int]]]) -> tuple[Shift, 
     """A named shift list or explicit ``(dx, dy)`` pairs; the first must be ``(0, 0)``."""
     if isinstance(shifts, str):
         if shifts not in SHIFTS:
-            raise ValueError(f"shifts: unknown list {shifts!r}; allowed values: {', '.join(SHIFTS)} "
+            raise InputError(f"shifts: unknown list {shifts!r}; allowed values: {', '.join(SHIFTS)} "
                              f"or a list of [dx, dy] pairs starting with [0, 0]")
         return SHIFTS[shifts]
     pairs = tuple((int(s[0]), int(s[1])) for s in shifts if len(s) == 2)
@@ -111,10 +113,8 @@ class ShiftEmbed(nn.Module):
     def __init__(self, img_size: int, shifts: Sequence[Shift], kernel_size: int, stride: int, padding: int,
                  in_chans: int, embed_dim: int, shift_mode: str = "conv", pos_embed: str = "per_variant"):
         super().__init__()
-        if shift_mode not in SHIFT_MODES:
-            raise ValueError(f"shift_mode: {shift_mode!r}; allowed values: {', '.join(SHIFT_MODES)}")
-        if pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed: {pos_embed!r}; allowed values: {', '.join(POS_EMBEDS)}")
+        allowed("shift_mode", shift_mode, SHIFT_MODES)
+        allowed("pos_embed", pos_embed, POS_EMBEDS)
         self.shifts = tuple(shifts)
         too_far = [s for s in self.shifts if max(abs(s[0]), abs(s[1])) >= img_size]
         if too_far:  # a roll by the image size or more repeats (or wraps past) a smaller shift
@@ -136,7 +136,10 @@ class ShiftEmbed(nn.Module):
     def variants(self, img: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, T, C, H, W): the image-shifting variants."""
         pad = "circular" if self.shift_mode == "conv" else "reflect"
-        return torch.stack([shift_image(img, dx, dy, pad) for dx, dy in self.shifts], dim=1)
+        variants: List[torch.Tensor] = []
+        for shift in self.shifts:  # a loop, not a comprehension: TorchScript unrolls it over the tuple
+            variants.append(shift_image(img, shift[0], shift[1], pad))
+        return torch.stack(variants, dim=1)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         b, c, h, w = img.shape
@@ -213,7 +216,8 @@ class LSAAttention(_QueryKeyValue):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, N, hd)
-        k, v = self.kv(x).reshape(b, n, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, h_kv, N, hd)
+        kv = self.kv(x).reshape(b, n, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, v = kv.unbind(0)  # (B, h_kv, N, hd)
         if self.kv_heads != self.num_heads:
             k, v = k.expand(-1, self.num_heads, -1, -1), v.expand(-1, self.num_heads, -1, -1)
         if self.fused_attn:
@@ -226,6 +230,8 @@ class LSAAttention(_QueryKeyValue):
 
 class LSABlock(nn.Module):
     """Pre-norm block: ``x + attn(LN(x))`` then ``x + MLP(LN(x))``; local or global attention."""
+
+    __constants__ = ["local"]  # TorchScript compiles only the branch of this block's attention
 
     def __init__(self, dim: int, num_heads: int, local: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  kv_shared: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0):
@@ -241,6 +247,7 @@ class LSABlock(nn.Module):
 
     def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.local:  # x: the unshifted tokens (B, N, D); z: all variants (B, T, N, D)
+            assert z is not None, "the local block needs the shifted variants z"
             x = x + self.drop_path(self.attn(self.norm1(x), self.norm1(z)))
         else:
             x = x + self.drop_path(self.attn(self.norm1(x)))
@@ -248,17 +255,18 @@ class LSABlock(nn.Module):
 
 
 class Downsample(nn.Module):
-    """(B, N, C) on an (h, w) grid -> conv 3x3 -> LayerNorm over channels -> max-pool 3x3/2."""
+    """(B, N, C) on the (h, w) grid ``grid`` -> conv 3x3 -> LayerNorm over channels -> max-pool 3x3/2."""
 
-    def __init__(self, dim: int, dim_out: int):
+    def __init__(self, dim: int, dim_out: int, grid: tuple[int, int]):
         super().__init__()
+        self.grid = tuple(grid)
         self.conv = nn.Conv2d(dim, dim_out, 3, padding=1)
         self.norm = nn.LayerNorm(dim_out, eps=1e-6)
         self.pool = nn.MaxPool2d(3, stride=2, padding=1)
 
-    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        x = self.conv(x.transpose(1, 2).reshape(b, c, *grid))
+        x = self.conv(x.transpose(1, 2).reshape(b, c, self.grid[0], self.grid[1]))
         x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return self.pool(x).flatten(2).transpose(1, 2)
 
@@ -293,7 +301,7 @@ class LSA(nn.Module):
                  attn_drop_rate: float = 0.0, drop_path_rate: float = 0.1, global_pool: str = "avg"):
         super().__init__()
         if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool: {global_pool!r}; allowed values: avg, '' (tokens)")
+            raise InputError(f"global_pool: {global_pool!r} is not allowed; allowed values: avg, '' (tokens)")
         levels = len(depths)
         dims = _per_level(embed_dims, levels, "embed_dims")
         heads = _per_level(num_heads, levels, "num_heads")
@@ -308,8 +316,10 @@ class LSA(nn.Module):
         grid = self.patch_embed.grid_size
         self.grids, self.levels, self.downsamples = [], nn.ModuleList(), nn.ModuleList()
         self.level_pos = nn.ParameterList()
+        self.feature_info = []  # timm's: each level's output, its width and pixels per token
         for i, (dim, depth, h) in enumerate(zip(dims, depths, heads)):
             self.grids.append(grid)
+            self.feature_info.append(dict(num_chs=dim, reduction=stride * 2 ** i, module=f"levels.{i}"))
             blocks = [LSABlock(dim, h, local=(i == 0 and j == 0 and self.local_block), mlp_ratio=mlp_ratio,
                                qkv_bias=qkv_bias, kv_shared=kv_shared, proj_drop=proj_drop_rate,
                                attn_drop=attn_drop_rate, drop_path=drop_path_rate) for j in range(depth)]
@@ -317,7 +327,7 @@ class LSA(nn.Module):
             if i > 0:  # the first level's positions live in the shift embedding (per variant)
                 self.level_pos.append(nn.Parameter(trunc_normal_(torch.zeros(1, grid[0] * grid[1], dim), std=0.02)))
             if i + 1 < levels:
-                self.downsamples.append(Downsample(dim, dims[i + 1]))
+                self.downsamples.append(Downsample(dim, dims[i + 1], grid))
                 grid = ((grid[0] + 1) // 2, (grid[1] + 1) // 2)  # max-pool 3x3, stride 2, padding 1
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
@@ -353,18 +363,49 @@ class LSA(nn.Module):
         """Tokens (B, N, D) after the shift embedding and the local block (or the unshifted tokens)."""
         z = self.patch_embed(img)  # (B, T, N, D)
         x = z[:, 0]
-        first = self.levels[0][0]
-        return first(x, z) if first.local else x
+        for block in self.levels[0]:  # only the first block of the first level can be local
+            if block.local:
+                x = block(x, z)
+        return x
 
     def forward_features(self, img: torch.Tensor) -> torch.Tensor:
         x = self.forward_local(img)
-        for i, blocks in enumerate(self.levels):
-            if i > 0:
-                x = self.downsamples[i - 1](x, self.grids[i - 1]) + self.level_pos[i - 1]
-            for j, block in enumerate(blocks):
-                if not (i == 0 and j == 0 and block.local):  # the local block ran in forward_local
+        # Every level but the last, then its downsampling and the next level's positions (zipped, as
+        # TorchScript indexes module lists by literals only); then the last level.
+        for level, down, pos in zip(self.levels, self.downsamples, self.level_pos):
+            for block in level:
+                if not block.local:  # the local block ran in forward_local
                     x = block(x)
+            x = down(x) + pos
+        for block in self.levels[-1]:
+            if not block.local:
+                x = block(x)
         return self.norm(x)
+
+    def forward_intermediates(self, img: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False):
+        """timm's feature API: the outputs of the levels in ``indices`` (the last n for an int, all for
+        None) as (B, C, h, w) maps on each level's grid, and ``forward_features``'s output.
+
+        ``norm`` applies the final LayerNorm to the last level's map; ``stop_early`` skips the levels
+        after the last one asked for (the features returned are then that level's, normed)."""
+        allowed("output_fmt", output_fmt, ("NCHW",))
+        take, last = feature_take_indices(len(self.levels), indices)
+        intermediates = []
+        x = self.forward_local(img)
+        for i, blocks in enumerate(self.levels[:last + 1] if stop_early else self.levels):
+            if i > 0:
+                x = self.downsamples[i - 1](x) + self.level_pos[i - 1]
+            for block in blocks:
+                if not block.local:  # the local block ran in forward_local
+                    x = block(x)
+            if i in take:
+                inter = self.norm(x) if norm and i == len(self.levels) - 1 else x
+                intermediates.append(inter.transpose(1, 2).reshape(x.shape[0], -1, *self.grids[i]))  # (B, C, h, w)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention, DropPath, register_notrace_module
+from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
@@ -47,6 +48,7 @@ from timm.models.cait import Cait, TalkingHeadAttn
 from timm.models.vision_transformer import VisionTransformer, _cfg
 
 from locvit import toolchain
+from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
 from locvit.models.family import Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
 
@@ -115,7 +117,7 @@ def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]
             "all": [num_heads] * depth,
         }
         if scheme not in counts:
-            raise ValueError(f"masked_heads: unknown scheme {scheme!r}; allowed values: {', '.join(SCHEMES)} "
+            raise InputError(f"masked_heads: unknown scheme {scheme!r}; allowed values: {', '.join(SCHEMES)} "
                              f"or a per-layer list of head counts / head indices")
         return [list(range(c)) for c in counts[scheme]]
     scheme = list(scheme)
@@ -152,10 +154,8 @@ class _HeadMasks(nn.Module):
 
     def configure(self, heads: Sequence[int], num_heads: int, keep: torch.Tensor, mode: str, mask_type: str,
                   alpha_init: float):
-        if mode not in MASK_MODES:
-            raise ValueError(f"mask_mode: {mode!r} is not allowed; allowed values: {', '.join(MASK_MODES)}")
-        if mask_type not in MASK_TYPES:
-            raise ValueError(f"mask_type: {mask_type!r} is not allowed; allowed values: {', '.join(MASK_TYPES)}")
+        allowed("mask_mode", mode, MASK_MODES)
+        allowed("mask_type", mask_type, MASK_TYPES)
         if mask_type == "soft" and mode != "multiply":
             raise ValueError("mask_type 'soft' scales logits, so it needs mask_mode 'multiply'; for mask_mode "
                              "'restrict' set mask_type to 'hard' (or 'random')")
@@ -170,7 +170,7 @@ class _HeadMasks(nn.Module):
         if mask_type == "soft" and heads:
             self.alpha_logit = nn.Parameter(torch.full((len(heads),), math.log(alpha_init / (1.0 - alpha_init))))
 
-    def alpha(self) -> torch.Tensor | None:
+    def alpha(self) -> Optional[torch.Tensor]:
         return None if self.alpha_logit is None else torch.sigmoid(self.alpha_logit)
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -178,9 +178,11 @@ class _HeadMasks(nn.Module):
         if self.mode == "restrict":
             return logits.masked_fill(~self.keep, float("-inf"))
         if self.mask_type == "soft":
+            alpha = self.alpha()
+            assert alpha is not None, "soft masks have their alphas once configured"
             # Neighbours x1, others x alpha[h]: (h', T, T) weights.
             weight = torch.where(self.keep, torch.ones((), device=logits.device, dtype=logits.dtype),
-                                 self.alpha().to(logits.dtype)[:, None, None])
+                                 alpha.to(logits.dtype)[:, None, None])
             return logits * weight
         return logits * self.keep.to(logits.dtype)
 
@@ -210,16 +212,30 @@ class MaskedAttention(Attention):
     def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if torch.jit.is_scripting():  # the same as normed_qk, which takes the layer: TorchScript cannot pass one
+            return self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
+        else:
+            return normed_qk(self, q, k, v)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
         if not self.masks.active:
-            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+            if torch.jit.is_scripting():
+                return self._unmasked(x, attn_mask, is_causal)
+            else:
+                return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
         if attn_mask is not None or is_causal:
             # Passing it on to timm's attention would silently drop MaiT's masks.
             raise ValueError("MaiT's masked attention does not take a caller's attn_mask or is_causal: its heads "
                              "are masked by masked_heads; build the model with masked_heads='none' to use them")
         B, N, _ = x.shape
         n_masked = self.masks.heads.numel()
-        if self._flex(x):
+        if torch.jit.is_scripting():
+            if self.restrict_kernel == "flex" and self.masks.mode == "restrict":
+                raise RuntimeError("MaiT's restrict_kernel 'flex' runs FlexAttention, which TorchScript cannot run; "
+                                   "use torch.export, or restrict_kernel 'auto' or 'dense' (the same result)")
+        elif self._flex(x):
             return self._restrict_flex(x, B, N)
         restrict_fused = self.masks.mode == "restrict" and self.fused_attn
         if self.masks.leading and n_masked < self.num_heads and not restrict_fused:
@@ -229,13 +245,15 @@ class MaskedAttention(Attention):
                 [n_masked, self.num_heads - n_masked], dim=3)
             qm, km, vm = qkv_m.permute(2, 0, 3, 1, 4).unbind(0)  # (B, h', T, hd)
             qf, kf, vf = qkv_f.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H-h', T, hd)
-            attn = self._masked_logits(*normed_qk(self, qm, km, vm)).softmax(dim=-1)
+            qm, km = self._normed_qk(qm, km, vm)
+            qf, kf = self._normed_qk(qf, kf, vf)
+            attn = self._masked_logits(qm, km).softmax(dim=-1)
             out_m = self.attn_drop(attn) @ vm
-            out_f = self._plain_attention(*normed_qk(self, qf, kf, vf), vf)
+            out_f = self._plain_attention(qf, kf, vf)
             return self._finish(torch.cat([out_m, out_f], dim=1), B, N)
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
-        q, k = normed_qk(self, q, k, v)  # v's dtype: out below is built in q's
+        q, k = self._normed_qk(q, k, v)  # v's dtype: out below is built in q's
         if restrict_fused:
             # -inf outside the neighbourhood is a boolean mask: one fused call for all heads,
             # unmasked heads keeping every key.
@@ -301,12 +319,18 @@ class MaskedAttention(Attention):
 
     def _restrict_mask(self) -> torch.Tensor:
         """(H, T, T) boolean: the neighbourhood for masked heads, every key for the others."""
-        if self._restrict_cache is None or self._restrict_cache.device != self.masks.keep.device:
-            t = self.masks.keep.shape[0]
-            full = torch.ones(self.num_heads, t, t, dtype=torch.bool, device=self.masks.keep.device)
-            full[self.masks.heads] = self.masks.keep
-            self._restrict_cache = full
-        return self._restrict_cache
+        if torch.jit.is_scripting():
+            return self._all_heads_mask()  # a scripted module keeps no Python cache
+        else:
+            if self._restrict_cache is None or self._restrict_cache.device != self.masks.keep.device:
+                self._restrict_cache = self._all_heads_mask()
+            return self._restrict_cache
+
+    def _all_heads_mask(self) -> torch.Tensor:
+        t = self.masks.keep.shape[0]
+        full = torch.ones(self.num_heads, t, t, dtype=torch.bool, device=self.masks.keep.device)
+        full[self.masks.heads] = self.masks.keep
+        return full
 
     def _plain_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Unmasked heads: timm's fused kernel unless fused attention is off (then eager, as timm does)."""
@@ -314,6 +338,25 @@ class MaskedAttention(Attention):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
         return self.attn_drop(attn) @ v
+
+    def _unmasked(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """timm's ``Attention.forward``, for TorchScript, which cannot call ``super()`` (the same ops)."""
+        B, N, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, T, hd)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.fused_attn:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                 dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal)).softmax(dim=-1)
+            out = self.attn_drop(attn) @ v
+        out = self.norm(out.transpose(1, 2).reshape(B, N, self.attn_dim))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor, logits: bool = False) -> torch.Tensor:
@@ -338,15 +381,15 @@ class MaskedTalkingHeadAttn(TalkingHeadAttn):
         self.masks = _HeadMasks()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.masks.active:
-            return super().forward(x)
+        # timm's TalkingHeadAttn.forward (the same ops; TorchScript cannot call super()) with the masks
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]
         attn = q @ k.transpose(-2, -1)  # (B, H, N, N)
         attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # talking heads, pre-softmax
-        heads = self.masks.heads
-        attn = attn.index_copy(1, heads, self.masks.mask_logits(attn.index_select(1, heads)))
+        if self.masks.active:
+            heads = self.masks.heads
+            attn = attn.index_copy(1, heads, self.masks.mask_logits(attn.index_select(1, heads)))
         attn = attn.softmax(dim=-1)
         attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         attn = self.attn_drop(attn)
@@ -438,12 +481,8 @@ class MaiT(VisionTransformer):
                  mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
                  random_seed: int = 0, drop_path_schedule: str = "linear", restrict_kernel: str = "auto",
                  **kwargs):
-        if restrict_kernel not in RESTRICT_KERNELS:
-            raise ValueError(f"restrict_kernel: {restrict_kernel!r} is not allowed; allowed values: "
-                             f"{', '.join(RESTRICT_KERNELS)}")
-        if drop_path_schedule not in DROP_PATH_SCHEDULES:
-            raise ValueError(f"drop_path_schedule: {drop_path_schedule!r} is not allowed; allowed values: "
-                             f"{', '.join(DROP_PATH_SCHEDULES)}")
+        allowed("restrict_kernel", restrict_kernel, RESTRICT_KERNELS)
+        allowed("drop_path_schedule", drop_path_schedule, DROP_PATH_SCHEDULES)
         kwargs.setdefault("attn_layer", MaskedAttention)
         super().__init__(**kwargs)
         rate = float(kwargs.get("drop_path_rate", 0.0))
