@@ -61,7 +61,7 @@ def throughput_lines(rows: list[dict]) -> list[list[str]]:
 
 def pipeline_lines(path: Path) -> list[list[str]]:
     """A pipeline.json's demo from scratch: its wall time, then per rule the jobs and their summed job time
-    (for training, the epochs' share and the rest)."""
+    (for training, the epochs' share and the rest), and MLflow's share of the job time where recorded."""
     import json
 
     data = json.loads(path.read_text())
@@ -74,6 +74,11 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     lines.append(["all jobs", str(sum(r["jobs"] for rule, r in data["demo_breakdown"].items() if rule != "all")),
                   f"{total:,.1f}", "", ""])
     lines.append(["wall time", "", f"{data['demo_wall_s']:,.1f} ({data['demo_wall_s'] / 60:.1f} min)", "", ""])
+    if "demo_mlflow" in data:  # MLflow's calls in every job, and the system-metrics sampler
+        m = data["demo_mlflow"]
+        lines.append(["of all jobs: MLflow", "", f"{m['total_s']:,.1f} ({100 * m['share_of_job_time']:.1f} %)", "",
+                      f"training {m['train_s']:,.1f}, evaluation {m['evaluate_s']:,.1f}, report {m['report_s']:,.1f}, "
+                      f"system metrics {m['system_metrics_s']:,.2f}"])
     return lines
 
 

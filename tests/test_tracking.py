@@ -340,6 +340,7 @@ def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkey
     exp = client.get_experiment_by_name("tiny").experiment_id
     (variant_run,) = find(client, exp, variant_tags("tiny", "deit_late"))
     assert run.data.tags[PARENT] == variant_run.info.run_id  # made before the server died, found again by sync
+    assert not any(k.startswith("system/") for k in run.data.metrics)  # trained with system metrics off (0 s)
 
 
 # A backend that cannot be reached at all ---------------------------------------------------------------
