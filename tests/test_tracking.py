@@ -200,7 +200,7 @@ def trained(tiny_params, prepared, tmp_path_factory, servers) -> dict:
     lone_s = time.monotonic() - lone_started
 
     server.wait_ready()
-    resumed = start(sqlite_cmd(killed), SLURM_JOB_ID="1002", SLURM_RESTART_COUNT="1")
+    resumed = start(sqlite_cmd(killed), SLURM_JOB_ID="1002", SLURM_RESTART_COUNT="1", **SAMPLED)
     procs = {key: start(train_cmd(cfg, prepared, via_server / "runs" / key[0] / f"seed{key[1]}",
                                   via_server / "unused.db"), MLFLOW_TRACKING_URI=server.uri, **SAMPLED)
              for key, cfg in cfgs.items()}

@@ -234,11 +234,19 @@ class TrainingTracker:
 
     def stop_monitor(self) -> None:
         """Stop sampling and log the last samples (only while tracking works: a dead backend would hold
-        the join; the sampling thread is a daemon and ends with the process)."""
+        the join; the sampling thread is a daemon and ends with the process).
+
+        MLflow's sampler logs a sample only once a whole interval has passed, and drops the one it is
+        taking when stopped: a run shorter than an interval would have none, so it gets that one.
+        """
         monitor, self.monitor = self.monitor, None
         if monitor is not None and self.ok:
             with self.guard("logging the last system metrics"):
                 monitor.finish()
+                if "system/cpu_utilization_percentage" not in retry(self.client.get_run, self.run_id).data.metrics:
+                    monitor.collect_metrics()
+                    monitor.publish_metrics(monitor.aggregate_metrics())
+                    monitor.mlflow_logger.flush()
 
     def log_inputs(self, client, logged=None) -> None:
         """Log the run's params and datasets, those that ``logged`` (the MLflow run as found) lacks."""
