@@ -179,32 +179,34 @@ def test_fx_backward_reaches_every_parameter(name):
 # --- TorchScript, and the exceptions ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_torchscript_runs_every_variant_but_the_named_exceptions(variant):
+def _scripted(variant: str, prepare):
+    """``prepare(model)`` scripted, with the eager model and input; None for a named exception, after
+    checking that its scripted forward raises naming FlexAttention."""
     name, kwargs = VARIANTS[variant]
     model, size = _build(name, **kwargs)
     model.eval()
     x = _input(size)
     if _not_scriptable(variant):
         with pytest.raises((RuntimeError, torch.jit.Error), match="FlexAttention"):
-            torch.jit.script(model)(x)
+            torch.jit.script(prepare(model))(x)
+        return None
+    return torch.jit.script(prepare(model)), model, x
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_torchscript_runs_every_variant_but_the_named_exceptions(variant):
+    if (got := _scripted(variant, lambda m: m)) is None:
         return
-    scripted = torch.jit.script(model)
+    scripted, model, x = got
     with torch.no_grad():
         torch.testing.assert_close(scripted(x), model(x))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fx_then_torchscript_equals_eager(variant):
-    name, kwargs = VARIANTS[variant]
-    model, size = _build(name, **kwargs)
-    model.eval()
-    x = _input(size)
-    if _not_scriptable(variant):
-        with pytest.raises((RuntimeError, torch.jit.Error), match="FlexAttention"):
-            torch.jit.script(_fx(model))(x)
+    if (got := _scripted(variant, _fx)) is None:
         return
-    scripted = torch.jit.script(_fx(model))
+    scripted, model, x = got
     with torch.inference_mode():
         (out,) = scripted(x).values()
         torch.testing.assert_close(out, model(x))
