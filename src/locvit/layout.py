@@ -30,6 +30,42 @@ TRACKING_DB = "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside the tracking database
 
 
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one training run's folder (``runs/<variant>/seed<k>/``).
+
+    ``last`` is written after every epoch (what a resume reads), ``best`` holds the best
+    epoch's weights (what evaluation and analysis read), ``metrics`` the run's history and
+    result (its MLflow spool while the backend is unreachable), ``record`` the MLflow run a
+    run killed before its first epoch started (so its restart reopens that run).
+    """
+
+    folder: Path
+
+    @classmethod
+    def at(cls, folder: str | Path) -> RunFiles:
+        return cls(Path(folder))
+
+    @property
+    def last(self) -> Path:
+        return self.folder / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.folder / "best.pt"
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / "metrics.json"
+
+    @property
+    def record(self) -> Path:
+        return self.folder / "mlflow_run.json"
+
+    def all(self) -> tuple[Path, ...]:
+        return self.last, self.best, self.metrics, self.record
+
+
 def seed_name(seed: int | str) -> str:
     """``seed<k>``: a run's folder, or the stem of its per-seed files."""
     return f"seed{seed}"
@@ -85,6 +121,10 @@ class StudyLayout:
 
     def run_dir(self, variant: str, seed: int | str) -> Path:
         return self.runs_dir(variant) / seed_name(seed)
+
+    def run_files(self, variant: str, seed: int | str) -> RunFiles:
+        """The files of one run's folder (:class:`RunFiles`)."""
+        return RunFiles.at(self.run_dir(variant, seed))
 
     @property
     def eval(self) -> Path:
