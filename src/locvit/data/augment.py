@@ -12,49 +12,16 @@ Where each augmentation of DeiT's recipe runs (key in parentheses):
 - MixUp / CutMix: here (:class:`BatchMixup`, timm's Mixup in its batch mode), in the engine
   after erasing (train.mixup, train.cutmix)
 
-Both augmentations here draw per image: each image gets its own ops, magnitudes and
-box. RandAugment is timm's (``rand_augment_transform``, so DeiT's spec strings mean what
-they mean in DeiT: the same op set, magnitude scale, magnitude noise and "inc" ops). Two
-backends apply the same draws (``TrainAugment(..., backend=...)``):
-
-- ``"tensor"`` (the default): batched tensor ops on the batch's device, CUDA or CPU
-  (:func:`apply_plans`). At each layer position the images are grouped by the op they
-  drew; a colour op runs once on its sub-batch with per-image arguments as tensors, and
-  the position's geometric ops run together through one ``grid_sample`` with each image's
-  own PIL matrix. Random erasing draws each image's box from the run's Generator and fills
-  all boxes of the batch with one normal draw from a ``torch.Generator`` of its own on the
-  device (timm's semantics: mode 'pixel', one box, area 2-33 %, log-uniform aspect 0.3-3.3,
-  ten tries to fit, probability per image).
-- ``"pil"``: timm's PIL ops image by image on the CPU (``workers`` threads; a GPU batch
-  goes to the CPU and back) and timm's ``RandomErasing``; kept to measure against.
-
-How the tensor ops differ from timm's PIL ops on the same draws and images, in uint8
-levels (benchmarks/bench_augment.py measures them at 32 and 224 px, on smooth images and on
-pixel noise; docs/benchmarks.md has the full table; tests/test_augment.py holds each op to
-bounds):
-
-=====================================================  ==========================================
-op (and its "Increasing" form)                         tensor result against PIL's
-=====================================================  ==========================================
-AutoContrast, Equalize, Invert, Posterize, Solarize,   equal to the bit (PIL's integer and float32
-SolarizeAdd, Brightness, Color, Contrast, Sharpness,   arithmetic reproduced; Equalize and Invert
-Desaturate                                             are torchvision's v2 kernels)
-Rotate, ShearX/Y, TranslateX/Y(Rel) (bicubic)          the interpolation kernel: PIL's bicubic is
-                                                       Keys' with a = -1, grid_sample's a = -0.75.
-                                                       Mean |difference| 0.4-0.8 levels, max 6 on
-                                                       smooth 32 px images (0.1, max 1 at 224 px);
-                                                       on pixel noise 1.9-3.5, max 25
-same, bilinear / nearest (other hparams)               equal but for float rounding (max 1, under
-                                                       1 % of pixels); nearest: ties can round
-                                                       the other way
-GaussianBlur (3-Augment's specs only)                  a true Gaussian, where PIL uses three box
-                                                       blurs: smooth 32 px mean 0.4, max 7; noise
-                                                       mean 2.6, max 36
-=====================================================  ==========================================
-
-The geometry itself is PIL's to the bit: each output pixel centre's source point is
-computed from PIL's inverse matrix in float64, as PIL does, so the same pixels get the
-fill colour (timm's ``img_mean``); only the values sampled inside differ.
+Both augmentations here draw per image (its own ops, magnitudes and box). RandAugment is
+timm's (``rand_augment_transform``: DeiT's spec strings mean what they mean in DeiT). Two
+backends apply the same draws (``TrainAugment(..., backend=...)``): ``"tensor"`` (the
+default), batched tensor ops on the batch's device (:func:`apply_plans`: images grouped by
+the op they drew, geometric ops through one ``grid_sample`` with each image's PIL matrix,
+random erasing with timm's semantics), and ``"pil"``, timm's PIL ops image by image, kept to
+measure against. The tensor ops equal PIL's to the bit except the interpolation kernels
+(bicubic, Gaussian blur); by how much, per op, and the speed of each backend:
+docs/benchmarks.md#augmentation (benchmarks/bench_augment.py; tests/test_augment.py holds
+each op to bounds).
 
 Randomness: every draw comes from a numpy Generator seeded by (run seed, rank, step,
 which augmentation: 0 RandAugment, 1 random erasing, 2 MixUp/CutMix), so a seeded run
