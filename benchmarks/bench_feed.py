@@ -158,7 +158,7 @@ def child(spec: dict) -> dict:
 
     from locvit.data.augment import TrainAugment
     from locvit.data.feed import TrainFeed
-    from locvit.train.engine import Compute, train_one_epoch
+    from locvit.train.engine import Compute, StepRecipe, train_one_epoch
 
     d, repeats, size = spec["dataset"], spec["repeats"], spec["dataset"]["size"]
     batch, steps = spec["batch"], spec["steps"]
@@ -224,11 +224,12 @@ def child(spec: dict) -> dict:
         def inputs(self, images, mean, std):
             return images
 
-    def train(side, batches, **kwargs):
+    def train(side, batches, augment=None, feed_ahead=0, compute=Compute()):
         def run():
             torch.set_num_threads(spec["threads"])
-            train_one_epoch(nets[side], batches, opts[side], lambda step: 1e-3, 0, MEAN, STD, label_smoothing=0.1,
-                            clip_grad=1.0, show_progress=False, **kwargs)
+            feed = TrainFeed(batches, augment, compute, MEAN, STD, first_step=0, ahead=feed_ahead)
+            train_one_epoch(nets[side], feed, opts[side], lambda step: 1e-3,
+                            recipe=StepRecipe(label_smoothing=0.1, clip_grad=1.0), compute=compute)
         return run
 
     fns = {"ffcv_fed": train("ffcv", Steps(e2e_ffcv, e2e_steps), augment=augment, feed_ahead=2),

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from locvit import logs
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+logs.configure()  # locvit's messages on stdout and stderr, as the CLI sends them
 
 
 @pytest.fixture(autouse=True)
@@ -140,9 +143,18 @@ def seed_runs(client, study: str) -> list:
     return client.search_runs([exp.experiment_id], filter_string="tags.`locvit.role` = 'seed'")
 
 
+def config_file(cfg: dict, path) -> str:
+    """``cfg`` written as a job's JSON config file (what Snakemake hands a job, locvit.job_configs)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(cfg))
+    return str(path)
+
+
 def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
-    """`locvit train` of one run config on the prepared tiny data (one thread, no progress bar)."""
-    return [sys.executable, "-m", "locvit", "train", "--run-config", json.dumps(cfg),
+    """`locvit train` of one run config (written beside ``out_dir``) on the prepared tiny data (one thread,
+    no progress bar)."""
+    run_config = config_file(cfg, Path(out_dir).with_name(f"{Path(out_dir).name}.config.json"))
+    return [sys.executable, "-m", "locvit", "train", "--run-config", run_config,
             "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
             "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
             "--threads", "1", "--no-progress"]

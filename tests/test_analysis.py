@@ -14,7 +14,7 @@ import torch.nn as nn
 import locvit.models  # noqa: F401
 from locvit.analysis import (ROW_STOCHASTIC, AttentionMap, attention_locality_score, attention_rollout,
                              collect_attention, cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
-from locvit.analysis.analyse import distances
+from locvit.analysis.analyse import _extras, distances
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
 
@@ -372,3 +372,40 @@ def test_soft_mask_alphas_are_nan_where_no_soft_mask():
     for family in ("mait_hard", "deit"):
         with pytest.raises(ValueError, match="no MaiT soft mask"):
             soft_mask_alphas(_build(family))
+
+
+# --- the families' extras, through their declarations --------------------------------------
+
+
+def test_the_analysis_writes_what_each_family_declares_as_extras():
+    """MaiT's soft masks give JSON alphas (null where a head has none), IBiT's learned masks an array for
+    the npz; a model with none of an extra (MaiT's hard masks) and a family without extras write nothing."""
+    values, arrays = _extras(_build("mait_soft"))
+    assert arrays == {} and list(values) == ["alphas"]
+    assert [[a is None for a in row] for row in values["alphas"]] == [[False, True, True], [False, False, True]]
+    assert values["alphas"][1][1] == pytest.approx(0.3)
+    values, arrays = _extras(_build("ibit"))
+    assert values == {} and arrays["learned_masks"].shape == (2, 3, 4, 4)
+    assert _extras(_build("mait_hard")) == ({}, {}) == _extras(_build("deit"))
+
+
+def test_a_family_declares_its_own_extras_the_way_locvits_do(monkeypatch):
+    """A family outside locvit declares an Extra of each shape and the analysis writes both."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from locvit.models import family
+
+    class Ours(VisionTransformer):
+        pass
+
+    monkeypatch.setattr(family, "_FAMILIES", family.families())  # registered for this test only
+    heads = [[0.5, float("nan"), 1.5]] * 2
+    family.register_family(family.Family(
+        "ours", "Ours", Ours, "none", family.vit_blocks, lambda m: family.vit_sites(m, {}),
+        extras=(family.Extra("spread", "values", lambda m: torch.tensor(heads), "Spread", "Spread"),
+                family.Extra("maps", "images", lambda m: torch.ones(2, 3, 4, 4), "Maps", "Maps"),
+                family.Extra("absent", "values", lambda m: None, "Absent", "Absent"))))
+    values, arrays = _extras(Ours(**VIT))
+    assert values == {"spread": [[0.5, None, 1.5]] * 2} and arrays["maps"].shape == (2, 3, 4, 4)
+    with pytest.raises(ValueError, match="shape 'table' is not one of values, images"):
+        family.Extra("x", "table", lambda m: None, "X", "X")

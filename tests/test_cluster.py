@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from conftest import BIN, REPO, copy_workflow, env_with_venv, seed_runs, train_cmd
-from locvit.train.checkpoint import load_checkpoint
+from locvit.checkpoint import load_checkpoint
 from slurm_cluster import LocalSlurm, node_overrides, unavailable
 
 pytestmark = pytest.mark.cluster

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from locvit.config import ConfigError, load_params, run_config, validate_params
+from locvit.config import ConfigError, load_params, validate_params
+from locvit.run_config import run_config
 
 
 def _error(params) -> str:
@@ -134,12 +135,12 @@ def test_cli_rejects_a_bad_config_and_writes_nothing(tmp_path, raw_tiny, capsys)
 
 def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypatch):
     """check_model remembers a passing build (timm's import is most of `snakemake -n`); failures stay fresh."""
-    import locvit.config as config
+    import locvit.model_checks as model_checks
 
     monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path))
     builds = []
-    real = config._build_model
-    monkeypatch.setattr(config, "_build_model", lambda *a: builds.append(a[0]) or real(*a))
+    real = model_checks._build_model
+    monkeypatch.setattr(model_checks, "_build_model", lambda *a: builds.append(a[0]) or real(*a))
     validate_params(raw_tiny)
     assert sorted(builds) == ["deit_a", "mait_b"] and len(list((tmp_path / "model-checks").iterdir())) == 2
     validate_params(raw_tiny)
@@ -178,7 +179,8 @@ def test_the_working_directory_is_on_sys_path_only_while_a_model_module_is_found
 def test_seed_budget_gives_smaller_fractions_more_seeds(raw_tiny):
     """round(full_runs / f) seeds, at least the study's, at most max_seeds; the extra ones count up from the
     largest; a variant's own seeds stay; variants with the same seeds form one group (one Snakemake rule)."""
-    from locvit.config import budget_seeds, seed_sets, variant_seeds
+    from locvit.config import budget_seeds
+    from locvit.run_config import seed_sets, variant_seeds
 
     assert budget_seeds([0, 1, 2], 0.1, {"full_runs": 1, "max_seeds": 10}) == list(range(10))
     assert budget_seeds([0, 1, 2], 0.25, {"full_runs": 1, "max_seeds": 10}) == [0, 1, 2, 3]
@@ -210,3 +212,36 @@ def test_seed_budget_and_margin_are_checked(raw_tiny):
     raw_tiny["equivalence_margin"] = -1
     with pytest.raises(ConfigError, match="equivalence_margin"):
         validate_params(raw_tiny, check_models=False)
+
+
+def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_tiny, tmp_path, monkeypatch):
+    """Families declare the model names they claim and whether they are baselines (locvit.models.family);
+    a family of the study's own model_modules counts as locvit's do, and the answer is remembered."""
+    import textwrap
+
+    from locvit import models  # noqa: F401  registers locvit's families
+    from locvit.model_checks import claiming_family
+    from locvit.models.family import family_claiming
+
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path / "cache"))
+    assert family_claiming("mait_cait_xxs24_224").name == "mait_cait"  # the longest prefix wins over mait_
+    assert family_claiming("deit_tiny_patch16_224").baseline and not family_claiming("convit_tiny").baseline
+    assert family_claiming("resnet50") is None
+    assert validate_params(raw_tiny, check_models=False)["baseline"] == "deit_a"
+    (tmp_path / "plain_family.py").write_text(textwrap.dedent('''
+        from timm.models.vision_transformer import VisionTransformer
+        from locvit.models.family import Family, register_family, vit_blocks, vit_sites
+
+        class Plain(VisionTransformer):
+            pass
+
+        register_family(Family("plain", "Plain", Plain, "none", vit_blocks, lambda m: vit_sites(m, {}),
+                               models=("plain_",), baseline=True))
+    '''))
+    monkeypatch.chdir(tmp_path)
+    raw_tiny["model_modules"] = ["plain_family"]
+    raw_tiny["variants"] = {"mait_b": raw_tiny["variants"]["mait_b"], "ours": {"model": "plain_vit"},
+                            "deit_a": raw_tiny["variants"]["deit_a"]}
+    assert validate_params(raw_tiny, check_models=False)["baseline"] == "ours"
+    assert len(list((tmp_path / "cache" / "model-families").iterdir())) == 3  # one answer per model name
+    assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}

@@ -20,9 +20,9 @@ import torch
 
 import locvit.models  # noqa: F401  registers locvit's families
 from locvit import cli, io
-from locvit.config import run_config
+from locvit.run_config import run_config
 from locvit.data.prepare import load_manifest
-from locvit.train.checkpoint import load_checkpoint, save_checkpoint
+from locvit.checkpoint import load_checkpoint, save_checkpoint
 
 FLIPS = 60  # random single-bit flips per file
 

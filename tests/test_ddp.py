@@ -11,19 +11,18 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, copy_workflow, env_with_venv, seed_runs
-from locvit.config import run_config
+from conftest import BIN, config_file, copy_workflow, env_with_venv, seed_runs
 from locvit import models
-from locvit.train.checkpoint import load_checkpoint, weights_digest
+from locvit.checkpoint import load_checkpoint, weights_digest
+from locvit.run_config import peak_lr, run_config
 from locvit.train.distributed import Dist, shard_size
-from locvit.config import peak_lr
 from locvit.train.loop import per_process_batch
 
 
 def ddp_cmd(cfg: dict, prepared: dict, root) -> list[str]:
     """torchrun: two gloo processes training ``cfg`` into root/run, tracked in root/mlflow.db."""
     return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "locvit", "train",
-            "--run-config", json.dumps(cfg), "--train-data", str(prepared["train"]),
+            "--run-config", config_file(cfg, root / "run.config.json"), "--train-data", str(prepared["train"]),
             "--val-data", str(prepared["val"]), "--manifest", str(prepared["manifest"]),
             "--out-dir", str(root / "run"), "--tracking-db", str(root / "mlflow.db"), "--threads", "1",
             "--no-progress"]

@@ -5,18 +5,22 @@ A one-variant, one-seed tiny study as params.yaml, with a non-default results_di
 * a `snakemake ... all` ends with `dvc commit -f`: `dvc status` is clean and dvc.lock holds
   the hashes of the data, the checkpoints, the metrics and the report;
 * `dvc metrics show` is one row per variant; after a params change `dvc repro train@<variant>`
-  retrains that variant only (its stages run their Snakemake targets), `snakemake -n all` then
-  plans only what depends on it, and `dvc metrics diff` shows the change; a change made through
-  Snakemake lands in dvc.lock;
+  rewrites the jobs' config files and retrains that variant only (its stages run their Snakemake
+  targets), `snakemake -n all` then plans only what depends on it, and `dvc metrics diff` shows the
+  change; a change made through Snakemake lands in dvc.lock; a baseline change re-runs the report
+  (and the throughput job, which reports ratios to it) under `dvc repro`, nothing else;
 * `dvc plots show` renders the report's figures into one HTML page (checked in headless Chromium);
 * `dvc push` to a local remote, `git clone`, `locvit pull`: `snakemake -n all` has nothing to do
   and `locvit results` prints the same table;
-* `dvc exp run -S train.lr=...` runs the pipeline and `dvc exp show` lists it with its metrics.
+* `dvc exp run -S train.lr=...` runs the pipeline and `dvc exp show` lists it with its metrics;
+* after push, clone and pull, a change of a training param, a data param or the baseline makes
+  `snakemake -n all` plan in the clone exactly what it plans in the original checkout.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,7 +45,7 @@ def run(cwd: Path, *cmd: str) -> str:
 
 def commit(cwd: Path, message: str) -> None:
     run(cwd, "git", "add", "-A")
-    run(cwd, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+    run(cwd, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", message)
 
 
 def set_lr(work: Path, lr: float) -> None:
@@ -93,7 +97,7 @@ def studied(repo_copy) -> Path:
 def test_a_snakemake_run_is_what_dvc_lock_records(studied):
     assert "Data and pipelines are up to date" in run(studied, DVC, "status")
     stages = yaml.safe_load((studied / "dvc.lock").read_text())["stages"]
-    assert set(stages) == {"prepare", "train@mait_b", "evaluate@mait_b", "analyse@mait_b", "report"}
+    assert set(stages) == {"configs", "prepare", "train@mait_b", "evaluate@mait_b", "analyse@mait_b", "report"}
     assert all(out["md5"] for stage in stages.values() for out in stage["outs"])
     metrics = run(studied, DVC, "metrics", "show").splitlines()  # one row per variant, short
     header, rows = metrics[0].split(), [line for line in metrics[1:] if line.strip()]
@@ -104,9 +108,11 @@ def test_a_snakemake_run_is_what_dvc_lock_records(studied):
 def test_dvc_repro_of_one_stage_and_snakemake_agree(studied):
     before = lock_md5(studied, "train@mait_b")
     set_lr(studied, 0.003)
-    assert "train@mait_b" in run(studied, DVC, "status")
-    out = run(studied, DVC, "repro", "train@mait_b")
-    assert "Running stage 'train@mait_b'" in out and "Running stage 'prepare'" not in out
+    status = run(studied, DVC, "status")
+    assert "configs:" in status and re.search(r"modified:\s+variants", status), status  # params.yaml: every key
+    out = run(studied, DVC, "repro", "train@mait_b")  # the configs stage first: it rewrites mait_b's run configs
+    assert "Running stage 'configs'" in out and "Running stage 'train@mait_b'" in out
+    assert "Running stage 'prepare'" not in out
     assert lock_md5(studied, "train@mait_b") != before
     assert planned(studied) == {"evaluate": 1, "analyse": 1, "report": 1}  # only what depends on it
     run(studied, DVC, "repro")
@@ -136,17 +142,24 @@ def test_dvc_plots_render_the_figures_into_one_page(studied, browser):
     page.close()
 
 
-def test_push_clone_pull_leaves_nothing_to_do(studied):
-    table = run(studied, LOCVIT, "results")
-    run(studied, DVC, "push", "-q")
-    commit(studied, "pushed")
-    clone = studied.parent / "clone"
-    run(studied.parent, "git", "clone", "-q", str(studied), str(clone))
-    assert not (clone / RESULTS_DIR).exists()
-    run(clone, LOCVIT, "pull")
+def test_push_clone_pull_leaves_nothing_to_do(studied, pulled_clone):
+    table, clone = run(studied, LOCVIT, "results"), pulled_clone
     assert "Data and pipelines are up to date" in run(clone, DVC, "status")
     assert planned(clone) == {}
     assert run(clone, LOCVIT, "results").replace(str(clone), "") == table.replace(str(studied), "")
+
+
+@pytest.fixture(scope="module")
+def pulled_clone(studied) -> Path:
+    """The study pushed, cloned with git and pulled (``locvit pull``)."""
+    clone = studied.parent / "clone"
+    if not clone.exists():
+        run(studied, DVC, "push", "-q")
+        commit(studied, "pushed")
+        run(studied.parent, "git", "clone", "-q", str(studied), str(clone))
+        assert not (clone / RESULTS_DIR).exists()
+        run(clone, LOCVIT, "pull")
+    return clone
 
 
 def test_dvc_experiments_run_and_list_with_params_and_metrics(studied):
@@ -156,3 +169,53 @@ def test_dvc_experiments_run_and_list_with_params_and_metrics(studied):
     shown = json.loads(proc.stdout)
     text = json.dumps(shown)
     assert "lr3e-3" in text and "0.003" in text and "test_top1_mean" in text
+
+
+def test_a_baseline_change_reruns_the_report_under_dvc_repro(studied):
+    set_param(studied, "baseline", "mait_b")  # not written out before: null, chosen by the families
+    out = run(studied, DVC, "repro")
+    ran = sorted(line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage"))
+    assert ran == ["configs", "report"], out[-3000:]
+    assert "Data and pipelines are up to date" in run(studied, DVC, "status")
+    set_param(studied, "baseline", None)
+    run(studied, DVC, "repro")
+    commit(studied, "back to the default baseline")
+
+
+def set_param(work: Path, key: str, value, section: str | None = None) -> None:
+    """Set ``key`` (in ``section``) of params.yaml; None removes it."""
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    where = params.setdefault(section, {}) if section else params
+    if value is None:
+        where.pop(key, None)
+    else:
+        where[key] = value
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+# (section, key, value) of a change, and the jobs it re-runs
+CHANGES = [((("variants", "mait_b", "train"), "lr", 0.003), {"train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
+           ((("data",), "split_seed", 1), {"prepare": 1, "train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
+           (((), "baseline", "mait_b"), {"report": 1, "throughput": 1})]
+
+
+@pytest.mark.parametrize("change,jobs", CHANGES, ids=["train.lr", "data.split_seed", "baseline"])
+def test_a_change_is_seen_in_a_pulled_clone_as_in_the_original(studied, pulled_clone, change, jobs):
+    """The clone has none of Snakemake's records of past params (.snakemake/ is not pushed): each job's
+    config file (locvit.job_configs), rewritten when its part of params.yaml changes, is what both see.
+    Changing the param back and `snakemake --touch` (which accepts the files as they are) restore both."""
+    path, key, value = change
+    for work in (studied, pulled_clone):
+        original = (work / "params.yaml").read_text()
+        params = yaml.safe_load(original)
+        where = params
+        for part in path:
+            where = where.setdefault(part, {})
+        where[key] = value
+        (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        try:
+            assert planned(work) == jobs, (work.name, run(work, SNAKEMAKE, "-n", "--summary", "all")[-3000:])
+        finally:
+            (work / "params.yaml").write_text(original)
+            run(work, SNAKEMAKE, "--touch", "--cores", "1", "all")
+        assert planned(work) == {}

@@ -72,10 +72,12 @@ def test_a_missing_file_and_an_option_that_is_not_json_are_named(tmp_path, capsy
     assert cli.main(["results", "--csv", str(missing)]) == 1
     assert capsys.readouterr().err == (f"locvit results: error: {missing} does not exist; give a results.csv "
                                        "written by the report step\n")
-    assert cli.main(["search-spec", "--round", "0", "--search-config", "{variant: m", "--out",
+    (tmp_path / "search.json").write_text("{variant: m")
+    assert cli.main(["search-spec", "--round", "0", "--search-config", str(tmp_path / "search.json"), "--out",
                      str(tmp_path / "spec.json")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("locvit search-spec: error: --search-config: not valid JSON (") and err.count("\n") == 1
+    assert err.startswith(f"locvit search-spec: error: --search-config file {tmp_path / 'search.json'} is not valid "
+                          "JSON (") and err.count("\n") == 1
     assert not (tmp_path / "spec.json").exists()
 
 

@@ -6,7 +6,8 @@ written to a module in the study's working directory, named in params.yaml's
 Snakemake beside DeiT. Nothing under src/ names it; it must appear in every table and
 figure that lists the study's variants, with analyses that its prior makes exact: all
 attention inside the 3 x 3 neighbourhood (ALS 1) and no patch attended farther than one
-diagonal step (mean attention distance at most sqrt(2) patches).
+diagonal step (mean attention distance at most sqrt(2) patches). It declares an extra of its
+own (the window's side per layer and head), which the analysis writes and the report draws.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from timm.layers import Attention
 from timm.models import register_model
 from timm.models.vision_transformer import VisionTransformer
 
-from locvit.models.family import Family, register_family, vit_blocks, vit_sites
+from locvit.models.family import Extra, Family, register_family, vit_blocks, vit_sites
 
 
 class WindowAttention(Attention):
@@ -72,8 +73,15 @@ def toy_window_vit(pretrained=False, **kwargs):
     return ToyViT(**kwargs)
 
 
+def window_sides(model):
+    """The window's side in patches, per layer and head: (L, H)."""
+    return torch.full((len(model.blocks), model.blocks[0].attn.num_heads), 3.0)
+
+
 register_family(Family("toy", "ToyWindow", ToyViT, "every head inside a 3x3 window of patches", vit_blocks,
-                       lambda m: vit_sites(m, {WindowAttention: lambda attn, x: ("softmax", attn.maps(x)[0])})))
+                       lambda m: vit_sites(m, {WindowAttention: lambda attn, x: ("softmax", attn.maps(x)[0])}),
+                       extras=(Extra("window", "values", window_sides, "Window side", "The window's side in patches"),),
+                       models=("toy_",)))
 '''
 
 
@@ -102,6 +110,7 @@ def test_the_toy_family_is_profiled_and_analysed_through_its_declaration(toy_stu
     assert all(a == pytest.approx(1.0, abs=1e-5) for heads in analysis["als"] for a in heads)  # all inside 3 x 3
     spacing = 16 / 4  # pixels between patches: a 16-pixel image, a 4 x 4 grid
     assert all(0 < d <= math.sqrt(2) * spacing + 1e-6 for heads in analysis["mad"] for d in heads)
+    assert analysis["window"] == [[3.0, 3.0], [3.0, 3.0]]  # its declared extra
     deit = json.loads(layout.analysis_file("deit_a", 0).read_text())
     assert deit["mad_mean"] > analysis["mad_mean"]  # global attention reaches farther than a 3 x 3 window
 
@@ -116,7 +125,8 @@ def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
     assert "toy" in json.loads((report / "summary.json").read_text())
     record = json.loads((report / "report.json").read_text())
     per_variant = {name for name, fig in record["figures"].items() if fig["variant"] == "toy"}
-    assert {"als_toy", "similarity_toy", "rollout_toy"} <= per_variant
+    assert {"als_toy", "similarity_toy", "rollout_toy", "window_toy"} <= per_variant  # window: its own extra
+    assert record["figures"]["window_toy"]["caption"].startswith("The window's side in patches of toy per layer")
     study_figures = {name for name, fig in record["figures"].items() if fig["variant"] is None}
     assert {"curves", "attention_distance"} <= study_figures
     assert "No analysis" not in record["figures"]["attention_distance"]["caption"]

@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
-from conftest import env_with_venv, seed_runs, train_cmd
-from locvit.config import run_config
+from conftest import config_file, env_with_venv, seed_runs, train_cmd
+from locvit.run_config import run_config
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +83,8 @@ def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params
 
     out = tmp_path / "data"
     files = {s: out / f"{s}.beton" for s in ("train", "val", "test")}
-    cmd = [sys.executable, "-m", "locvit", "prepare", "--data-config", json.dumps(tiny_params["data"]),
+    cmd = [sys.executable, "-m", "locvit", "prepare", "--data-config",
+           config_file(tiny_params["data"], tmp_path / "data_config.json"),
            *(a for s in files for a in (f"--{s}", str(files[s]))), "--manifest", str(out / "manifest.json")]
     killed = subprocess.run(cmd, env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val.beton"},
                             capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ import torch
 
 from locvit.data.augment import TrainAugment
 from locvit.data.feed import TrainFeed
-from locvit.train.engine import Compute, train_one_epoch
+from locvit.train.engine import Compute, EpochStart, train_one_epoch
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -124,9 +124,9 @@ def test_training_fed_ahead_ends_with_the_weights_of_training_fed_inline():
     for ahead, workers in ((0, 1), (2, 1), (2, 2)):
         net = copy.deepcopy(model)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-        stats = train_one_epoch(net, batches, opt, lambda s: 1e-3, 7, MEAN, STD, show_progress=False,
-                                augment=_augment(), compute=Compute(channels_last=True), feed_ahead=ahead,
-                                feed_workers=workers)
+        compute = Compute(channels_last=True)
+        feed = TrainFeed(batches, _augment(), compute, MEAN, STD, first_step=7, ahead=ahead, workers=workers)
+        stats = train_one_epoch(net, feed, opt, lambda s: 1e-3, EpochStart(7), compute=compute)
         assert stats["steps"] == 12
         weights[ahead, workers] = net.state_dict()
     for other in ((2, 1), (2, 2)):

@@ -4,7 +4,7 @@ On CUDA a read of a device value (``.item()``, ``bool(t)``, ``.tolist()``, ``.cp
 0-dim tensor passed where torch takes a Python number) or a tensor built from host numbers
 (``torch.tensor``) waits for the queued kernels. The engine keeps its sums, its bad-step count and the
 bad-step skip on the device and reads them every ``read_every`` steps
-(:class:`locvit.train.engine.Checks`); MaiT finds its heads in buffers. Here those calls are counted
+(:class:`locvit.train.engine.StepRecipe`); MaiT finds its heads in buffers. Here those calls are counted
 per step, at the aten ops a dispatch mode sees (so calls inside torch count too), while a fused AdamW
 (the CUDA path's optimiser) trains on the CPU.
 The CPU's own path (torch's default AdamW, which reads the flag at every step: no sync there)
@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
+import functools
 import math
 
 import pytest
@@ -25,10 +27,12 @@ from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import locvit.models  # noqa: F401  registers the families
+from locvit.checkpoint import weights_digest
 from locvit.data.augment import BatchMixup
+from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import to_model_input
-from locvit.train.checkpoint import weights_digest
-from locvit.train.engine import Checks, NonFiniteLoss, train_one_epoch, update_ema
+from locvit.train.engine import (Compute, EpochBatches, EpochStart, NonFiniteLoss, PartialEpoch, StepRecipe,
+                                 train_one_epoch, update_ema)
 from locvit.train.loop import _keep_implementation, buffers_change, param_groups
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -105,10 +109,13 @@ def _train(model, batches, fused: bool, read_every: int, ema=None, nan_at=(), ma
 
     hook = model.register_forward_hook(lambda m, a, out: out * math.nan if where.get("step") in nan_at else None)
     on_step = (lambda step, ok: update_ema(ema, model, step, ok)) if ema is not None else None
+    start = EpochStart(kwargs.pop("first_step", 0), 0, kwargs.pop("done", None) or PartialEpoch())
+    feed = functools.partial(TrainFeed, augment=None, compute=Compute(), mean=MEAN, std=STD, ahead=0)
+    epoch = EpochBatches(batches, feed, start, read_every, kwargs.pop("stop", None))
     try:
-        stats = train_one_epoch(model, batches, opt, lr_at, kwargs.pop("first_step", 0), MEAN, STD, 0.1, 1.0,
-                                show_progress=False, mixup=BatchMixup(0.8, 1.0, 1.0, 0.5, 0.1, 10), on_step=on_step,
-                                checks=Checks(read_every, max_bad_steps, 0, kwargs.pop("stop", None)), **kwargs)
+        stats = train_one_epoch(model, epoch, opt, lr_at, start, StepRecipe(0.1, 1.0, read_every, max_bad_steps),
+                                mixup=BatchMixup(0.8, 1.0, 1.0, 0.5, 0.1, 10), on_step=on_step)
+        stats["stopped"] = epoch.stopped
     finally:
         hook.remove()
         where["step"] = None
@@ -177,7 +184,7 @@ def test_a_fused_step_with_a_nan_loss_changes_no_weight_optimiser_state_or_ema()
     assert (model_a, ema_a, opt_a) == (model_b, ema_b, opt_b)
     assert stats_b["bad_steps"] == 1 and stats_a["bad_steps"] == 0 and stats_b["steps"] == 4
     for key in ("loss_sum", "correct", "seen"):
-        assert stats_a["partial"][key] == stats_b["partial"][key], key
+        assert getattr(stats_a["partial"], key) == getattr(stats_b["partial"], key), key
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
@@ -199,7 +206,7 @@ def test_any_read_every_gives_the_same_weights_and_statistics(fused):
         stats = _train(model, _batches(7), fused=fused, read_every=read_every, ema=ema, nan_at=(2,),
                        max_bad_steps=1)["stats"]
         stats = {k: v for k, v in stats.items() if k != "train_images_per_s"}
-        stats["partial"] = {k: v for k, v in stats["partial"].items() if k != "elapsed_s"}
+        stats["partial"] = {k: v for k, v in dataclasses.asdict(stats["partial"]).items() if k != "elapsed_s"}
         ends.append((weights_digest(model.state_dict()), weights_digest(ema.module.state_dict()), stats))
     assert ends[0] == ends[1] == ends[2]
 
@@ -216,7 +223,7 @@ def test_a_stop_at_a_read_resumes_to_the_uninterrupted_epoch():
     opt = torch.optim.AdamW(param_groups(model, 0.05), lr=1e-3)
     first = _train(model, batches, fused=False, read_every=2, where=where, optimizer=opt,
                    stop=lambda: where.get("step", -1) >= 3)["stats"]
-    assert first["stopped"] and first["steps"] == 4 and first["partial"]["batches"] == 4
+    assert first["stopped"] and first["steps"] == 4 and first["partial"].batches == 4
     rest = _train(model, batches, fused=False, read_every=2, optimizer=opt, done=first["partial"],
                   first_step=first["steps"])["stats"]
     assert weights_digest(model.state_dict()) == weights_digest(whole_model.state_dict())

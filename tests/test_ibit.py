@@ -3,6 +3,7 @@ normalisations and hand-written backward, the reference options, the entrypoint.
 
 from __future__ import annotations
 
+import logging
 import pytest
 import timm
 import torch
@@ -254,13 +255,14 @@ def test_the_fit_is_cached_and_refitted_for_a_new_grid_or_rank(fits, tmp_path):
     assert len(list((tmp_path / "ibit").glob("*.pt"))) == 3
 
 
-def test_a_corrupt_cache_file_is_refitted_with_a_warning(fits, tmp_path):
+def test_a_corrupt_cache_file_is_refitted_with_a_warning(fits, tmp_path, caplog):
     first = _build(**QUICK)
     (path,) = (tmp_path / "ibit").glob("*.pt")
     path.write_bytes(b"not a checkpoint")
     ibit._FITS.clear()
-    with pytest.warns(RuntimeWarning, match="unusable"):
+    with caplog.at_level(logging.WARNING, logger="locvit"):
         again = _build(**QUICK)
+    assert "IBiT mask-fit cache" in caplog.text and "is unusable" in caplog.text
     assert len(fits) == 2 and torch.equal(again.blocks[0].attn.mask_a, first.blocks[0].attn.mask_a)
     ibit._FITS.clear()
     _build(**QUICK)  # the refit rewrote the file

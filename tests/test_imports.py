@@ -88,3 +88,39 @@ def test_only_the_tracking_package_imports_mlflow():
             if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
                 users.append(str(path.relative_to(SRC)))
     assert users == []
+
+
+#: The packages that see models only through the family protocol and the model factory.
+PROTOCOL_ONLY = ("locvit.analysis", "locvit.report", "locvit.tracking")
+#: What they may import of locvit.models: the factory (the package) and the protocol.
+MODELS_ALLOWED = {"locvit.models", "locvit.models.family"}
+
+
+def leaks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per module of PROTOCOL_ONLY: the family modules (any of locvit.models but the factory and the
+    protocol) and the locvit.train modules it imports."""
+    found = {}
+    for module, deps in graph.items():
+        if not module.startswith(tuple(p + "." for p in PROTOCOL_ONLY) + PROTOCOL_ONLY):
+            continue
+        bad = sorted(d for d in deps if (d.startswith("locvit.models.") and d not in MODELS_ALLOWED)
+                     or d == "locvit.train" or d.startswith("locvit.train."))
+        if bad:
+            found[module] = bad
+    return found
+
+
+def test_the_leak_finder_finds_a_family_or_a_training_import():
+    graph = {"locvit.analysis.metrics": {"locvit.models.mait", "locvit.models.family"},
+             "locvit.report": {"locvit.train.checkpoint", "locvit.models"},
+             "locvit.tracking.run": {"locvit.train"}, "locvit.train.loop": {"locvit.models.mait"}}
+    assert leaks(graph) == {"locvit.analysis.metrics": ["locvit.models.mait"],
+                            "locvit.report": ["locvit.train.checkpoint"], "locvit.tracking.run": ["locvit.train"]}
+
+
+def test_analysis_report_and_tracking_know_families_only_through_the_protocol():
+    """They import no family module (locvit.models.mait, ibit, lsa, baselines, ...) and nothing of
+    locvit.train: a family's facts come from its declaration (locvit.models.family), models from the factory."""
+    graph = import_graph()
+    assert "locvit.models.family" in graph["locvit.analysis.attention"]  # the graph is read
+    assert leaks(graph) == {}

@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv, seed_runs
-from locvit.train.checkpoint import load_checkpoint
+from locvit.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
 EPOCHS = 2

@@ -8,12 +8,15 @@ tests/test_dvc.py (dvc repro).
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from locvit.layout import StudyLayout, per_seed, seed_name
+from locvit.layout import REPORT_FILES, ROUND_FILES, SEARCH_TABLE, RunFiles, StudyLayout, per_seed, seed_name
+from locvit.versioning import STAGE_COMMANDS, dvc_yaml, stage_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,19 +44,29 @@ def test_snakemake_wildcards_pass_through():
     assert seed_name("{seed}") == "seed{seed}"
 
 
-def test_dvc_yaml_spells_the_layout():
-    """Every study path in dvc.yaml is ${results_dir}/${study}/<a path the layout gives>."""
+def test_dvc_yaml_is_generated_from_the_layout_and_the_imports():
+    """dvc.yaml is what `locvit dvc-yaml` writes: every study path from this module (with DVC's
+    ${results_dir}/${study} and foreach ${key}), every stage's code from its commands' imports."""
+    assert (ROOT / "dvc.yaml").read_text() == dvc_yaml(), "dvc.yaml is stale: run `locvit dvc-yaml`"
     text = (ROOT / "dvc.yaml").read_text()
     assert "results/" not in text.replace("${results_dir}/", ""), "dvc.yaml hard-codes a results folder"
-    used = set(re.findall(r"\$\{results_dir\}/\$\{study\}/([^\s:]+)", text))
-    assert used, "dvc.yaml names no study path"
-    layout, v = StudyLayout(Path("R")), "${key}"
-    known = {layout.data_dir(), *layout.data_files().values(), layout.runs_dir(v), layout.eval, layout.eval_dir(v),
-             layout.analysis, layout.analysis_dir(v), layout.maps, layout.maps_dir(v), layout.report,
-             layout.tracking_db}
-    known = {str(p.relative_to("R")) for p in known}
-    report = {u for u in used if u.startswith("report/")}
-    assert used - report <= known, f"dvc.yaml paths the layout does not give: {sorted(used - report - known)}"
+    stages = yaml.safe_load(text)["stages"]
+    layout, v = StudyLayout(Path("${results_dir}/${study}")), "${key}"
+    assert str(layout.train_configs(v)) in stages["train"]["do"]["deps"]
+    assert str(layout.job_config("report")) in stages["report"]["deps"]  # the baseline, the margin, ...
+    assert stages["configs"]["params"] == [{"params.yaml": None}]  # every key, written out or a default
+
+
+def test_each_stage_depends_on_the_code_its_commands_import():
+    """Per-stage code: the report's stage holds the report package, evaluation none of it; training holds
+    the engine, the analysis stage does not; every stage holds the CLI and the config."""
+    code = {stage: set(stage_code(stage)) for stage in STAGE_COMMANDS}
+    assert "src/locvit/report" in code["report"] and not any("report" in c for c in code["evaluate"])
+    assert "src/locvit/train/engine.py" in code["train"] and "src/locvit/train/engine.py" not in code["analyse"]
+    assert "src/locvit/analysis/analyse.py" in code["analyse"]
+    assert all({"src/locvit/cli.py", "src/locvit/config.py"} <= c for c in code.values())
+    for stage, paths in code.items():
+        assert all((ROOT / p).exists() for p in paths), stage
 
 
 @pytest.mark.parametrize("module", ["cli", "tracking/ui", "tracking/backend", "tracking/run", "tracking/sync",
@@ -65,3 +78,40 @@ def test_no_module_spells_the_layout_itself(module):
     for spelled in ('"mlflow.db"', '"mlartifacts"', '/ "eval"', '/ "runs"', '/ "analysis"', '/ "maps"',
                     'f"seed{'):
         assert spelled not in text, f"{path.name} spells {spelled} itself; ask locvit.layout"
+
+
+def spelled_file_names(text: str, names: set[str]) -> list[str]:
+    """The string literals of Python source that are one of ``names`` or a path ending in one (an f-string's
+    literal parts included); prose that mentions a name (a docstring, a help text) is not a path."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value.strip()
+            if not any(c.isspace() for c in value) and any(value == n or value.endswith(("/" + n, "}" + n))
+                                                           for n in names):
+                found.append(value)
+    return found
+
+
+def test_no_file_outside_the_layout_spells_a_run_or_study_file_name():
+    """A run's files (RunFiles), the report's, the search's: named in locvit.layout only, in src/ and in
+    the rules (whose Python is read as Python)."""
+    names = {"last.pt", "best.pt", "metrics.json", "mlflow_run.json", *REPORT_FILES.values(), *SEARCH_TABLE.values(),
+             *ROUND_FILES.values(), "throughput.csv"}
+    sources = [p for p in (ROOT / "src" / "locvit").rglob("*.py") if p.name != "layout.py"] + \
+        sorted((ROOT / "workflow" / "rules").glob("*.smk")) + [ROOT / "Snakefile"]
+    offenders = {}
+    for path in sources:
+        text = path.read_text()
+        if path.suffix != ".py":  # Snakemake's keywords are not Python: check each line's quoted strings
+            text = "\n".join(repr(s) for s in re.findall(r"f?\"([^\"\n]*)\"", text))
+        found = spelled_file_names(text, names)
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}, "spelled outside locvit.layout; ask it (RunFiles, report_file, round_file)"
+
+
+def test_the_file_name_check_sees_a_spelled_name():
+    assert spelled_file_names('x = out / "best.pt"\ny = f"{d}/metrics.json"\n"""mentions best.pt"""',
+                              {"best.pt", "metrics.json"}) == ["best.pt", "/metrics.json"]
+    assert RunFiles.at("r/s").best == Path("r/s/best.pt") and RunFiles.at("r").record.name == "mlflow_run.json"

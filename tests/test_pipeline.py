@@ -89,7 +89,7 @@ def test_every_output_is_there(study, params, layout):
 def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout):
     import mlflow
 
-    from locvit.config import run_config
+    from locvit.run_config import run_config
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
@@ -171,7 +171,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
 
     import mlflow
 
-    from locvit.config import run_config
+    from locvit.run_config import run_config
     from locvit.report.build import build_report
 
     db = tmp_path / "mlflow.db"  # a copy: the browser tests read the study's own
@@ -322,7 +322,7 @@ def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
     """Each paper study stays valid: its whole DAG plans on the SLURM profile."""
     from locvit.config import load_params
 
-    from locvit.config import variant_seeds
+    from locvit.run_config import variant_seeds
 
     params = load_params(repo / "presets" / preset)
     work = copy_workflow(tmp_path)

@@ -13,11 +13,12 @@ import json
 import pytest
 import torch
 
-from locvit.config import run_config, validate_params
+from locvit.config import validate_params
+from locvit.run_config import run_config
 from locvit.data import sources
 from locvit.data.prepare import prepare
 from locvit import models
-from locvit.train.checkpoint import load_checkpoint
+from locvit.checkpoint import load_checkpoint
 from locvit.train.loop import train_run
 from test_data import _cifar10_archive, _fake_imagefolder
 

@@ -6,6 +6,7 @@ analysis/), with numbers chosen here, so every expected cell is computed from th
 
 from __future__ import annotations
 
+import logging
 import copy
 import csv
 import json
@@ -348,10 +349,10 @@ def test_figures_are_valid_files_with_captions(built):
     _, out, report, _ = built
     figs = report["figures"]
     want = {"curves", "accuracy_vs_depth", "als_deit", "als_mait_3x3", "als_mait_soft", "als_ibit", "als_lsa",
-            "similarity_deit", "rollout_deit", "rollout_ibit", "masks_ibit", "alphas_mait_soft"}
+            "similarity_deit", "rollout_deit", "rollout_ibit", "learned_masks_ibit", "alphas_mait_soft"}
     assert want <= set(figs)
     # No figure where the study has nothing to draw: no rollout without a class token, no masks outside IBiT.
-    assert not {"rollout_lsa", "similarity_lsa", "masks_deit", "alphas_deit", "als_convit"} & set(figs)
+    assert not {"rollout_lsa", "similarity_lsa", "learned_masks_deit", "alphas_deit", "als_convit"} & set(figs)
     for name, fig in figs.items():
         assert (out / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         if fig["pdf"]:
@@ -423,7 +424,7 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     assert "95 % Student-t interval" in fig["caption"]
 
 
-def test_mlflow_links_and_artifacts(tmp_path, monkeypatch):
+def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
     import mlflow
 
     from locvit import tracking
@@ -438,8 +439,9 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch):
     run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
     run_ids[("mait_3x3", 1)] = uuid.uuid4().hex  # a run the backend does not know (e.g. after dvc pull)
     make_study(tmp_path, params, run_ids=run_ids, analysed={"deit": [0], "mait_3x3": [0]})
-    with pytest.warns(UserWarning, match="not"):
+    with caplog.at_level(logging.WARNING, logger="locvit"):
         report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+    assert "1 MLflow run(s) not in the tracking backend" in caplog.text
     md = (tmp_path / "report" / "tables" / "mait_table2.md").read_text()
     link = f"http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]}?workflowType=machine_learning"
     assert f"[s0]({link})" in md  # the UI's model-training view

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv
-from locvit.config import load_params, train_resources
+from locvit.config import load_params
+from locvit.run_config import train_resources
 
 SIZES = {
     "deit_a": {"mem_mb": 4000, "runtime": 30},  # a small model: less memory and time, the study's GPU

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conftest import env_with_venv, seed_runs, train_cmd
-from locvit.config import run_config
-from locvit.train.checkpoint import load_checkpoint, save_checkpoint
+from locvit.run_config import run_config
+from locvit.checkpoint import load_checkpoint, save_checkpoint
 from locvit.train.resume import plan_run
 from locvit.train.stop import EXIT_STOPPED
 

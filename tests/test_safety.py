@@ -38,9 +38,10 @@ def test_hostile_strings_reach_every_job_quoted(tmp_path):
         words = shlex.split(command)  # what the shell hands the program, redirections aside
         assert not any("PWNED" in w and not w.startswith(("{", "[")) for w in words), command
         for flag in ("--data-config", "--run-config"):
-            if flag in words:
-                given = json.loads(words[words.index(flag) + 1])
-                for cfg in given if isinstance(given, list) else [given]:  # a job's run configs: a list
+            if flag in words:  # the job's config files (locvit.job_configs), one per run for training
+                files = words[words.index(flag) + 1:]
+                for file in files[:next((i for i, w in enumerate(files) if w.startswith("--")), len(files))]:
+                    cfg = json.loads((work / file).read_text())
                     assert (cfg.get("data") or cfg)["root"] == HOSTILE
                 seen += 1
     assert seen >= 5

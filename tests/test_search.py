@@ -7,6 +7,7 @@ import json
 import pytest
 
 from locvit.analysis.search import assign, calibrate, next_spec, search_run_config, search_table
+from conftest import config_file
 from locvit.cli import main
 
 # ALS[layer][head] of a 4-layer, 3-head model whose head 0 is masked in every layer.
@@ -46,7 +47,7 @@ def test_later_rounds_need_the_previous_round():
 def test_cli_derives_a_round_from_a_known_als_file(tmp_path):
     (tmp_path / "spec0.json").write_text(json.dumps(next_spec(0)))
     (tmp_path / "analysis0.json").write_text(json.dumps({"als": ALS}))
-    config = json.dumps({"variant": "mait_b", "all_above": 0.9, "remove_below": 0.45})
+    config = config_file({"variant": "mait_b", "all_above": 0.9, "remove_below": 0.45}, tmp_path / "search.json")
     for r, previous in ((1, "spec0.json"), (2, "spec1.json")):
         assert main(["search-spec", "--round", str(r), "--search-config", config,
                      "--previous-spec", str(tmp_path / previous), "--previous-analysis", str(tmp_path / "analysis0.json"),
@@ -58,14 +59,15 @@ def test_cli_derives_a_round_from_a_known_als_file(tmp_path):
 
 
 def test_a_bad_search_config_names_the_key(tmp_path, capsys):
-    code = main(["search-spec", "--round", "0", "--search-config", json.dumps({"variant": "m", "all_above": 2}),
+    code = main(["search-spec", "--round", "0", "--search-config",
+                 config_file({"variant": "m", "all_above": 2}, tmp_path / "search.json"),
                  "--out", str(tmp_path / "spec.json")])
     assert code == 2 and "mask_search.all_above" in capsys.readouterr().err
     assert not (tmp_path / "spec.json").exists()
 
 
 def test_a_round_trains_the_base_variant_with_its_masks(tiny_params):
-    from locvit.config import run_config
+    from locvit.run_config import run_config
 
     base = run_config(tiny_params, "mait_b", 0)
     cfg = search_run_config(base, {"round": 1, "masked_heads": [[0, 1], []]})

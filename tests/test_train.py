@@ -9,11 +9,20 @@ import timm
 import torch
 
 from locvit import models
-from locvit.config import ConfigError, run_config, validate_params
+from locvit.config import ConfigError, validate_params
+from locvit.run_config import run_config
 from locvit.data.ffcv_io import make_loader
-from locvit.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything
-from locvit.train.engine import Compute, NonFiniteLoss, cosine_schedule, evaluate, set_deterministic, train_one_epoch
+from locvit.checkpoint import load_checkpoint, save_checkpoint
+from locvit.data.feed import TrainFeed
+from locvit.train.engine import (Compute, EpochStart, NonFiniteLoss, StepRecipe, cosine_schedule, evaluate,
+                                 set_deterministic, train_one_epoch)
+from locvit.train.generators import seed_everything
 from locvit.train.loop import amp_dtype, param_groups
+
+
+def ready(loader, mean, std, compute: Compute = Compute()) -> TrainFeed:
+    """``loader``'s uint8 batches as the model's input, prepared in this thread."""
+    return TrainFeed(loader, None, compute, mean, std, first_step=0, ahead=0)
 
 
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
@@ -47,7 +56,7 @@ def test_a_few_batches_bring_the_loss_down(prepared, tiny_params):
     opt = torch.optim.AdamW(param_groups(model, 0.05), lr=3e-3)
     step = 0
     for _ in range(3):
-        stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, step, mean, std, show_progress=False)
+        stats = train_one_epoch(model, ready(loader, mean, std), opt, lambda s: 3e-3, EpochStart(step))
         step = stats["steps"]
     after = evaluate(model, val_loader, mean, std)
     assert step == 3 * len(loader)
@@ -63,7 +72,7 @@ def test_non_finite_loss_stops_training(prepared, tiny_params):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = model.patch_embed.proj.weight.detach().clone()
     with pytest.raises(NonFiniteLoss, match="training stopped at step 0: loss nan.*train.max_bad_steps = 0"):
-        train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
+        train_one_epoch(model, ready(loader, (0.5,) * 3, (0.5,) * 3), opt, lambda s: 1e-3)
     assert torch.equal(model.patch_embed.proj.weight, before)  # the bad step updated nothing
 
 
@@ -116,8 +125,8 @@ def test_mixup_and_cutmix_are_a_recipe_setting(prepared, tiny_params):
         model.tag = tag
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        stats = train_one_epoch(model, loader, opt, lambda s: 0.0, 0, (0.5,) * 3, (0.5,) * 3, 0.1,
-                                show_progress=False, mixup=mixup)
+        stats = train_one_epoch(model, ready(loader, (0.5,) * 3, (0.5,) * 3), opt, lambda s: 0.0,
+                                recipe=StepRecipe(label_smoothing=0.1), mixup=mixup)
         assert math.isfinite(stats["train_loss"])
 
     first_batch(None, "plain")
@@ -135,7 +144,7 @@ def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
         model = models.create(run_config(tiny_params, "deit_a", 0))
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0, translate=2, jit=False)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        stats = train_one_epoch(model, loader, opt, lambda s: 3e-3, 0, (0.5,) * 3, (0.5,) * 3, show_progress=False)
+        stats = train_one_epoch(model, ready(loader, (0.5,) * 3, (0.5,) * 3), opt, lambda s: 3e-3)
         return stats["train_loss"], torch.cat([p.detach().flatten() for p in model.parameters()])
 
     (loss_a, params_a), (loss_b, params_b) = one_epoch(), one_epoch()
@@ -157,7 +166,7 @@ def test_bf16_autocast_and_channels_last(prepared, tiny_params):
     mean, std = models.normalisation(model)
     loader = make_loader(prepared["train"], 64, True, cpu, seed=0, jit=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    stats = train_one_epoch(model, loader, opt, lambda s: 1e-3, 0, mean, std, show_progress=False, compute=compute)
+    stats = train_one_epoch(model, ready(loader, mean, std, compute), opt, lambda s: 1e-3, compute=compute)
     val = evaluate(model, make_loader(prepared["val"], 256, False, cpu, jit=False), mean, std, compute)
     assert math.isfinite(stats["train_loss"]) and math.isfinite(val["loss"]) and val["n"] == 270
     assert set(seen) == {(True, torch.bfloat16)}
@@ -248,3 +257,16 @@ def test_a_deterministic_run_trains_on_cpu_with_the_same_weights(prepared, tiny_
     assert _determinism() == (True, True, False, ":4096:8")
     assert math.isfinite(on["history"][0]["train_loss"]) and on["history"][0]["val_top1"] > 0
     assert on["rank_weights_sha256"] == off["rank_weights_sha256"]
+
+
+def test_the_epoch_step_reads_like_deits_engine():
+    """train_one_epoch takes the model, the batches, the optimiser, the schedule and a few settings (at most
+    12 arguments): skipping a stopped epoch's batches and stopping on request live in EpochBatches."""
+    import inspect
+
+    from locvit.train.engine import EpochBatches, train_one_epoch
+
+    params = inspect.signature(train_one_epoch).parameters
+    assert len(params) <= 12, list(params)
+    assert not {"done", "stop", "skip", "show_progress"} & set(params)
+    assert {"start", "stop"} <= set(inspect.signature(EpochBatches).parameters)

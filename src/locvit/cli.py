@@ -4,8 +4,8 @@ Snakemake rules and DVC stages call these with explicit input and output paths.
 Two ways to say what to run:
 
 * Snakemake validates ``params.yaml`` once and hands each job exactly its part of
-  it (``--data-config`` / ``--run-config``, JSON). A job's command then changes only
-  when its own config does, so editing one variant re-runs only that variant.
+  it, a JSON file (``--data-config`` / ``--run-config``, :mod:`locvit.job_configs`)
+  rewritten only when that part changes, so editing one variant re-runs only that variant.
 * People give ``--params params.yaml`` (with ``train --variant``); the file is
   validated before anything is written.
 
@@ -18,22 +18,22 @@ after a line saying where to report it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from locvit.config import ConfigError, load_params, run_config, validate_run_config, validate_section, variant_seeds
+from locvit.config import ConfigError, load_params, validate_section
 from locvit.errors import InputError, LocvitError, MissingFileError
-from locvit.layout import StudyLayout, per_seed
+from locvit import logs
+from locvit.io import read_json
+from locvit.layout import REPORT_FILES, StudyLayout, per_seed
+from locvit.run_config import run_config, validate_run_config, variant_seeds
 from locvit.train.stop import EXIT_STOPPED, Stopped
 
 
-def json_option(text: str, option: str):
-    """A command-line option's JSON value (Snakemake writes them); an error naming the option when it is not JSON."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{option}: not valid JSON ({err})") from err
+def config_file(path: Path, option: str):
+    """The JSON config file an option names (Snakemake writes them); an error naming the option and the file."""
+    return read_json(path, f"{option} file", "Run the job through Snakemake, which writes it (locvit job-configs "
+                                            "writes them all).")
 
 
 def cmd_validate(args) -> None:
@@ -48,7 +48,7 @@ def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
     if args.data_config:
-        data = validate_section("data", json_option(args.data_config, "--data-config"), "--data-config")
+        data = validate_section("data", config_file(args.data_config, "--data-config"), "--data-config")
     else:
         data = load_params(args.params, check_models=False)["data"]
     manifest = prepare(data, {"train": args.train, "val": args.val, "test": args.test}, args.manifest)
@@ -65,15 +65,13 @@ def cmd_train(args) -> None:
     stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
 
     if args.run_config:
-        given = json_option(args.run_config, "--run-config")
-        cfgs = [validate_run_config(c) for c in (given if isinstance(given, list) else [given])]
+        cfgs = [validate_run_config(config_file(f, "--run-config")) for f in args.run_config]
         out_dirs = args.out_dir or []
         if len(out_dirs) != len(cfgs):
             raise ConfigError([f"--out-dir: {len(out_dirs)} folder(s) for {len(cfgs)} run config(s); give one per "
                                "run, in the same order"], "--run-config")
         if args.search_spec:
             from locvit.analysis.search import search_run_config
-            from locvit.io import read_json
 
             spec = read_json(args.search_spec, "search spec", "Re-run the mask search.")
             cfgs = [search_run_config(cfg, spec) for cfg in cfgs]
@@ -102,7 +100,7 @@ def cmd_evaluate(args) -> None:
 def cmd_analyse(args) -> None:
     from locvit.analysis.analyse import analyse_checkpoints
 
-    cfg = validate_section("analysis", json_option(args.analysis_config, "--analysis-config"), "--analysis-config")
+    cfg = validate_section("analysis", config_file(args.analysis_config, "--analysis-config"), "--analysis-config")
     for record in analyse_checkpoints(args.checkpoint, args.json, args.npz, args.data, args.manifest, cfg["images"],
                                       tuple(cfg["als_kernel"]), args.profile, threads=args.threads):
         print(f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
@@ -122,9 +120,9 @@ def cmd_throughput(args) -> None:
 
 def cmd_search_spec(args) -> None:
     from locvit.analysis.search import next_spec
-    from locvit.io import read_json, write_json
+    from locvit.io import write_json
 
-    search = validate_section("mask_search", json_option(args.search_config, "--search-config"), "--search-config")
+    search = validate_section("mask_search", config_file(args.search_config, "--search-config"), "--search-config")
     previous = read_json(args.previous_spec, "search spec", "Re-run the previous round.") if args.previous_spec else None
     als = read_json(args.previous_analysis, "analysis file", "Re-run the previous round's analyse step.")["als"] \
         if args.previous_analysis else None
@@ -137,7 +135,7 @@ def cmd_search_spec(args) -> None:
 
 def cmd_search_table(args) -> None:
     from locvit.analysis.search import search_table, table_markdown
-    from locvit.io import read_json, write_json, write_text
+    from locvit.io import write_json, write_text
 
     params = load_params(args.params, check_models=False)
     fix = "Re-run the mask search (snakemake --cores all search)."
@@ -157,8 +155,8 @@ def cmd_report(args) -> None:
     extra = [(load_params(p, check_models=False), d) for p, d in zip(args.extra_params, args.extra_study_dir)]
     report = build_report(params, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
                           tracking_db=args.tracking_db, params_file=args.params)
-    print(f"results table: {args.out_dir / 'results.md'}; {len(report['tables']) - 1} paper table(s), "
-          f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / 'index.md'}")
+    print(f"results table: {args.out_dir / REPORT_FILES['md']}; {len(report['tables']) - 1} paper table(s), "
+          f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / REPORT_FILES['index']}")
     for name, why in report["skipped"].items():
         print(f"  not written: {name}: {why}")
     tree = report["mlflow"].get("tree", {})
@@ -193,7 +191,7 @@ def cmd_results(args) -> None:
         print(as_markdown(summary_lines(read_results_csv(args.csv))), end="")
         return
     params = load_params(args.params, check_models=False)
-    table = StudyLayout.of(params).report / "results.md"
+    table = StudyLayout.of(params).report_file("md")
     if not table.is_file():
         raise MissingFileError(f"{table} does not exist yet; run the pipeline first (make demo)")
     lines = summary_lines(read_results_csv(table.with_suffix(".csv")))
@@ -206,7 +204,8 @@ def cmd_results(args) -> None:
     print(as_text(lines), end="")
     print("\n".join(line for line in table.read_text().splitlines() if line.startswith("- ")))
     print(f"Results table: {table} (also .csv and .tex beside it, per-seed values in results_seeds.csv)")
-    print(f"Every table and figure: {table.parent / 'index.md'}; one HTML page: snakemake --report report.html")
+    print(f"Every table and figure: {table.parent / REPORT_FILES['index']}; one HTML page: snakemake --report "
+          "report.html")
 
 
 def cmd_mlflow_ui(args) -> None:
@@ -249,6 +248,26 @@ def cmd_targets(args) -> None:
                                                  args.variant)))
 
 
+def cmd_job_configs(args) -> None:
+    from locvit.job_configs import job_configs, write_job_configs
+
+    params = load_params(args.params, check_models=False)
+    written = write_job_configs(params)
+    print(f"{len(job_configs(params))} job config(s) of study {params['study']!r} under "
+          f"{StudyLayout.of(params).configs}; {len(written)} changed: {', '.join(map(str, written)) or 'none'}")
+
+
+def cmd_dvc_yaml(args) -> None:
+    from locvit.io import write_text
+    from locvit.versioning import dvc_yaml
+
+    text = dvc_yaml()
+    same = args.out.is_file() and args.out.read_text() == text
+    if not same:
+        write_text(args.out, text)
+    print(f"{args.out}: {'up to date' if same else 'written'} (from locvit.layout and each stage's imports)")
+
+
 def cmd_pull(args) -> None:
     from locvit.versioning import pull
 
@@ -274,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("validate", cmd_validate, "check params.yaml and say how many runs it defines")
 
     p = add("prepare", cmd_prepare, "split the dataset and write one FFCV file per split plus a manifest")
-    p.add_argument("--data-config", help="the data section as JSON (instead of reading it from --params)")
+    p.add_argument("--data-config", type=Path,
+                   help="a JSON file holding the data section at its training fraction (instead of --params)")
     for split in ("train", "val", "test"):
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
@@ -283,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "--variant: every seed of a variant); resumes an interrupted run, skips a finished "
                                 "one; under torchrun, one process per GPU")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--run-config", help="a run's resolved config as JSON, or a JSON list of them (written by Snakemake)")
+    g.add_argument("--run-config", type=Path, nargs="+",
+                   help="JSON files, each a run's resolved config (written by Snakemake, locvit.job_configs)")
     g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")
     p.add_argument("--train-data", type=Path, required=True)
     p.add_argument("--val-data", type=Path, required=True)
@@ -315,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("analyse", cmd_analyse, "attention analyses (ALS, similarity, rollout, masks) and a profile of checkpoints")
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoints to analyse")
-    p.add_argument("--analysis-config", required=True, help="the analysis section as JSON")
+    p.add_argument("--analysis-config", type=Path, required=True, help="a JSON file holding the analysis section")
     p.add_argument("--json", type=Path, nargs="+", required=True, help="one output JSON per --checkpoint")
     p.add_argument("--npz", type=Path, nargs="+", required=True, help="one output .npz per --checkpoint")
     p.add_argument("--profile", type=Path, help="output JSON of the model's profile (from the first checkpoint)")
@@ -330,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("search-spec", cmd_search_spec, "derive a MaiT mask-search round's masks from the previous round")
     p.add_argument("--round", type=int, required=True)
-    p.add_argument("--search-config", required=True, help="the mask_search section as JSON")
+    p.add_argument("--search-config", type=Path, required=True, help="a JSON file holding the mask_search section")
     p.add_argument("--previous-spec", type=Path, help="the previous round's spec.json (rounds >= 1)")
     p.add_argument("--previous-analysis", type=Path, help="the previous round's analysis JSON (its ALS)")
     p.add_argument("--out", type=Path, required=True)
@@ -392,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("stage", help="prepare, train, evaluate, analyse or report")
     p.add_argument("variant", nargs="?", help="the variant, for train, evaluate and analyse")
 
+    add("job-configs", cmd_job_configs, "write each job's resolved part of --params to its file under "
+                                        "results/<study>/config/, where it changed (what Snakemake does at every start)")
+
+    p = add("dvc-yaml", cmd_dvc_yaml, "write dvc.yaml: its paths from locvit.layout, each stage's code from the "
+                                      "imports of its commands (after a change to either)")
+    p.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="where to write it (default dvc.yaml)")
+
     add("pull", cmd_pull, "dvc pull the study's files, then give them Snakemake's order of times "
                           "(snakemake --touch): afterwards snakemake has nothing to do")
     return parser
@@ -405,6 +433,7 @@ NEEDED = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    logs.configure()  # every module's messages: stdout, warnings on stderr (locvit.logs)
     parser = build_parser()
     args = parser.parse_args(argv)
     for (command, mode), needed in NEEDED.items():

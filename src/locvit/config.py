@@ -1,11 +1,13 @@
-"""The one validated config: ``params.yaml`` checked against its JSON schema.
+"""The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
 ``workflow/schemas/params.schema.yaml`` declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
-fills defaults, then checks what a schema cannot: that every variant's model
-exists and builds with its keyword arguments at the data's image size.
-Nothing runs and nothing is written before this passes.
+fills defaults (the default ``baseline`` from the family protocol), expands
+``train_fractions`` and ``seed_budget`` into variants and seeds, then checks what a
+schema cannot: a coherent recipe, and every variant's model
+(:func:`locvit.model_checks.check_model`). Nothing runs and nothing is written before
+this passes. A validated study's runs and their configs: :mod:`locvit.run_config`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jsonschema
 import yaml
 
 from locvit.errors import LocvitError
+from locvit.model_checks import check_model, claiming_family
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
@@ -67,7 +70,8 @@ def _describe(err: jsonschema.ValidationError) -> str:
     return f"{key}: {err.message}"
 
 
-def _schema_errors(params: Any, schema: dict) -> list[str]:
+def schema_errors(params: Any, schema: dict) -> list[str]:
+    """One line per way ``params`` breaks ``schema`` (a part of :func:`load_schema`'s), sorted by key."""
     validator = jsonschema.Draft202012Validator(schema)
     problems = []
     for err in sorted(validator.iter_errors(params), key=lambda e: list(map(str, e.absolute_path))):
@@ -91,7 +95,7 @@ def _fill_defaults(params: dict, schema: dict) -> dict:
         variant.setdefault("kwargs", {})
         variant.setdefault("train", {})
     if out.get("baseline") is None:
-        out["baseline"] = default_baseline(out["variants"])
+        out["baseline"] = default_baseline(out["variants"], out["model_modules"])
     return out
 
 
@@ -144,39 +148,23 @@ def _budget_seeds(params: dict) -> None:
     budget = params.get("seed_budget")
     if budget:
         for name, spec in params["variants"].items():
-            spec.setdefault("seeds", budget_seeds(params["seeds"], variant_fraction(params, name), budget))
+            fraction = spec.get("train_fraction", params["data"]["train_fraction"])  # a train_fractions copy's own
+            spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget))
 
 
-def variant_seeds(params: dict, variant: str) -> list[int]:
-    """The seeds a variant trains: its own (``seeds``, or what seed_budget gave it), else the study's."""
-    return list(params["variants"][variant].get("seeds") or params["seeds"])
-
-
-def seed_sets(params: dict) -> dict[tuple[int, ...], list[str]]:
-    """The study's variants grouped by their seeds, the study's own seeds first (one Snakemake rule
-    per group: a rule's outputs cannot depend on the variant)."""
-    groups: dict[tuple[int, ...], list[str]] = {tuple(params["seeds"]): []}
-    for name in params["variants"]:
-        groups.setdefault(tuple(variant_seeds(params, name)), []).append(name)
-    return {seeds: names for seeds, names in groups.items() if names}
-
-
-def variant_fraction(params: dict, variant: str) -> float:
-    """The fraction of the training split a variant trains on (its own, else data.train_fraction)."""
-    return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
-
-
-def default_baseline(variants: dict) -> str | None:
-    """The variant the results table compares every other one with when ``baseline`` is not given:
-    the first plain DeiT/ViT of the study (its model name starts with deit or vit_), else none."""
-    return next((name for name, v in variants.items() if v["model"].startswith(("deit", "vit_"))), None)
+def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
+    """The variant the results table compares every other one with when ``baseline`` is not given: the
+    first whose model a baseline family claims (:attr:`locvit.models.family.Family.baseline`: DeiT/ViT,
+    ``deit*``, ``vit_*``), else none. ``modules``: params' ``model_modules``, whose families count too."""
+    return next((name for name, v in variants.items()
+                 if (family := claiming_family(v["model"], modules)) and family["baseline"]), None)
 
 
 def _check_baseline(params: dict) -> list[str]:
     if params["baseline"] is None or params["baseline"] in params["variants"]:
         return []
     return [f"baseline: {params['baseline']!r} is not a variant of this study; allowed: "
-            f"{', '.join(params['variants'])} (or null: the first DeiT/ViT variant)"]
+            f"{', '.join(params['variants'])} (or null: the first variant of a baseline family, e.g. DeiT)"]
 
 
 def _fill_defaults_section(section: dict, schema: dict) -> dict:
@@ -207,8 +195,8 @@ def _check_semantics(params: dict) -> list[str]:
     if any(k % 2 == 0 for k in params["analysis"]["als_kernel"]):
         problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
                         "(a neighbourhood centred on the patch)")
-    problems.extend(_check_search(params))
     source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
+    problems.extend(_check_search(params, source.num_classes))
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
         problems.extend(f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
@@ -219,101 +207,26 @@ def _check_semantics(params: dict) -> list[str]:
     return problems
 
 
-def _check_search(params: dict) -> list[str]:
+def _check_search(params: dict, num_classes: int) -> list[str]:
     search = params.get("mask_search")
     if search is None:
         return []
     problems = []
-    if search["variant"] not in params["variants"]:
-        problems.append(f"mask_search.variant: {search['variant']!r} is not a variant of this study; "
+    name = search["variant"]
+    if name not in params["variants"]:
+        problems.append(f"mask_search.variant: {name!r} is not a variant of this study; "
                         f"defined: {', '.join(params['variants'])}")
-    elif not params["variants"][search["variant"]]["model"].startswith("mait_"):
-        problems.append(f"mask_search.variant: {search['variant']!r} is a "
-                        f"{params['variants'][search['variant']]['model']}; the search needs a MaiT model (mait_*)")
+    elif not any(key in params["variants"][name]["kwargs"] for key in PIPELINE_KWARGS):  # else: its own message
+        # The search sets masked_heads, from round 0's "sch1" (locvit.analysis.search.INITIAL).
+        variant = params["variants"][name]
+        searched = {**variant, "kwargs": {**variant["kwargs"], "masked_heads": "sch1"}}
+        if check_model(name, searched, params["data"]["image_size"], num_classes, params["model_modules"]):
+            problems.append(f"mask_search.variant: {name!r} is a {variant['model']}, which does not build with "
+                            "masked_heads (the search sets it); the search needs a MaiT model (mait_*)")
     if search["remove_below"] > search["all_above"]:
         problems.append(f"mask_search.remove_below: {search['remove_below']} is larger than all_above "
                         f"{search['all_above']}")
     return problems
-
-
-def _model_check_stamp(variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> Path:
-    """The cache file that says this model built before, with this timm, torch and locvit.models code.
-
-    Importing timm (and torch, torchvision) costs 5-10 s, paid by every ``snakemake -n``
-    and every job that parses the Snakefile; a build that passed once with the same
-    inputs passes again. Failures are never cached: their message is always fresh.
-    """
-    import hashlib
-    import importlib.util
-    import json
-    from importlib.metadata import version
-
-    from locvit.io import cache_dir
-    from locvit.model_modules import working_dir_on_path
-
-    h = hashlib.sha256(json.dumps([variant["model"], variant["kwargs"], image_size, num_classes,
-                                   version("timm"), version("torch"), list(modules)], sort_keys=True).encode())
-    for code in sorted((Path(__file__).parent / "models").glob("*.py")):
-        h.update(code.read_bytes())
-    for module in modules:  # a module outside locvit: its code too
-        with working_dir_on_path():
-            try:
-                spec = importlib.util.find_spec(module)
-            except (ImportError, ValueError):
-                spec = None
-        if spec is not None and spec.origin and Path(spec.origin).is_file():
-            h.update(Path(spec.origin).read_bytes())
-    return cache_dir("model-checks") / h.hexdigest()
-
-
-def check_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
-    """Build the variant's model on the meta device (no memory, no compute) to check it.
-
-    ``modules``: params' ``model_modules``, imported first. A passing check is remembered
-    (:func:`_model_check_stamp`), so timm is imported only for models not checked before.
-    """
-    stamp = _model_check_stamp(variant, image_size, num_classes, modules)
-    if stamp.exists():
-        return []
-    problems = _build_model(name, variant, image_size, num_classes, modules)
-    if not problems:
-        from locvit.io import write_text
-
-        try:
-            write_text(stamp, "")
-        except OSError:
-            pass  # a read-only home: the check just runs again next time
-    return problems
-
-
-def _build_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
-    import timm
-    import torch
-
-    from locvit import models  # registers locvit's families
-
-    try:
-        models.import_modules(modules)
-    except ImportError as err:
-        return [f"model_modules: {err}"]
-    model = variant["model"]
-    if not timm.is_model(model):
-        close = difflib.get_close_matches(model, timm.list_models(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see `timm.list_models()`"
-        return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
-    try:
-        with torch.device("meta"):
-            built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
-                                                                   "num_classes": num_classes, **variant["kwargs"]}})
-    except Exception as err:  # any build failure is a config problem of this variant
-        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
-    # timm's patch embedding builds with any patch size and fails only at the first forward.
-    embed = getattr(built, "patch_embed", None)
-    patch = getattr(embed, "patch_size", None)
-    if isinstance(patch, tuple) and not getattr(embed, "dynamic_img_pad", False) and image_size % patch[0]:
-        return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
-                f"choose a patch size that divides the image"]
-    return []
 
 
 def validate_params(params: Any, source: str = "params.yaml", check_models: bool = True) -> dict:
@@ -321,7 +234,7 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     schema = load_schema()
     if not isinstance(params, dict):
         raise ConfigError([f"the file must hold a mapping of keys, not {type(params).__name__}"], source)
-    problems = _schema_errors(params, schema)
+    problems = schema_errors(params, schema)
     if problems:
         raise ConfigError(problems, source)
     params = _fill_defaults(params, schema)
@@ -365,73 +278,7 @@ def validate_section(name: str, section: dict, source: str) -> dict:
     """Validate one top-level section given on its own (as Snakemake hands it to a job)."""
     schema = load_schema()
     sub = {**schema, "required": [name], "properties": {name: schema["properties"][name]}}
-    problems = _schema_errors({name: section}, sub)
+    problems = schema_errors({name: section}, sub)
     if problems:
         raise ConfigError(problems, source)
     return _fill_defaults_section(section, schema["properties"][name])
-
-
-RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
-OPTIONAL_RUN_CONFIG_KEYS = ("model_modules",)  # present only when params set them
-
-
-def validate_run_config(cfg: dict) -> dict:
-    """Check a resolved run config (from :func:`run_config`) handed to a job as JSON."""
-    missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
-    extra = [k for k in cfg if k not in RUN_CONFIG_KEYS + OPTIONAL_RUN_CONFIG_KEYS]
-    if missing or extra:
-        raise ConfigError([f"run config: missing keys {missing}, unknown keys {extra}; "
-                           f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"], "--run-config")
-    schema = load_schema()
-    recipe = {**schema["$defs"]["recipe"], "required": list(schema["$defs"]["recipe"]["properties"])}
-    sub = {**schema, "required": ["train", "data"],
-           "properties": {"train": recipe, "data": schema["properties"]["data"]}}
-    problems = _schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
-    if problems:
-        raise ConfigError(problems, "--run-config")
-    return cfg
-
-
-def run_config(params: dict, variant: str, seed: int) -> dict:
-    """The fully resolved config of one training run (what MLflow records as params)."""
-    from locvit.data.sources import get_source
-
-    if variant not in params["variants"]:
-        raise ConfigError([f"variants.{variant}: no such variant; defined: {', '.join(params['variants'])}"])
-    spec = params["variants"][variant]
-    source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
-    kwargs = dict(spec["kwargs"], img_size=params["data"]["image_size"], num_classes=source.num_classes)
-    modules = {"model_modules": list(params["model_modules"])} if params.get("model_modules") else {}
-    return {
-        **modules,
-        "study": params["study"],
-        "variant": variant,
-        "seed": int(seed),
-        "model": spec["model"],
-        "model_kwargs": kwargs,
-        "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
-        "train": {**params["train"], **spec["train"]},
-    }
-
-
-def train_resources(params: dict, variant: str) -> dict:
-    """What the variant's training job asks the cluster for: the study's ``resources``, the variant's over them."""
-    return {**params["resources"], **params["variants"][variant].get("resources", {})}
-
-
-def peak_lr(recipe: dict) -> float:
-    """The lr as given, or scaled by the global batch when lr_scale_batch is set (DeiT: lr x batch / 512)."""
-    base = recipe["lr_scale_batch"]
-    return recipe["lr"] * recipe["batch_size"] / base if base else recipe["lr"]
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{'a': {'b': 1}} -> {'a.b': 1}`` (for MLflow params)."""
-    out = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out

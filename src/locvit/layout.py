@@ -10,6 +10,7 @@ Everything of a study sits under ``<results_dir>/<study>/`` (both keys of params
     analysis/<variant>/profile.json    the variant's params, GMACs, architecture
     maps/<variant>/seed<k>.npz         the arrays the attention figures are drawn from
     search/round<r>/                   one round of the mask search (spec, checkpoint, analysis)
+    config/                            each job's part of params.yaml, resolved (locvit.job_configs)
     report/                            tables, figures, summary.json, index.md, throughput.csv
     logs/                              one log per Snakemake job
     mlflow.db, mlartifacts/            the default MLflow backend and its artifact store
@@ -26,6 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPLITS = ("train", "val", "test")
+#: The report's files (``report/``) by their role, and its folders (tables and figures per name, PDFs,
+#: one metrics file per variant).
+REPORT_FILES = {"md": "results.md", "csv": "results.csv", "seeds": "results_seeds.csv", "tex": "results.tex",
+                "summary": "summary.json", "index": "index.md", "record": "report.json"}
+REPORT_FOLDERS = ("tables", "figures", "pdf", "metrics")
+#: The mask search's table in ``report/`` (Snakemake only), and a round's files beside its run's.
+SEARCH_TABLE = {"md": "mask_search.md", "json": "mask_search.json"}
+ROUND_FILES = {"spec": "spec.json", "eval": "eval.json", "analysis": "analysis.json", "maps": "analysis.npz",
+               "profile": "profile.json"}
 TRACKING_DB = "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside the tracking database
 
@@ -42,25 +52,30 @@ class RunFiles:
 
     folder: Path
 
+    LAST = "last.pt"
+    BEST = "best.pt"
+    METRICS = "metrics.json"
+    RECORD = "mlflow_run.json"
+
     @classmethod
     def at(cls, folder: str | Path) -> RunFiles:
         return cls(Path(folder))
 
     @property
     def last(self) -> Path:
-        return self.folder / "last.pt"
+        return self.folder / self.LAST
 
     @property
     def best(self) -> Path:
-        return self.folder / "best.pt"
+        return self.folder / self.BEST
 
     @property
     def metrics(self) -> Path:
-        return self.folder / "metrics.json"
+        return self.folder / self.METRICS
 
     @property
     def record(self) -> Path:
-        return self.folder / "mlflow_run.json"
+        return self.folder / self.RECORD
 
     def all(self) -> tuple[Path, ...]:
         return self.last, self.best, self.metrics, self.record
@@ -168,9 +183,38 @@ class StudyLayout:
     def search_round(self, r: int | str) -> Path:
         return self.search / f"round{r}"
 
+    def round_file(self, r: int | str, role: str) -> Path:
+        """A round's spec, test result, analysis, maps or profile (:data:`ROUND_FILES`); its run's files are
+        ``RunFiles.at(search_round(r))``."""
+        return self.search_round(r) / ROUND_FILES[role]
+
+    def search_table(self, ext: str) -> Path:
+        return self.report / SEARCH_TABLE[ext]
+
+    # each job's config (locvit.job_configs) --------------------------------------------------
+
+    @property
+    def configs(self) -> Path:
+        return self.root / "config"
+
+    def job_config(self, job: str, name: str | None = None) -> Path:
+        """``config/<job>.json``, or ``config/<job>/<name>.json`` for a job with one per data folder."""
+        return self.configs / job / f"{name}.json" if name else self.configs / f"{job}.json"
+
+    def train_configs(self, variant: str) -> Path:
+        """The folder of a variant's run configs, one per seed."""
+        return self.configs / "train" / variant
+
+    def train_config(self, variant: str, seed: int | str) -> Path:
+        return self.train_configs(variant) / f"{seed_name(seed)}.json"
+
     @property
     def report(self) -> Path:
         return self.root / "report"
+
+    def report_file(self, role: str) -> Path:
+        """A file of the report (:data:`REPORT_FILES`: ``md``, ``csv``, ``seeds``, ...) or one of its folders."""
+        return self.report / (REPORT_FILES.get(role) or REPORT_FOLDERS[REPORT_FOLDERS.index(role)])
 
     @property
     def throughput_file(self) -> Path:
@@ -180,6 +224,10 @@ class StudyLayout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    def log_file(self, step: str, name: str | None = None) -> Path:
+        """A job's log: ``logs/<step>/<name>.log`` (per data folder or variant), or ``logs/<step>.log``."""
+        return self.logs / step / f"{name}.log" if name else self.logs / f"{step}.log"
 
     @property
     def tracking_db(self) -> Path:

@@ -12,18 +12,28 @@ made and ``dvc status`` is clean; inside ``dvc repro`` the stages pass ``dvc_com
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from locvit.config import variant_seeds
+import yaml
+
 from locvit.errors import InputError, allowed
-from locvit.layout import StudyLayout
+from locvit.layout import REPORT_FILES, REPORT_FOLDERS, RunFiles, StudyLayout
+from locvit.run_config import variant_seeds
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
 #: The one study dvc.yaml describes: its templating reads params.yaml.
 DVC_PARAMS = "params.yaml"
+PACKAGE = Path(__file__).resolve().parent
+#: The ``locvit`` commands each stage's jobs run (the report's stage holds the throughput job), and the
+#: workflow files holding their rules.
+STAGE_COMMANDS = {"configs": ["job-configs"], "prepare": ["prepare"], "train": ["train"], "evaluate": ["evaluate"],
+                  "analyse": ["analyse"], "report": ["report", "throughput"]}
+STAGE_RULES = {"configs": [], "prepare": ["prepare.smk"], "train": ["train.smk"], "evaluate": ["train.smk"],
+               "analyse": ["analyse.smk"], "report": ["report.smk", "throughput.smk"]}
 
 
 def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[Path]:
@@ -36,13 +46,122 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
     if stage == "prepare":
         return list(layout.data_files().values())
     if stage == "train":
-        return [layout.run_dir(variant, s) / name for s in seeds for name in ("best.pt", "metrics.json")]
+        return [path for s in seeds for path in (layout.run_files(variant, s).best, layout.run_files(variant, s).metrics)]
     if stage == "evaluate":
         return [layout.eval_file(variant, s) for s in seeds]
     if stage == "analyse":
         return [layout.analysis_file(variant, s) for s in seeds] + [layout.maps_file(variant, s) for s in seeds] + \
             [layout.profile_file(variant)]
-    return [layout.report / "results.md", layout.throughput_file]  # the report's stage holds the throughput job
+    return [layout.report_file("md"), layout.throughput_file]  # the report's stage holds the throughput job
+
+
+# dvc.yaml, generated ----------------------------------------------------------------------------------
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast)."""
+    files = {_module(path, package): path for path in package.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in files} - {name}
+    return graph
+
+
+def _module(path: Path, package: Path) -> str:
+    parts = (package.name, *path.relative_to(package).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
+    """Every locvit module ``locvit <command>`` can import: the CLI's own imports, the command function's,
+    and all they import in turn."""
+    graph = import_graph(package)
+    tree = ast.parse((package / "cli.py").read_text())
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"cmd_{command.replace('-', '_')}")
+    start = set()  # cli.py itself counts, not every command's imports in it
+    for node in [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))] + list(ast.walk(function)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            start |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
+    seen, todo = set(), list(start)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += graph[module]
+    return seen | {f"{package.name}.cli"}
+
+
+def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
+    """The source a DVC stage's jobs run, relative to the repository: each module its commands can import
+    (a package folder where they can import every module in it) and the workflow files of its rules."""
+    modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
+    files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
+    folders = sorted({path.parent for path in files if path.parent != package
+                      and all(f in files for f in path.parent.rglob("*.py"))}, key=lambda f: (len(f.parts), f))
+    kept = [f for i, f in enumerate(folders) if not any(f.is_relative_to(g) for g in folders[:i])]
+    paths = kept + sorted(f for f in files if not any(f.is_relative_to(g) for g in kept))
+    root = package.parents[1]
+    return [str(p.relative_to(root)) for p in paths] + [f"workflow/rules/{r}" for r in STAGE_RULES[stage]]
+
+
+DVC_YAML_HEAD = """\
+# Generated by `locvit dvc-yaml` from locvit.layout (every path) and the imports of each
+# stage's commands (its code); tests/test_layout.py checks it is current. Do not edit by hand.
+#
+# The DVC view of the Snakemake study of params.yaml: one stage per step, foreach variant.
+# Each stage runs its Snakemake targets (`locvit targets <stage> [<variant>]` lists them), so
+# Snakemake keeps its record of what ran whether you run `snakemake` or `dvc repro`, and a
+# `snakemake ... all` of params.yaml ends with `dvc commit -f` (the Snakefile's onsuccess):
+# `dvc status` is clean after either. `dvc repro train@<variant>` trains every seed of one variant.
+# The configs stage writes each job's part of params.yaml to a file (locvit.job_configs); every other
+# stage depends on its own, so a params change re-runs exactly the stages its part reaches.
+"""
+
+
+def dvc_yaml() -> str:
+    """The text of dvc.yaml: the study's paths from the layout (``${results_dir}/${study}`` and the
+    foreach ``${key}`` as templating), each stage's code from :func:`stage_code`."""
+    layout, v = StudyLayout(Path("${results_dir}/${study}")), "${key}"
+
+    def stage(name: str, deps: list, outs: list, logs: list, per_variant: bool = False, **more) -> dict:
+        # The jobs' logs are outputs that persist: a stage with one is never restored from DVC's run
+        # cache (which would put outputs in place behind Snakemake's back, its records then describing
+        # others), while DVC still removes the other outputs, so the stage's jobs run again.
+        body = {"cmd": f"${{snakemake}} $(locvit targets {name}{' ' + v if per_variant else ''})",
+                "deps": [str(d) for d in deps] + stage_code(name), **more,
+                "outs": outs + [{str(log): {"persist": True}} for log in logs]}
+        return {"foreach": "${variants}", "do": body} if per_variant else body
+
+    data = str(layout.data_dir())
+    # In the order of the DAG: `dvc commit` rewrites a new output in this order (a copy out of its
+    # cache), and the throughput job's file is an input of the report's.
+    report_outs = [str(layout.throughput_file)] + [str(layout.report_file(r)) for r in REPORT_FILES] + \
+        [str(layout.report_file(f)) for f in ("tables", "pdf")]
+    stages = {
+        "configs": {"cmd": "locvit job-configs", "deps": stage_code("configs"), "params": [{DVC_PARAMS: None}],
+                    "outs": [{str(layout.configs): {"persist": True}}]},
+        "prepare": stage("prepare", [layout.job_config("prepare", layout.data_name())], [data],
+                         [layout.log_file("prepare", layout.data_name())]),
+        "train": stage("train", [data, layout.train_configs(v)],
+                       [{str(layout.runs_dir(v)): {"persist": True}}], [], per_variant=True),
+        "evaluate": stage("evaluate", [layout.runs_dir(v), data], [str(layout.eval_dir(v))],
+                          [layout.log_file("evaluate", v)], per_variant=True),
+        "analyse": stage("analyse", [layout.runs_dir(v), layout.eval_dir(v), data, layout.job_config("analyse")],
+                         [str(layout.analysis_dir(v)), str(layout.maps_dir(v))], [layout.log_file("analyse", v)],
+                         per_variant=True),
+        "report": stage("report", [layout.eval, layout.analysis, layout.maps, layout.job_config("report"),
+                                   layout.job_config("throughput")], report_outs,
+                        [layout.log_file("throughput"), layout.log_file("report")],
+                        metrics=[str(layout.report_file("metrics"))], plots=[str(layout.report_file("figures"))]),
+    }
+    body = yaml.safe_dump({"vars": [{"snakemake": "snakemake --cores all --config dvc_commit=false --"}],
+                           "stages": stages}, sort_keys=False, width=120)
+    return DVC_YAML_HEAD + body.replace(": null", ":")
 
 
 def commit_after_snakemake(params_file: str, enabled: bool = True, root: Path = Path(".")) -> str:

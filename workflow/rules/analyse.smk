@@ -11,19 +11,19 @@ for name, seeds, variants in seed_set_rules("analyse"):
             unpack(test_data),
             checkpoints=variant_checkpoints,
             evaluated=expand(EVAL_FILE, seed=seeds, allow_missing=True),
+            config=ANALYSE_CONFIG,
         output:
             json=expand(ANALYSIS_FILE, seed=seeds, allow_missing=True),
             npz=expand(MAPS_FILE, seed=seeds, allow_missing=True),
             profile=PROFILE_FILE,
         params:
             locvit=LOCVIT,
-            analysis=analysis_config,
         threads: 1
         conda:
             ENV
         log:
-            f"{LOG_DIR}/analyse/{{variant}}.log",
+            str(LAYOUT.log_file("analyse", "{variant}")),
         shell:
-            "{params.locvit} analyse --checkpoint {input.checkpoints:q} --analysis-config {params.analysis:q}"
+            "{params.locvit} analyse --checkpoint {input.checkpoints:q} --analysis-config {input.config:q}"
             " --json {output.json:q} --npz {output.npz:q} --profile {output.profile:q} --data {input.test:q}"
             " --manifest {input.manifest:q} --threads {threads} > {log:q} 2>&1"

@@ -1,12 +1,12 @@
 # Target lists, paths and input functions shared by the rules (no logic in rules).
-import json
 import os
 import re
 import shlex
 import sys
 
-from locvit.config import run_config, seed_sets, train_resources, variant_fraction, variant_seeds
-from locvit.layout import StudyLayout
+from locvit.run_config import seed_sets, train_resources, variant_fraction, variant_seeds
+from locvit.job_configs import write_job_configs
+from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit.train import launch
 
@@ -15,14 +15,28 @@ LAYOUT = StudyLayout.of(P)
 DATA_FILES = {k: str(v) for k, v in LAYOUT.data_files(name="{datadir}").items()}  # data/ or data_<pct>pct/
 MAIN_DATA = {k: str(v) for k, v in LAYOUT.data_files().items()}  # at data.train_fraction (the mask search's)
 RUN_DIR = str(LAYOUT.run_dir("{variant}", "{seed}"))
+RUN_FILES = LAYOUT.run_files("{variant}", "{seed}")  # best.pt, metrics.json, ... of one run
 EVAL_FILE = str(LAYOUT.eval_file("{variant}", "{seed}"))
 ANALYSIS_FILE = str(LAYOUT.analysis_file("{variant}", "{seed}"))  # JSON: DVC metrics
 PROFILE_FILE = str(LAYOUT.profile_file("{variant}"))
 MAPS_FILE = str(LAYOUT.maps_file("{variant}", "{seed}"))  # arrays (npz) the plots are drawn from
 ROUND_DIR = str(LAYOUT.search_round("{round}"))
+ROUND_RUN = RunFiles.at(ROUND_DIR)  # a round trains one run into its folder
+ROUND = {role: str(LAYOUT.round_file("{round}", role)) for role in ROUND_FILES}  # spec, eval, analysis, ...
 REPORT_DIR = str(LAYOUT.report)
+REPORT = {role: LAYOUT.report_file(role) for role in (*REPORT_FILES, *REPORT_FOLDERS)}  # results.md, ...
 THROUGHPUT_FILE = str(LAYOUT.throughput_file)  # every variant's images/s, measured side by side (CSV)
 LOG_DIR = str(LAYOUT.logs)
+# Each job's part of params.yaml, resolved into a file it takes as input (locvit.job_configs), written
+# here when it changed: a params change re-runs the jobs whose file changed, in a fresh clone too.
+write_job_configs(P)
+RUN_CONFIG = str(LAYOUT.train_config("{variant}", "{seed}"))
+PREPARE_CONFIG = str(LAYOUT.job_config("prepare", "{datadir}"))
+ANALYSE_CONFIG = str(LAYOUT.job_config("analyse"))
+THROUGHPUT_CONFIG = str(LAYOUT.job_config("throughput"))
+REPORT_CONFIG = str(LAYOUT.job_config("report"))
+SEARCH_CONFIG = str(LAYOUT.job_config("search"))
+SEARCH_TRAIN_CONFIG = str(LAYOUT.job_config("search_train"))
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = str(LAYOUT.tracking_db)
 # How often training samples MLflow's system metrics, handed to the jobs (local or sbatch) in the environment:
@@ -50,14 +64,12 @@ wildcard_constraints:
 
 def report_files():
     """The report's files, the throughput job's CSV among them."""
-    return [f"{REPORT_DIR}/results.{ext}" for ext in ("md", "csv", "tex")] + [f"{REPORT_DIR}/results_seeds.csv"] + [
-        f"{REPORT_DIR}/{name}" for name in ("summary.json", "index.md", "report.json", "tables", "figures", "pdf", "metrics")
-    ] + [THROUGHPUT_FILE]
+    return [str(REPORT[role]) for role in REPORT] + [THROUGHPUT_FILE]
 
 
 def search_files():
     """The mask search's table (when the study has a mask_search section)."""
-    return [f"{REPORT_DIR}/mask_search.md", f"{REPORT_DIR}/mask_search.json"] if SEARCH else []
+    return [str(LAYOUT.search_table(ext)) for ext in SEARCH_TABLE] if SEARCH else []
 
 
 def seed_set_rules(rule_name):
@@ -91,7 +103,7 @@ def study_dir(wildcards, output):
 
 
 def metrics_files(wildcards):
-    return every_run(f"{RUN_DIR}/metrics.json")
+    return every_run(str(RUN_FILES.metrics))
 
 
 def eval_files(wildcards):
@@ -100,7 +112,7 @@ def eval_files(wildcards):
 
 def variant_checkpoints(wildcards):
     """The best checkpoint of every seed of one variant (scored together by one evaluate job)."""
-    return expand(f"{RUN_DIR}/best.pt", variant=wildcards.variant, seed=variant_seeds(P, wildcards.variant))
+    return expand(str(RUN_FILES.best), variant=wildcards.variant, seed=variant_seeds(P, wildcards.variant))
 
 
 def variant_data(wildcards):
@@ -116,42 +128,10 @@ def test_data(wildcards):
     return {k: v for k, v in variant_data(wildcards).items() if k in ("test", "manifest")}
 
 
-def data_config(wildcards):
-    """The data section at the folder's training fraction: a params trigger, so changing it re-runs prepare
-    and all after it."""
-    return json.dumps({**P["data"], "train_fraction": DATA_FRACTIONS[wildcards.datadir]}, sort_keys=True)
-
-
-# The analysis section's keys that only the throughput job reads; the others are the analyse jobs'.
-THROUGHPUT_KEYS = ("profile_batch", "profile_repeats", "throughput_rounds")
-
-
-def analysis_config(wildcards):
-    """The analyse jobs' part of the analysis section: a params trigger, so changing it re-runs every analyse job."""
-    return json.dumps({k: v for k, v in P["analysis"].items() if k not in THROUGHPUT_KEYS}, sort_keys=True)
-
-
-def throughput_config(wildcards):
-    """The throughput job's part of the analysis section (a params trigger)."""
-    return json.dumps({k: P["analysis"][k] for k in THROUGHPUT_KEYS}, sort_keys=True)
-
-
-def throughput_models(wildcards):
-    """Each variant's model, its keyword arguments and device: a params trigger, so a changed or added model
-    re-runs the throughput job (which measures them all side by side), a changed recipe does not."""
-    cfgs = {v: run_config(P, v, P["seeds"][0]) for v in VARIANTS}
-    return json.dumps({v: [c["model"], c["model_kwargs"], c["train"]["device"], c.get("model_modules", [])]
-                       for v, c in cfgs.items()}, sort_keys=True)
-
-
 def every_core(wildcards):
     """All the cores Snakemake was given (--cores): a local run starts nothing beside the job. A cluster run
     gives no --cores; there the profile's set-threads sizes the job (and SLURM gives it a node of its own)."""
     return workflow.cores
-
-
-def search_config(wildcards):
-    return json.dumps(SEARCH, sort_keys=True)
 
 
 def search_previous(wildcards):
@@ -159,7 +139,7 @@ def search_previous(wildcards):
     r = int(wildcards.round)
     if r == 0:
         return {}
-    return {name: str(LAYOUT.search_round(r - 1) / f"{name}.json") for name in ("spec", "analysis")}
+    return {role: str(LAYOUT.round_file(r - 1, role)) for role in ("spec", "analysis")}
 
 
 def search_previous_args(wildcards, input):
@@ -169,21 +149,16 @@ def search_previous_args(wildcards, input):
     return f"--previous-spec {shlex.quote(input.spec)} --previous-analysis {shlex.quote(input.analysis)}"
 
 
-def search_base_config(wildcards):
-    """The search's base run config (a params trigger); the round's masks come from its spec file."""
-    return json.dumps(run_config(P, SEARCH["variant"], SEARCH["seed"]), sort_keys=True)
-
-
 def search_spec_file(wildcards):
     """A round's spec: the output of the search_spec checkpoint (Snakemake re-evaluates after it)."""
     return checkpoints.search_spec.get(round=wildcards.round).output.spec
 
 
-def search_round_files(name):
-    return expand(f"{ROUND_DIR}/{name}", round=SEARCH_ROUNDS)
+def search_round_files(role):
+    return expand(ROUND[role], round=SEARCH_ROUNDS)
 
 
-# What a training job asks SLURM for: its variant's resources in params (locvit.config.train_resources)
+# What a training job asks SLURM for: its variant's resources in params (locvit.run_config.train_resources)
 # as the SLURM executor's resources (locvit.train.launch.slurm_resources); None leaves one unset.
 def job_variant(wildcards):
     """The variant a training job trains (a mask-search round trains the search's variant)."""
@@ -229,21 +204,20 @@ def grouped_with(rule_name, alone_if_side_by_side=False):
 TRAIN_PER_VARIANT = P["train_jobs"] == "per_variant"
 
 
-def train_outputs(name, seeds):
-    """A training job's outputs: one run's file, or every seed's of a variant (train_jobs: per_variant)."""
-    if TRAIN_PER_VARIANT:
-        return expand(f"{RUN_DIR}/{name}", seed=seeds, allow_missing=True)
-    return f"{RUN_DIR}/{name}"
+def train_outputs(role, seeds):
+    """A training job's outputs: one run's file (RunFiles' ``best``, ``metrics``), or every seed's of a
+    variant (train_jobs: per_variant)."""
+    path = str(getattr(RUN_FILES, role))
+    return expand(path, seed=seeds, allow_missing=True) if TRAIN_PER_VARIANT else path
 
 
 def job_seeds(wildcards):
     return variant_seeds(P, wildcards.variant) if TRAIN_PER_VARIANT else [int(wildcards.seed)]
 
 
-def run_config_json(wildcards):
-    """The resolved configs of the job's runs (a JSON list): a params trigger, so a changed variant re-trains
-    only itself."""
-    return json.dumps([run_config(P, wildcards.variant, s) for s in job_seeds(wildcards)], sort_keys=True)
+def run_configs(wildcards):
+    """The config files of the job's runs (locvit.job_configs): a changed variant re-trains only itself."""
+    return expand(RUN_CONFIG, variant=wildcards.variant, seed=job_seeds(wildcards))
 
 
 def keep_finished(wildcards):
@@ -252,6 +226,6 @@ def keep_finished(wildcards):
 
 
 def run_dirs(wildcards):
-    """The job's run folders, in the order of run_config_json."""
+    """The job's run folders, in the order of run_configs."""
     return expand(RUN_DIR, variant=wildcards.variant, seed=job_seeds(wildcards))
 

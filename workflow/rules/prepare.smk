@@ -1,4 +1,6 @@
 rule prepare:
+    input:
+        config=PREPARE_CONFIG,  # the data section at the folder's training fraction
     output:
         train=DATA_FILES["train"],
         val=DATA_FILES["val"],
@@ -6,12 +8,11 @@ rule prepare:
         manifest=DATA_FILES["manifest"],
     params:
         locvit=LOCVIT,
-        data=data_config,
     conda:
         ENV
     log:
-        f"{LOG_DIR}/prepare/{{datadir}}.log",
+        str(LAYOUT.log_file("prepare", "{datadir}")),
     shell:
-        "{params.locvit} prepare --data-config {params.data:q} --train {output.train:q} --val {output.val:q}"
+        "{params.locvit} prepare --data-config {input.config:q} --train {output.train:q} --val {output.val:q}"
         " --test {output.test:q} --manifest {output.manifest:q} > {log:q} 2>&1"
 

@@ -6,18 +6,18 @@
 checkpoint search_spec:
     input:
         unpack(search_previous),
+        config=SEARCH_CONFIG,
     output:
-        spec=f"{ROUND_DIR}/spec.json",
+        spec=ROUND["spec"],
     params:
         locvit=LOCVIT,
-        search=search_config,
         previous=search_previous_args,
     conda:
         ENV
     log:
         f"{LOG_DIR}/search/round{{round}}_spec.log",
     shell:
-        "{params.locvit} search-spec --round {wildcards.round} --search-config {params.search:q} {params.previous}"
+        "{params.locvit} search-spec --round {wildcards.round} --search-config {input.config:q} {params.previous}"
         " --out {output.spec:q} > {log:q} 2>&1"
 
 
@@ -27,13 +27,13 @@ rule search_train:
         val=MAIN_DATA["val"],
         manifest=MAIN_DATA["manifest"],
         spec=search_spec_file,
+        config=SEARCH_TRAIN_CONFIG,  # the base variant's run config; the round's masks come from its spec
     # (last.pt is not an output, as in rule train: a re-run resumes from it)
     output:
-        best=f"{ROUND_DIR}/best.pt",
-        metrics=f"{ROUND_DIR}/metrics.json",
+        best=str(ROUND_RUN.best),
+        metrics=str(ROUND_RUN.metrics),
     params:
         launch=train_launcher,
-        base=search_base_config,
         out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
         threads=train_threads,
@@ -46,44 +46,45 @@ rule search_train:
     log:
         f"{LOG_DIR}/search/round{{round}}_train.log",
     shell:
-        "{params.launch} train --run-config {params.base:q} --search-spec {input.spec:q} --train-data {input.train:q}"
+        "{params.launch} train --run-config {input.config:q} --search-spec {input.spec:q} --train-data {input.train:q}"
         " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q}"
         " --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 use rule analyse as search_analyse with:
     input:
-        checkpoints=f"{ROUND_DIR}/best.pt",
-        evaluated=f"{ROUND_DIR}/eval.json",
+        checkpoints=str(ROUND_RUN.best),
+        evaluated=ROUND["eval"],
         test=MAIN_DATA["test"],
         manifest=MAIN_DATA["manifest"],
+        config=ANALYSE_CONFIG,
     output:
-        json=f"{ROUND_DIR}/analysis.json",
-        npz=f"{ROUND_DIR}/analysis.npz",
-        profile=f"{ROUND_DIR}/profile.json",
+        json=ROUND["analysis"],
+        npz=ROUND["maps"],
+        profile=ROUND["profile"],
     log:
         f"{LOG_DIR}/search/round{{round}}_analyse.log",
 
 
 use rule evaluate as search_evaluate with:
     input:
-        checkpoints=f"{ROUND_DIR}/best.pt",
+        checkpoints=str(ROUND_RUN.best),
         test=MAIN_DATA["test"],
         manifest=MAIN_DATA["manifest"],
     output:
-        f"{ROUND_DIR}/eval.json",
+        ROUND["eval"],
     log:
         f"{LOG_DIR}/search/round{{round}}_evaluate.log",
 
 
 rule search:
     input:
-        specs=search_round_files("spec.json"),
-        analyses=search_round_files("analysis.json"),
-        evals=search_round_files("eval.json"),
+        specs=search_round_files("spec"),
+        analyses=search_round_files("analysis"),
+        evals=search_round_files("eval"),
     output:
-        md=f"{REPORT_DIR}/mask_search.md",
-        json=f"{REPORT_DIR}/mask_search.json",
+        md=str(LAYOUT.search_table("md")),
+        json=str(LAYOUT.search_table("json")),
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,

@@ -5,19 +5,17 @@
 rule throughput:
     input:
         trained=ancient(metrics_files),
+        config=THROUGHPUT_CONFIG,  # what it reads of params: rounds, batch, repeats; the models and the baseline
     output:
         csv=THROUGHPUT_FILE,
     params:
         locvit=LOCVIT,
         params_file=PARAMS_FILE,
-        analysis=throughput_config,  # params triggers: rounds, batch, repeats; the models and the baseline
-        models=throughput_models,
-        baseline=P["baseline"],
     threads: every_core
     conda:
         ENV
     log:
-        f"{LOG_DIR}/throughput.log",
+        str(LAYOUT.log_file("throughput")),
     shell:
         "{params.locvit} throughput --params {params.params_file:q} --out {output.csv:q}"
         " --threads {threads} > {log:q} 2>&1"

@@ -8,15 +8,15 @@ for name, seeds, variants in seed_set_rules("train"):
             variant=variants,
         input:
             unpack(train_data),  # train, val, manifest of the variant's training fraction
+            configs=run_configs,  # each run's resolved config
         # last.pt (written every epoch) is deliberately not an output: Snakemake deletes a job's outputs
         # before re-running it, and a re-run (after a kill, a preemption, --rerun-incomplete) resumes from it.
         # One run per job, or a variant's seeds one after another (train_jobs: per_variant).
         output:
-            best=train_outputs("best.pt", seeds),
-            metrics=train_outputs("metrics.json", seeds),
+            best=train_outputs("best", seeds),
+            metrics=train_outputs("metrics", seeds),
         params:
             launch=train_launcher,
-            run=run_config_json,
             out_dirs=run_dirs,
             keep=keep_finished,
             tracking_db=TRACKING_DB,
@@ -30,7 +30,7 @@ for name, seeds, variants in seed_set_rules("train"):
         log:
             f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
         shell:
-            "{params.launch} train --run-config {params.run:q} --train-data {input.train:q}"
+            "{params.launch} train --run-config {input.configs:q} --train-data {input.train:q}"
             " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
 
 
@@ -54,7 +54,7 @@ for name, seeds, variants in seed_set_rules("evaluate"):
         conda:
             ENV
         log:
-            f"{LOG_DIR}/evaluate/{{variant}}.log",
+            str(LAYOUT.log_file("evaluate", "{variant}")),
         shell:
             "{params.locvit} evaluate --checkpoint {input.checkpoints:q}"
             " --out {output:q} --data {input.test:q} --manifest {input.manifest:q}"

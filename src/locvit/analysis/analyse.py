@@ -9,11 +9,12 @@ them in evaluation) and writes
   Eq. 3, over the ``als_kernel`` neighbourhood, mean over the batch), the mean attention
   distance in pixels of the same heads (ViT Fig. 7), their means over layers and heads
   (``als_mean``, ``mad_mean``: DVC metrics), the cross-layer similarity of those layers
-  when they share one token count (MaiT App. A.3), and the family's JSON extras (MaiT's
-  soft-mask ``alphas``; ``None`` for other families);
+  when they share one token count (MaiT App. A.3), and the family's ``values`` extras
+  (:class:`locvit.models.family.Extra`: MaiT's soft-mask ``alphas``), each under its name;
 * ``<seed>.npz``: the batch (uint8, H x W x 3), the class-token attention rollout for
-  models whose layers follow a class token over one grid, and the family's array extras
-  (IBiT's ``learned_masks`` around the centre patch).
+  models whose layers follow a class token over one grid, and the family's ``images``
+  extras (IBiT's ``learned_masks`` around the centre patch). An extra the model has none of
+  (MaiT with hard masks) is left out of both.
 
 Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
 here. ALS and distance of maps that are not row-stochastic (IBiT's Frobenius-normalised
@@ -40,7 +41,7 @@ from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import GRID_KINDS, ROW_STOCHASTIC, family_of
-from locvit.train.checkpoint import load_checkpoint
+from locvit.checkpoint import load_checkpoint
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -94,6 +95,21 @@ def _mean(per_layer: list) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _extras(model: torch.nn.Module) -> tuple[dict, dict[str, np.ndarray]]:
+    """The family's declared extras of ``model``: JSON values by name, arrays for the npz by name."""
+    values, arrays = {}, {}
+    for extra in family_of(model).extras:
+        found = extra.read(model)
+        if found is None:
+            continue
+        found = np.asarray(found.numpy() if isinstance(found, torch.Tensor) else found, dtype=np.float32)
+        if extra.shape == "values":  # (L, H); NaN (a head without one) is JSON's null
+            values[extra.name] = [[None if np.isnan(a) else float(a) for a in row] for row in found]
+        else:
+            arrays[extra.name] = found  # (L, H, gh, gw)
+    return values, arrays
+
+
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -123,7 +139,7 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         image_size = int(cfg["model_kwargs"]["img_size"])
         als, als_layers, similarity = locality(maps, tuple(als_kernel))
         mad = distances(maps, image_size, len(batch))
-        extras = family_of(model).extras(model)
+        values, extras = _extras(model)
         record = {
             "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "mlflow_run_id": state["mlflow_run_id"], "images": int(len(batch)), "als_kernel": list(als_kernel),
@@ -131,10 +147,9 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
                         "tokens": int(m.probs.shape[-1]), "grid": list(m.grid),
                         "num_prefix": m.num_prefix} for m in maps],
             "als": als, "als_layers": als_layers, "als_mean": _mean(als), "mad": mad, "mad_mean": _mean(mad),
-            "cross_layer_similarity": similarity, "alphas": None,
-            **{k: v for k, v in extras.items() if not isinstance(v, np.ndarray)},
+            "cross_layer_similarity": similarity, **values,
         }
-        arrays = {"images": batch, **{k: v for k, v in extras.items() if isinstance(v, np.ndarray)}}
+        arrays = {"images": batch, **extras}
         if rollout_applies(maps):
             arrays["rollout"] = attention_rollout(maps).float().numpy()
         _save_npz(npz_path, arrays)

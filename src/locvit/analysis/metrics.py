@@ -1,8 +1,8 @@
 """Numbers and images from attention maps: locality, cross-layer similarity, rollout.
 
 * :func:`attention_locality_score`: MaiT's ALS (Eq. 3), the attention mass each patch
-  row puts inside its spatial neighbourhood (the mask of :func:`neighbourhood_mask`,
-  MaiT's own builder).
+  row puts inside its spatial neighbourhood (the mask of
+  :func:`locvit.neighbourhood.neighbourhood_mask`, the one MaiT's masks keep).
 * :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
   et al. 2021), the attention-weighted mean distance between a query patch and the patches
   it attends to: the locality measure of any family, read from the same maps.
@@ -19,20 +19,19 @@ import torch
 import torch.nn.functional as F
 
 from locvit.models.family import ROW_STOCHASTIC, AttentionMap
-from locvit.models.mait import neighbourhood_mask
 
 _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
 HEAD_FUSIONS = tuple(_FUSE)
 
 __all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "mean_attention_distance",
-           "neighbourhood_mask", "patch_distances"]
+           "patch_distances"]
 
 
 def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
     """MaiT's attention locality score (Eq. 3): (..., T, T) maps -> (...) scores.
 
     For each patch row n, ``ALS_n = sum_i (M * A)[n, i]``, the weight inside the row's
-    neighbourhood ``M`` (bool (T, T), e.g. :func:`neighbourhood_mask`); the score is the
+    neighbourhood ``M`` (bool (T, T), e.g. :func:`locvit.neighbourhood.neighbourhood_mask`); the score is the
     mean over the N patch rows, the ``num_prefix`` class/distillation rows excluded. Leading
     dims (batch, layer, head) are kept. Meant for row-stochastic maps: a uniform map
     scores (neighbours) / T, one attending only inside the neighbourhood scores 1.

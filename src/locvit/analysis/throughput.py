@@ -11,7 +11,7 @@ The choices:
 
 * **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
   weights, so the job needs no checkpoint. Each variant is built from its run config
-  (:func:`locvit.config.run_config`, :func:`locvit.models.create`) at the study's image size
+  (:func:`locvit.run_config.run_config`, :func:`locvit.models.create`) at the study's image size
   and class count, on its run's device (``train.device``).
 * **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
   times every variant once. The order is rotated by one place every round, so no variant
@@ -42,9 +42,9 @@ import torch
 
 from locvit import models
 from locvit.analysis.profile import device_name
-from locvit.config import run_config
 from locvit.errors import InputError, MissingFileError
 from locvit.io import write_text
+from locvit.run_config import run_config
 
 COLUMNS = ("variant", "img_s_median", "img_s_low", "img_s_high", "ratio_vs_baseline", "rounds", "device")
 WARMUP = 2  # untimed batches per variant and round

@@ -39,7 +39,7 @@ def import_modules(modules) -> None:
 
 
 def create(cfg: dict) -> torch.nn.Module:
-    """The model of a run config (:func:`locvit.config.run_config`): ``model`` built with ``model_kwargs``,
+    """The model of a run config (:func:`locvit.run_config.run_config`): ``model`` built with ``model_kwargs``,
     after importing the config's ``model_modules`` (families outside locvit)."""
     import timm
 
@@ -48,9 +48,9 @@ def create(cfg: dict) -> torch.nn.Module:
 
 
 def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:
-    """The model a checkpoint (a path, or the state :func:`locvit.train.checkpoint.load_checkpoint` read)
+    """The model a checkpoint (a path, or the state :func:`locvit.checkpoint.load_checkpoint` read)
     was trained as, with its weights, in eval mode, on ``device`` (default: its run's ``train.device``)."""
-    from locvit.train.checkpoint import load_checkpoint
+    from locvit.checkpoint import load_checkpoint
 
     state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     model = create(state["config"])

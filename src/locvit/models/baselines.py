@@ -143,11 +143,12 @@ def _nest_sites(model: Nest) -> list[AttentionSite]:
 
 
 register_family(Family("deit", "DeiT", VisionTransformer, "none: global attention from the first layer",
-                       vit_blocks, lambda m: vit_sites(m, {Attention: read_vit})))
+                       vit_blocks, lambda m: vit_sites(m, {Attention: read_vit}), models=("deit", "vit_"),
+                       baseline=True))
 register_family(Family("cait", "CaiT", Cait, "none: global self-attention, then class attention",
-                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking})))
+                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}), models=("cait_",)))
 register_family(Family("convit", "ConViT", ConVit, "gated positional self-attention, initialised local "
                        "(a soft convolutional prior the gates can leave)", vit_blocks,
-                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa})))
+                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}), models=("convit_",)))
 register_family(Family("nest", "NesT", Nest, "attention within non-overlapping blocks, aggregated "
-                       "hierarchically", _nest_blocks, _nest_sites))
+                       "hierarchically", _nest_blocks, _nest_sites, models=("nest_",)))

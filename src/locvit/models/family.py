@@ -15,8 +15,13 @@ A family declares
   a reader that recomputes the layer's weights from the layer's input
   (:class:`AttentionSite`); :func:`locvit.analysis.attention.collect_attention` hooks them;
 * :attr:`Family.options`: family-specific facts for the summary (MaiT's masks, LSA's shifts);
-* :attr:`Family.extras`: family-specific analysis outputs: JSON values (``alphas``) and
-  arrays for the figures (``learned_masks``).
+* :attr:`Family.extras`: family-specific analysis outputs, each an :class:`Extra` that says
+  how to read it from a model, where the analysis writes it and how the report draws it
+  (MaiT's soft-mask ``alphas``, IBiT's ``learned_masks``);
+* :attr:`Family.models`: the timm model-name prefixes it claims (``mait_``), and
+  :attr:`Family.baseline`: whether it is a plain model the others are compared with (DeiT).
+  Choices made from params alone, without building a model (the default ``baseline``),
+  read these (:func:`family_claiming`).
 
 Attention records (``AttentionMap.kind``) and their ``probs`` shapes. ``B`` images, ``H``
 heads, ``N = gh * gw`` patch tokens on ``grid``, ``P = num_prefix`` class/distillation
@@ -89,8 +94,34 @@ def _no_options(model: nn.Module) -> dict:
     return {}
 
 
-def _no_extras(model: nn.Module) -> dict:
-    return {}
+EXTRA_SHAPES = ("values", "images")
+
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    """A family-specific analysis output, and the figure the report draws of it.
+
+    name: its key in the analysis files, and its figure's name (``<name>_<variant>``);
+    shape: ``values``, an (L, H) number per layer and head, NaN where a head has none, written to
+    ``<seed>.json`` (null for NaN) and drawn as a layer x head heatmap, mean over seeds; or
+    ``images``, an (L, H, gh, gw) map per layer and head, written to ``<seed>.npz`` and drawn as
+    a layer x head grid of images (the first seed's, each with its own colour scale);
+    read: model -> tensor or array of that shape, or None where the model has none (MaiT's hard masks);
+    title: the figure's title; caption: what it shows, for the caption (a sentence's start, no variant);
+    limits: the colour scale of ``values`` (None: the data's range); pdf: a PDF too (a paper's figure).
+    """
+
+    name: str
+    shape: str
+    read: Callable[[nn.Module], Any]
+    title: str
+    caption: str
+    limits: tuple[float, float] | None = None
+    pdf: bool = False
+
+    def __post_init__(self):
+        if self.shape not in EXTRA_SHAPES:
+            raise ValueError(f"Extra {self.name!r}: shape {self.shape!r} is not one of {', '.join(EXTRA_SHAPES)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +135,9 @@ class Family:
     blocks: Callable[[nn.Module], list[nn.Module]]
     sites: Callable[[nn.Module], list[AttentionSite]]
     options: Callable[[nn.Module], dict] = _no_options  # summary entries of its own: {"mask": {...}}
-    extras: Callable[[nn.Module], dict[str, Any]] = _no_extras  # JSON values, or numpy arrays for the npz
+    extras: tuple[Extra, ...] = ()  # analysis outputs of its own, and their figures
+    models: tuple[str, ...] = ()  # the timm model-name prefixes it claims ("mait_")
+    baseline: bool = False  # a plain model the study compares the others with (the default ``baseline``)
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -122,6 +155,12 @@ def families() -> dict[str, Family]:
 
 def family_named(name: str) -> Family | None:
     return _FAMILIES.get(name)
+
+
+def family_claiming(model: str) -> Family | None:
+    """The family that claims the timm model name ``model`` (:attr:`Family.models`; the longest prefix wins)."""
+    claims = [(len(prefix), f) for f in _FAMILIES.values() for prefix in f.models if model.startswith(prefix)]
+    return max(claims, key=lambda c: c[0])[1] if claims else None
 
 
 def family_of(model: nn.Module) -> Family:

@@ -45,11 +45,8 @@ Choices (paper and code disagree, or are silent; each is an option):
   repeats it). The fit depends only on grid, rank, kernel, steps, lr, seed and init std:
   it is computed once per process and kept on disk (:func:`initial_factors`). On the
   ``meta`` device no fit runs; ``init_weights()`` / ``reset_parameters()`` fill the mask
-  once real weights exist. Measured (14 x 14, rank 9, radial): MSE 4.3e-4, the
-  truncated-SVD optimum (Eckart-Young), so the residual is the rank's, not the
-  optimiser's; every patch row peaks on its own patch; the error is at most 0.06 in a
-  patch's 3 x 3 neighbourhood and 0.22 far from it (row-wrap entries of border patches).
-  The fit takes about 2 s on one CPU thread (it runs single-threaded).
+  once real weights exist. The fit reaches the truncated-SVD optimum (Eckart-Young), so the
+  residual is the rank's, not the optimiser's (tests/test_ibit.py; how close, docs/models.md).
 * Heads: 3 (Table 1, "the same as DeiT"); the appendix (Table 5) says 4: ``num_heads=4``.
 * Block: timm's pre-norm block (the paper: "the same as the DeiT model architecture").
   ``residual='reference'`` is the code's ``y = attn(LN1(x)) + LN1(x)``, then
@@ -64,8 +61,8 @@ Choices (paper and code disagree, or are silent; each is an option):
   output projection (``include_fcn=True``) is timm's ``proj``. The code has no final
   LayerNorm before the head; we keep timm's (``final_norm=False`` removes it).
 
-Size: the masks add ``depth * 2 * heads * rank * N`` parameters, 127,008 for the tiny model
-at 224/16 (12 x 2 x 3 x 9 x 196): 5.84M in all, the paper's "6M" (DeiT-Tiny: 5.72M).
+Size: the masks add ``depth * 2 * heads * rank * N`` parameters (docs/models.md: the tiny
+model's count against the paper's).
 """
 
 from __future__ import annotations
@@ -74,7 +71,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import warnings
 from functools import partial
 from pathlib import Path
 from typing import Optional, Tuple
@@ -92,9 +88,9 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from locvit import io
 from locvit.errors import allowed
 from locvit.io import atomic_path
-from locvit.models.family import Family, normed_qk, register_family, vit_blocks, vit_sites
+from locvit.models.family import Extra, Family, normed_qk, register_family, vit_blocks, vit_sites
 
-_logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 KERNELS = ("radial", "gaussian")
 NORMALIZATIONS = ("frobenius", "softmax")
@@ -204,7 +200,7 @@ def initial_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor]:
     path = cache_dir() / spec.file_name()
     factors = _read_fit(path, spec)
     if factors is None:
-        _logger.info("IBiT: fitting the initial mask for %s (once; kept in %s)", spec, path)
+        log.info("IBiT: fitting the initial mask for %s (once; kept in %s)", spec, path)
         a, b, mse = fit_mask_factors(spec)
         factors = (a, b)
         _write_fit(path, spec, a, b, mse)
@@ -224,8 +220,7 @@ def _read_fit(path: Path, spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor] | 
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise ValueError("it holds non-finite values")
     except Exception as err:  # noqa: BLE001  (torch.load fails in many ways; any of them means refit)
-        warnings.warn(f"IBiT mask-fit cache {path} is unusable ({type(err).__name__}: {err}); refitting",
-                      RuntimeWarning, stacklevel=3)
+        log.warning(f"IBiT mask-fit cache {path} is unusable ({type(err).__name__}: {err}); refitting")
         return None
     return a.float(), b.float()
 
@@ -235,8 +230,7 @@ def _write_fit(path: Path, spec: MaskFit, a: torch.Tensor, b: torch.Tensor, mse:
         with atomic_path(path) as tmp:  # concurrent jobs each write whole files; the last one wins
             torch.save({"key": spec.record(), "a": a, "b": b, "mse": mse}, tmp)
     except OSError as err:
-        warnings.warn(f"IBiT mask fit not cached ({err}); the next process will fit again",
-                      RuntimeWarning, stacklevel=3)
+        log.warning(f"IBiT mask fit not cached ({err}); the next process will fit again")
 
 
 # ---------------------------------------------------------------------------------------
@@ -543,5 +537,7 @@ def _summary(model: IBiT) -> dict:
 
 register_family(Family("ibit", "IBiT", IBiT, "learned low-rank multiplicative attention masks, initialised as a "
                        "local radial kernel", vit_blocks,
-                       lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}), _summary,
-                       lambda m: {"learned_masks": learned_masks(m).numpy()}))
+                       lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}), options=_summary,
+                       extras=(Extra("learned_masks", "images", learned_masks, "Learned masks",
+                                     "Learned attention masks around the centre patch (IBiT Fig. 6)", pdf=True),),
+                       models=("ibit_",)))

@@ -511,4 +511,4 @@ def _summary(model: LSA) -> dict:
 
 
 register_family(Family("lsa", "LSA", LSA, "locally shifted attention over each patch's shifted copies, then "
-                       "global attention in a pyramid", _blocks, _sites, _summary))
+                       "global attention in a pyramid", _blocks, _sites, options=_summary, models=("lsa_",)))

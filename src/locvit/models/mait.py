@@ -32,8 +32,8 @@ Choices (the paper is silent or vague; each is an option):
 
 from __future__ import annotations
 
+import logging
 import math
-import warnings
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -50,34 +50,16 @@ from timm.models.vision_transformer import VisionTransformer, _cfg
 from locvit import toolchain
 from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
-from locvit.models.family import Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
+from locvit.models.family import Extra, Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
+from locvit.neighbourhood import neighbourhood_mask
+
+log = logging.getLogger(__name__)
 
 MASK_MODES = ("multiply", "restrict")
 DROP_PATH_SCHEDULES = ("linear", "constant")
 MASK_TYPES = ("hard", "soft", "random")
 SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
 HeadSpec = Union[str, Sequence[Union[int, Sequence[int]]]]
-
-
-def neighbourhood_mask(grid: tuple[int, int], kernel: tuple[int, int] = (3, 3), num_prefix: int = 1) -> torch.Tensor:
-    """Boolean (T, T) mask, T = num_prefix + H*W: which key each query row keeps.
-
-    Patch ``p`` at (r, c) keeps patches within ``kh // 2`` rows and ``kw // 2`` columns
-    (``kernel = (kh, kw)``, both odd; no wrap at the borders). Prefix rows (class,
-    distillation tokens) keep every key; patch rows keep no prefix column.
-    """
-    kh, kw = kernel
-    if kh % 2 == 0 or kw % 2 == 0 or kh < 1 or kw < 1:
-        raise ValueError(f"mask_kernel must be odd sizes like (3, 3) or (3, 5), got {kernel}")
-    h, w = grid
-    rows = torch.arange(h, device="cpu").repeat_interleave(w)  # (N,) row of each patch; built on the CPU
-    cols = torch.arange(w, device="cpu").repeat(h)
-    near = ((rows[:, None] - rows[None, :]).abs() <= kh // 2) & ((cols[:, None] - cols[None, :]).abs() <= kw // 2)
-    t = num_prefix + h * w
-    mask = torch.zeros(t, t, dtype=torch.bool, device="cpu")
-    mask[:num_prefix] = True
-    mask[num_prefix:, num_prefix:] = near
-    return mask
 
 
 def random_mask(like: torch.Tensor, num_prefix: int, seed: int) -> torch.Tensor:
@@ -415,9 +397,9 @@ def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> boo
                           "set restrict_kernel: auto (falls back to dense here) or dense")
     if not _WARNED_NO_TOOLCHAIN:
         _WARNED_NO_TOOLCHAIN = True
-        warnings.warn("MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
+        log.warning("MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
                       "1,000 tokens): compiled FlexAttention needs a C compiler and Python's headers to build "
-                      f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}", stacklevel=2)
+                      f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}")
     return False
 
 
@@ -646,18 +628,14 @@ def soft_mask_alphas(model: nn.Module) -> torch.Tensor:
     return alphas
 
 
-def _alphas(model: nn.Module) -> dict:
-    """The learned soft-mask alphas (a JSON list per layer, None for unmasked heads), for soft masks only."""
-    if model.mask_options["mask_type"] != "soft":
-        return {}
-    return {"alphas": [[None if math.isnan(a) else a for a in row] for row in soft_mask_alphas(model).tolist()]}
-
-
 PRIOR = "hard, soft or random 2D-neighbourhood masks on chosen heads (the others global)"
+ALPHAS = Extra("alphas", "values", lambda m: soft_mask_alphas(m) if m.mask_options["mask_type"] == "soft" else None,
+               "Soft-mask alpha", "Learned soft-mask alpha (MaiT Sec. 4.3: the weight MaiT+ keeps for attention "
+               "outside the neighbourhood; 1 = no locality)", limits=(0.0, 1.0))
 register_family(Family("mait", "MaiT", MaiT, PRIOR, vit_blocks,
-                       lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}), _mask_summary,
-                       _alphas))
+                       lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}),
+                       options=_mask_summary, extras=(ALPHAS,), models=("mait_",)))
 register_family(Family("mait_cait", "Masked CaiT", MaskedCait, PRIOR, cait_blocks,
                        lambda m: cait_sites(m, {MaskedTalkingHeadAttn: _read_masked_talking,
-                                                TalkingHeadAttn: read_talking}), _mask_summary,
-                       _alphas))
+                                                TalkingHeadAttn: read_talking}),
+                       options=_mask_summary, extras=(ALPHAS,), models=("mait_cait_",)))

@@ -23,18 +23,20 @@ regardless.
 from __future__ import annotations
 
 import json
+import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Sequence
 
 from locvit.io import write_json, write_text
-from locvit.layout import StudyLayout
+from locvit.layout import REPORT_FILES, StudyLayout
 from locvit.report import plots
 from locvit.report.papers import PAPER_TABLES
 from locvit.report.render import RunLink, to_csv, to_latex, to_markdown
 from locvit.report.study import Study, load_study
 from locvit.report.tables import write_results
+
+log = logging.getLogger(__name__)
 
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default address
 
@@ -70,7 +72,7 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
 
     results = write_results(study, out_dir, link)
     write_variant_metrics(study, out_dir / "metrics")
-    report["tables"]["results"] = {ext: f"results.{ext}" for ext in ("md", "csv", "tex")}
+    report["tables"]["results"] = {ext: REPORT_FILES[ext] for ext in ("md", "csv", "tex")}
 
     index = [f"# Report: {study.name}", "", to_markdown(results, link)]
     for name, builder in PAPER_TABLES.items():
@@ -96,13 +98,13 @@ def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_t
         report["mlflow"] = _log_figures(client, study, figures)
         mlflow_s += time.perf_counter() - started
 
-    write_text(out_dir / "index.md", "\n".join(index) + "\n")
+    write_text(out_dir / REPORT_FILES["index"], "\n".join(index) + "\n")
     _remove_stale(out_dir, previous, report)
     if client:
         started = time.perf_counter()
         report["mlflow"]["tree"] = publish_tree(client, study, out_dir, params_file, ui_base)
         report["mlflow"]["seconds"] = round(mlflow_s + time.perf_counter() - started, 3)  # what tracking cost
-    write_json(out_dir / "report.json", report)
+    write_json(out_dir / REPORT_FILES["record"], report)
     return report
 
 
@@ -145,6 +147,7 @@ def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[
             skipped[name] = why
     for v in study.variants.values():
         figures += [fig for draw in plots.VARIANT_FIGURES if (fig := draw(v, out_dir))]
+        figures += plots.extras(v, out_dir)
     return figures
 
 
@@ -155,7 +158,7 @@ def _rel(path: Path, root: Path) -> str:
 def _previous_files(out_dir: Path) -> set[str]:
     """Files the last report wrote under tables/ and figures/ (from its report.json)."""
     try:
-        old = json.loads((out_dir / "report.json").read_text())
+        old = json.loads((out_dir / REPORT_FILES["record"]).read_text())
     except (OSError, ValueError):
         return set()
     files = {p for t in old.get("tables", {}).values() for k, p in t.items() if k in ("md", "csv", "tex")}
@@ -178,8 +181,7 @@ def _tracking_client(study: Study, db: Path):
         with tracking.bounded_http():
             return tracking.connect(study.name, db)
     except Exception as err:  # any backend problem: the report is still written
-        warnings.warn(f"MLflow backend not reachable ({err}); tables without run links, figures not logged",
-                      stacklevel=3)
+        log.warning(f"MLflow backend not reachable ({err}); tables without run links, figures not logged")
         return None
 
 
@@ -191,13 +193,13 @@ def _run_links(client, study: Study, ui_base: str) -> RunLink:
     with tracking.bounded_http():
         experiments, unknown = tracking.experiments_of(client, run_ids)
     if unknown:
-        warnings.warn(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
-                      "their tables show the run id without a link", stacklevel=3)
+        log.warning(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
+                      "their tables show the run id without a link")
     return {run_id: tracking.ui_link(ui_base, exp, run_id) for run_id, exp in experiments.items()}.get
 
 
 #: What the study's MLflow run keeps of the report (artifact folder ``report/``).
-STUDY_ARTIFACTS = ("results.md", "results.csv", "results_seeds.csv", "index.md", "summary.json")
+STUDY_ARTIFACTS = tuple(REPORT_FILES[role] for role in ("md", "csv", "seeds", "index", "summary"))
 
 
 def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | None, ui_base: str) -> dict:
@@ -215,7 +217,7 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
         with tracking.bounded_http():
             exp = tracking.retry(client.get_experiment_by_name, study.name).experiment_id
             ids = tree.adopt(client, exp, study.name, {v.name: v.run_ids().values() for v in study.variants.values()})
-            for row in read_results_csv(out_dir / "results.csv"):
+            for row in read_results_csv(out_dir / REPORT_FILES["csv"]):
                 run_id = ids[row["variant"]]
                 metrics = {k: float(x) for k, x in row.items() if k not in RESULT_TEXT and x not in ("", None)}
                 speed = (study.throughput or {}).get(row["variant"], {})
@@ -240,7 +242,7 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
                 failed += tracking.log_files(client, study_id, [params_file])
             tracking.retry(client.set_terminated, study_id, status="FINISHED")
     except Exception as err:  # any backend problem: the report on disk is complete
-        warnings.warn(f"the study's MLflow run tree was not updated ({type(err).__name__}: {err})", stacklevel=2)
+        log.warning(f"the study's MLflow run tree was not updated ({type(err).__name__}: {err})")
         return {"error": f"{type(err).__name__}: {err}"}
     variant_ids = [ids[v] for v in study.variants]
     return {"study_run": study_id, "variant_runs": {v: ids[v] for v in study.variants},
@@ -283,6 +285,5 @@ def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:
                 logged += len(paths) - len(errors)
                 failed += [f"{fig.variant} seed {seed}: {e}" for e in errors]
     if failed:
-        warnings.warn(f"{len(failed)} figure(s) not logged to MLflow (kept on disk): " + "; ".join(failed[:3]),
-                      stacklevel=3)
+        log.warning(f"{len(failed)} figure(s) not logged to MLflow (kept on disk): " + "; ".join(failed[:3]))
     return {"artifacts_logged": logged, "failed": failed}

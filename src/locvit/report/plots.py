@@ -4,9 +4,11 @@ Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplo
 global state, no display) and saved atomically. Per study: training curves, accuracy
 against depth (MaiT Fig. 4) and against the training-set fraction (IBiT Fig. 4, over
 several studies). Per variant: ALS layer x head (MaiT Fig. 3), cross-layer similarity
-per head (MaiT Figs. 7-9), rollout maps (IBiT Fig. 5), learned masks (IBiT Fig. 6) and
-soft-mask alphas. Every builder returns a :class:`FigureFile`, or None when the study
-has nothing to draw; captions name the seeds that were missing.
+per head (MaiT Figs. 7-9), rollout maps (IBiT Fig. 5), and a figure per extra its family
+declares (:class:`locvit.models.family.Extra`: IBiT's learned masks, IBiT Fig. 6; MaiT's
+soft-mask alphas). Every builder returns a :class:`FigureFile`, or None when the study has
+nothing to draw (:func:`extras`: the list of its figures); captions name the seeds that were
+missing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib import colormaps
@@ -24,6 +27,9 @@ from matplotlib.ticker import MaxNLocator
 from locvit.io import atomic_path
 from locvit.report.papers import scheme_label
 from locvit.report.study import Study, Variant, missing_text
+
+if TYPE_CHECKING:
+    from locvit.models.family import Extra
 
 
 @dataclass
@@ -207,43 +213,52 @@ def rollout(v: Variant, out_dir: Path, max_images: int = 8) -> FigureFile | None
     return save(fig, out_dir, f"rollout_{v.name}", caption, pdf=True, variant=v.name)
 
 
-def learned_masks(v: Variant, out_dir: Path) -> FigureFile | None:
-    """Each head's learned mask around the centre patch, layer x head (IBiT Fig. 6)."""
-    hit = _first_npz_with(v, "learned_masks")
+def extras(v: Variant, out_dir: Path) -> list[FigureFile]:
+    """A figure per extra the variant's family declares (:class:`locvit.models.family.Extra`) and its
+    analyses hold: IBiT's learned masks (IBiT Fig. 6), MaiT's soft-mask alphas."""
+    if not v.analyses and not v.npz:
+        return []  # nothing analysed: no need to look the family up
+    drawn = (_values(v, extra, out_dir) if extra.shape == "values" else _images(v, extra, out_dir) for extra in v.extras)
+    return [fig for fig in drawn if fig]
+
+
+def _values(v: Variant, extra: Extra, out_dir: Path) -> FigureFile | None:
+    """An extra of one value per layer and head, mean over seeds; grey = a head without one."""
+    found = [s for s in sorted(v.analyses) if v.analyses[s].get(extra.name) is not None]
+    data = _stack([_ragged(v.analyses[s][extra.name]) for s in found])
+    if data is None:
+        return None
+    vmin, vmax = extra.limits or (float(np.nanmin(data)), float(np.nanmax(data)))
+    fig = Figure(figsize=(1.2 + 0.7 * data.shape[1], 1.0 + 0.35 * data.shape[0]))
+    ax = fig.subplots()
+    _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], [str(i) for i in range(data.shape[0])],
+             vmin=vmin, vmax=vmax)
+    ax.set(xlabel="head", ylabel="layer", title=f"{extra.title}: {v.name}")
+    caption = (f"{extra.caption} of {v.name} per layer and head, mean over seeds {', '.join(map(str, found))}"
+               f"{_seeds_note(v, found)}; grey = a head without one.")
+    return save(fig, out_dir, f"{extra.name}_{v.name}", caption, pdf=extra.pdf, variant=v.name)
+
+
+def _images(v: Variant, extra: Extra, out_dir: Path) -> FigureFile | None:
+    """An extra of one map per layer and head (the first seed that has it): layer x head panels."""
+    hit = _first_npz_with(v, extra.name)
     if hit is None:
         return None
     seed, data = hit
-    masks = data["learned_masks"]  # (L, H, gh, gw)
-    layers, heads = masks.shape[:2]
+    maps = data[extra.name]  # (L, H, gh, gw)
+    layers, heads = maps.shape[:2]
     fig = Figure(figsize=(1.5 * heads + 0.5, 1.4 * layers + 0.5))
     axes = np.asarray(fig.subplots(layers, heads, squeeze=False))
     for (i, j), ax in np.ndenumerate(axes):
-        ax.imshow(masks[i, j], cmap="viridis", interpolation="nearest")
+        ax.imshow(maps[i, j], cmap="viridis", interpolation="nearest")
         ax.set_xticks([]), ax.set_yticks([])
         if i == 0:
             ax.set_title(f"head {j}", fontsize=8)
         if j == 0:
             ax.set_ylabel(f"layer {i}", fontsize=8)
-    fig.suptitle(f"Learned masks: {v.name}, seed {seed}")
-    caption = (f"Learned attention masks of {v.name} (seed {seed}) around the centre patch, per layer and head "
-               "(IBiT Fig. 6); each map has its own colour scale.")
-    return save(fig, out_dir, f"masks_{v.name}", caption, pdf=True, variant=v.name)
-
-
-def alphas(v: Variant, out_dir: Path) -> FigureFile | None:
-    """Soft-mask alpha per layer x head, mean over seeds; grey = head without a soft mask."""
-    found = [s for s in sorted(v.analyses) if v.analyses[s].get("alphas") is not None]
-    data = _stack([_ragged(v.analyses[s]["alphas"]) for s in found])
-    if data is None:
-        return None
-    fig = Figure(figsize=(1.2 + 0.7 * data.shape[1], 1.0 + 0.35 * data.shape[0]))
-    ax = fig.subplots()
-    _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], [str(i) for i in range(data.shape[0])])
-    ax.set(xlabel="head", ylabel="layer", title=f"Soft-mask alpha: {v.name}")
-    caption = (f"Learned soft-mask alpha of {v.name} per layer and head (the weight MaiT+ keeps for attention "
-               f"outside the neighbourhood; 1 = no locality), mean over seeds {', '.join(map(str, found))}"
-               f"{_seeds_note(v, found)}; grey = head without a soft mask.")
-    return save(fig, out_dir, f"alphas_{v.name}", caption, pdf=False, variant=v.name)
+    fig.suptitle(f"{extra.title}: {v.name}, seed {seed}")
+    caption = f"{extra.caption} of {v.name} (seed {seed}), per layer and head; each map has its own colour scale."
+    return save(fig, out_dir, f"{extra.name}_{v.name}", caption, pdf=extra.pdf, variant=v.name)
 
 
 def attention_distance(study: Study, out_dir: Path) -> FigureFile | None:
@@ -349,4 +364,4 @@ def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | No
     return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)
 
 
-VARIANT_FIGURES = (als, similarity, rollout, learned_masks, alphas)
+VARIANT_FIGURES = (als, similarity, rollout)  # and the family's own: extras(v, out_dir)

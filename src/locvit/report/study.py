@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from locvit.analysis.throughput import read_throughput
-from locvit.config import run_config, variant_seeds
 from locvit.errors import InputError
 from locvit.io import read_json, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
+from locvit.run_config import run_config, variant_seeds
 
 DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
 
@@ -50,6 +50,17 @@ def _family_of(model: str, kwargs_json: str, modules: tuple[str, ...]) -> tuple[
                                "model_modules": list(modules)})
     family = family_of(built)
     return family.name, family.display
+
+
+@functools.lru_cache(maxsize=None)
+def _extras(family: str, modules: tuple[str, ...]) -> tuple:
+    """The extras a family declares (:class:`locvit.models.family.Extra`), its module among ``modules`` or locvit's."""
+    from locvit import models
+    from locvit.models.family import family_named
+
+    models.import_modules(modules)
+    known = family_named(family)
+    return known.extras if known else ()
 
 
 def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
@@ -122,11 +133,11 @@ class Variant:
     name: str
     model: str
     description: str
-    recipe: dict                 # the resolved training recipe (config.run_config's "train")
+    recipe: dict                 # the resolved training recipe (run_config.run_config's "train")
     seeds: list[int]
     fraction: float = 1.0        # the fraction of the training split it trained on
     base: str = ""               # the variant it is a training-fraction copy of (itself when not)
-    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (config.run_config's)
+    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (run_config.run_config's)
     model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict] = field(default_factory=dict)
@@ -149,6 +160,11 @@ class Variant:
         if self.arch:
             return self.arch.get("display") or _display(self.arch["family"])
         return self._family()[1]
+
+    @property
+    def extras(self) -> tuple:
+        """The analysis outputs its family declares beyond the common ones (:class:`locvit.models.family.Extra`)."""
+        return _extras(self.family, tuple(self.model_modules))
 
     def _family(self) -> tuple[str, str]:
         return _family_of(self.model, json.dumps(self.model_kwargs, sort_keys=True), tuple(self.model_modules))
@@ -266,7 +282,7 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
         for seed in seeds:
             if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
                 v.evals[seed] = e
-            metrics = layout.run_dir(name, seed) / "metrics.json"
+            metrics = layout.run_files(name, seed).metrics
             if (m := _read_run_file(metrics, "training metrics", name, seed)):
                 v.metrics[seed] = m
             if (a := _read_run_file(layout.analysis_file(name, seed), "analysis file", name, seed)):

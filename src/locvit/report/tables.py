@@ -26,6 +26,7 @@ from pathlib import Path
 
 from locvit.errors import InputError, MissingFileError
 from locvit.io import write_json, write_text
+from locvit.layout import REPORT_FILES
 from locvit.report.render import RunLink, Table, points, to_csv, to_latex, to_markdown
 from locvit.report.study import Acc, Study, Variant
 
@@ -114,11 +115,11 @@ def summary(table: Table) -> dict:
 def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> Table:
     """results.md/.csv/.tex, results_seeds.csv and summary.json under ``out_dir``."""
     table = results_table(study)
-    write_json(out_dir / "summary.json", summary(table))
-    write_text(out_dir / "results.md", to_markdown(table, link, level=1))
-    write_text(out_dir / "results.csv", to_csv(table))
-    write_text(out_dir / "results_seeds.csv", seeds_csv(study))
-    write_text(out_dir / "results.tex", to_latex(table))
+    write_json(out_dir / REPORT_FILES["summary"], summary(table))
+    write_text(out_dir / REPORT_FILES["md"], to_markdown(table, link, level=1))
+    write_text(out_dir / REPORT_FILES["csv"], to_csv(table))
+    write_text(out_dir / REPORT_FILES["seeds"], seeds_csv(study))
+    write_text(out_dir / REPORT_FILES["tex"], to_latex(table))
     return table
 
 

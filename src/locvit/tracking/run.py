@@ -23,11 +23,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from locvit.config import flatten, peak_lr
 from locvit.errors import InputError
+from locvit.layout import RunFiles
+from locvit.run_config import flatten, peak_lr
 from locvit.tracking.backend import (current_uri, bounded_http, check_reachable, default_uri, find_run, log_metrics,
                                      log_params, retry, run_status, safe_uri, set_tags, setup)
 from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,7 +89,7 @@ def system_metrics_interval(given: float | None, params: dict | None = None) -> 
 # One training run's MLflow run -------------------------------------------------------------------
 
 #: What a run folder uploads as artifacts: file name -> artifact folder (None: the run's root).
-ARTIFACTS = {"metrics.json": None, "best.pt": "checkpoints"}
+ARTIFACTS = {RunFiles.METRICS: None, RunFiles.BEST: "checkpoints"}
 
 
 class TrainingTracker:
@@ -127,7 +130,7 @@ class TrainingTracker:
     def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
                 n_params: int, world_size: int, run_id: str | None = None, slurm_job_ids: list[str] = (),
                 data: dict[str, Path] | None = None, system_metrics_s: float = 0.0) -> TrainingTracker:
-        """The tracker of a training run (a :func:`locvit.config.run_config`) on its prepared data.
+        """The tracker of a training run (a :func:`locvit.run_config.run_config`) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
         config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from
@@ -204,8 +207,7 @@ class TrainingTracker:
                 self.log_inputs(client, resumed)  # what a kill right after the run's creation left out
             else:
                 if self.run_id is not None:
-                    print(f"WARNING: MLflow run {self.run_id} is not in {safe_uri(self.uri)}; logging to a new run",
-                          file=sys.stderr, flush=True)
+                    log.warning("MLflow run %s is not in %s; logging to a new run", self.run_id, safe_uri(self.uri))
                 self.run_id = retry(client.create_run, self.experiment_id, run_name=self.run_name,
                                     tags=self.tags).info.run_id
                 if on_created is not None:
@@ -277,7 +279,7 @@ class TrainingTracker:
 
     def fail(self, what: str, err: BaseException) -> None:
         self.error, self.failed_during = f"{type(err).__name__}: {err}"[:4000], what
-        print(self.message(), file=sys.stderr, flush=True)
+        log.warning("%s", self.message())
 
     def sync_command(self) -> str:
         return sync_command(self.uri, self.out_dir, self.tracking_db)
@@ -301,7 +303,7 @@ def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
     log_metrics(run_id, {"best_val_top1": metrics["best_val_top1"]}, step=metrics["best_epoch"])
     for name, artifact_path in ARTIFACTS.items():  # metrics.json, checkpoints/best.pt
         retry(client.log_artifact, run_id, str(Path(out_dir) / name), artifact_path)
-    log_best_model(run_id, Path(out_dir) / "best.pt", metrics["best_epoch"])
+    log_best_model(run_id, RunFiles.at(out_dir).best, metrics["best_epoch"])
     retry(client.set_terminated, run_id, status="FINISHED")
 
 
@@ -325,7 +327,7 @@ def log_best_model(run_id: str, checkpoint: Path, step: int) -> str:
     import torch
 
     from locvit import models
-    from locvit.train.checkpoint import load_checkpoint
+    from locvit.checkpoint import load_checkpoint
 
     state = load_checkpoint(checkpoint)
     model = models.load(state, "cpu")
@@ -371,8 +373,7 @@ def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
     """
     tracker = TrainingTracker(metrics["study"], tracking_db, out_dir, run_id=metrics.get("mlflow_run_id"))
     if (metrics.get("tracking") or {}).get("status") == "failed":
-        print(f"NOTE: {out_dir} was trained while MLflow tracking failed; upload it with: {tracker.sync_command()}",
-              file=sys.stderr, flush=True)
+        log.warning("%s was trained while MLflow tracking failed; upload it with: %s", out_dir, tracker.sync_command())
         return
     client = tracker.connect()
     if client is None:
@@ -401,15 +402,15 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
                 import mlflow
 
                 log_datasets(mlflow.MlflowClient(), state["mlflow_run_id"], manifest, data)
-        print(f"MLflow: {', '.join(metrics)} logged in {time.perf_counter() - started:.3f} s", file=sys.stderr,
-              flush=True)  # the job log's record of what tracking cost (benchmarks/bench_pipeline.py sums it)
+        # the job log's record of what tracking cost (benchmarks/bench_pipeline.py sums it)
+        log.info("MLflow: %s logged in %.3f s", ", ".join(metrics), time.perf_counter() - started)
     except Exception as err:  # any backend failure: the evaluation file is already written
-        print(failure_notice(
+        log.warning("%s", failure_notice(
             f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +
             f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})", uri,
             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
             "Upload it once the backend answers again",
-            sync_command(uri, run_dir, tracking_db, out.parent.parent)), file=sys.stderr, flush=True)
+            sync_command(uri, run_dir, tracking_db, out.parent.parent)))
 
 
 def sync_command(uri: str, runs_dir: Path, tracking_db: Path, eval_dir: Path | None = None) -> str:
@@ -448,9 +449,8 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
     from mlflow.exceptions import MlflowException
 
     if not run_id:  # trained while the backend was unreachable: no run yet (locvit sync-tracking makes it)
-        print(f"WARNING: this checkpoint names no MLflow run (its training was not tracked); "
-              f"{', '.join(metrics)} written to the local result file only. Upload it with locvit sync-tracking.",
-              file=sys.stderr, flush=True)
+        log.warning("this checkpoint names no MLflow run (its training was not tracked); %s written to the local "
+                    "result file only. Upload it with locvit sync-tracking.", ", ".join(metrics))
         return False
     try:
         log_metrics(run_id, metrics, step)
@@ -458,6 +458,6 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
     except MlflowException as err:
         if "not found" not in str(err).lower() and "does not exist" not in str(err).lower():
             raise
-        print(f"WARNING: MLflow run {run_id} is not in the tracking backend {current_uri()}; "
-              f"{', '.join(metrics)} written to the local result file only.", file=sys.stderr, flush=True)
+        log.warning("MLflow run %s is not in the tracking backend %s; %s written to the local result file only.",
+                    run_id, current_uri(), ", ".join(metrics))
         return False

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from locvit.config import flatten, peak_lr
 from locvit.io import read_json, write_json
-from locvit.layout import StudyLayout, per_seed
+from locvit.layout import ROUND_FILES, RunFiles, StudyLayout, per_seed
+from locvit.run_config import flatten, peak_lr
 from locvit.tracking.backend import (bounded_http, check_reachable, default_uri, find_run, log_metrics, log_params,
                                      retry, safe_uri, set_tags, setup)
 from locvit.tracking.run import ARTIFACTS, log_best_model
@@ -28,7 +28,7 @@ def _batches(items: list, size: int):
 
 def find_evaluation(folder: Path, metrics: dict, eval_dir: Path | None) -> dict | None:
     """The run's test result: ``<eval_dir>/<variant>/seed<k>.json`` or (mask-search rounds) ``eval.json``."""
-    candidates = [folder / "eval.json"]
+    candidates = [folder / ROUND_FILES["eval"]]
     if eval_dir is not None:
         candidates += per_seed(eval_dir / metrics["variant"], [metrics["seed"]], ".json")
     for path in candidates:
@@ -41,9 +41,9 @@ def find_evaluation(folder: Path, metrics: dict, eval_dir: Path | None) -> dict 
 
 def _params_from_checkpoint(folder: Path, metrics: dict) -> dict[str, str]:
     """Params of a record written before metrics.json kept them: rebuilt from best.pt's config."""
-    from locvit.train.checkpoint import load_checkpoint
+    from locvit.checkpoint import load_checkpoint
 
-    cfg = load_checkpoint(folder / "best.pt")["config"]
+    cfg = load_checkpoint(RunFiles.at(folder).best)["config"]
     params = {**flatten(cfg), "n_params": metrics["n_params"], "world_size": metrics.get("world_size", 1),
               "lr_peak": peak_lr(cfg["train"])}
     return {k: str(v)[:6000] for k, v in params.items()}
@@ -83,13 +83,14 @@ def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evalua
     # The record names its run before its metrics.json is uploaded, so the artifact says so too.
     synced = {**record, "status": "ok", "uri": safe_uri(uri), "error": None, "failed_during": None,
               "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "error_before_sync": record.get("error")}
-    write_json(folder / "metrics.json", {**metrics, "mlflow_run_id": run_id, "tracking": synced})
+    write_json(RunFiles.at(folder).metrics, {**metrics, "mlflow_run_id": run_id, "tracking": synced})
     for name, artifact_path in (record.get("artifacts") or ARTIFACTS).items():
         if (folder / name).is_file():
             retry(client.log_artifact, run_id, str(folder / name), artifact_path)
     models = retry(client.search_logged_models, [run.info.experiment_id])
-    if (folder / "best.pt").is_file() and not any(m.source_run_id == run_id for m in models):
-        log_best_model(run_id, folder / "best.pt", metrics["best_epoch"])
+    best = RunFiles.at(folder).best
+    if best.is_file() and not any(m.source_run_id == run_id for m in models):
+        log_best_model(run_id, best, metrics["best_epoch"])
     retry(client.set_terminated, run_id, status="FINISHED")
     return run_id, len(missing)
 
@@ -120,8 +121,8 @@ def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Pat
     experiments: dict[str, str] = {}
     with bounded_http():
         check_reachable(uri)
-        for folder in sorted(p.parent for p in runs_dir.rglob("metrics.json")):
-            metrics = read_json(folder / "metrics.json", "run record")
+        for folder in sorted(p.parent for p in runs_dir.rglob(RunFiles.METRICS)):
+            metrics = read_json(RunFiles.at(folder).metrics, "run record")
             if not isinstance(metrics, dict) or not {"study", "variant", "seed", "history"} <= set(metrics):
                 continue  # another file of that name, not a training record
             try:

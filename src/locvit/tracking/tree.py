@@ -19,11 +19,13 @@ the duplicates' children moved over and the duplicates deleted.
 
 from __future__ import annotations
 
-import warnings
+import logging
 from pathlib import Path
 from typing import Iterable
 
 from locvit.tracking.backend import retry
+
+log = logging.getLogger(__name__)
 
 #: The tag that says what a run is: ``study``, ``variant`` or ``seed``.
 ROLE = "locvit.role"
@@ -80,9 +82,8 @@ def variant_parent(client, experiment_id: str, study: str, variant: str, lock: P
             held = FileLock(str(lock), timeout=LOCK_TIMEOUT_S)
             held.acquire()
         except (Timeout, OSError) as err:
-            warnings.warn(f"the MLflow run tree's lock {lock} could not be had ({type(err).__name__}); finding or "
-                          "creating the study's and variant's runs without it (the report settles any duplicate)",
-                          stacklevel=2)
+            log.warning(f"the MLflow run tree's lock {lock} could not be had ({type(err).__name__}); finding or "
+                          "creating the study's and variant's runs without it (the report settles any duplicate)")
             held = None
     try:
         study_id = find_or_create(client, experiment_id, study_tags(study), study)

@@ -8,6 +8,7 @@ reaches its port can read, rename and delete the runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 from locvit.errors import InputError, MissingFileError
 from locvit.layout import StudyLayout
 from locvit.tracking.backend import ui_link
+
+log = logging.getLogger(__name__)
 
 LOCAL_HOST = "127.0.0.1"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -81,8 +84,8 @@ def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, worke
     """
     cmd = ui_command(study_dir, host, port, workers)
     if host not in LOOPBACK:
-        print(f"WARNING: binding the MLflow UI to {host}: anyone who can reach port {port} can read, change and "
-              f"delete these runs (it has no login).", file=sys.stderr)
+        log.warning("binding the MLflow UI to %s: anyone who can reach port %s can read, change and delete these "
+                    "runs (it has no login).", host, port)
     links = study_links(study_dir, study or Path(study_dir).resolve().name, ui_url(host, port))
     print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {links[0]} (Ctrl-C stops it)", flush=True)
     if len(links) > 1:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from locvit.data.feed import TrainFeed
-from locvit.errors import LocvitError
 from locvit.data.ffcv_io import to_model_input
+from locvit.errors import LocvitError
 
 
 @dataclass(frozen=True)
@@ -73,31 +72,101 @@ class NonFiniteLoss(LocvitError, FloatingPointError):
 
 
 @dataclass(frozen=True)
-class Checks:
-    """What an epoch checks between its steps, and how often it reads the device to do so.
+class StepRecipe:
+    """The recipe's settings a step reads, and what the epoch checks between its steps.
 
-    ``read_every``: steps between two host reads of the running sums (the progress bar), the count
-    of bad steps and ``stop()``, at the steps whose global number it divides (the same steps on every
-    process, so that DDP's all-reduce in ``stop()`` lines up); the epoch's end reads them too. On
-    CUDA each read waits for the queued kernels. ``max_bad_steps`` (``train.max_bad_steps``) with
-    ``bad_steps_before`` (the run's earlier epochs'): the bad steps the run may skip.
-    ``stop()``: whether to end the epoch at this step (:mod:`locvit.train.stop`).
+    ``read_every`` (``train.read_every``): steps between two host reads of the running sums (the
+    progress bar) and the count of bad steps, at the steps whose global number it divides; the
+    epoch's end reads them too. On CUDA each read waits for the queued kernels. ``max_bad_steps``
+    (``train.max_bad_steps``): the bad steps the run may skip.
     """
 
+    label_smoothing: float = 0.0
+    clip_grad: float | None = None
     read_every: int = 50
     max_bad_steps: int = 0
+
+    @classmethod
+    def of(cls, recipe: dict) -> StepRecipe:
+        """From a run config's ``train`` section."""
+        return cls(recipe["label_smoothing"], recipe["clip_grad"], recipe["read_every"], recipe["max_bad_steps"])
+
+
+@dataclass
+class PartialEpoch:
+    """An epoch's progress: its batches trained and its sums so far (last.pt keeps it for a stopped epoch)."""
+
+    batches: int = 0
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+    bad_steps: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """Where an epoch starts: ``step``, the run's optimiser steps done (the first step's number);
+    ``bad_steps_before``, its earlier epochs' bad steps; ``done``, what a stopped epoch had done."""
+
+    step: int = 0
     bad_steps_before: int = 0
-    stop: Callable[[], bool] | None = None
+    done: PartialEpoch = field(default_factory=PartialEpoch)
 
 
-def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
-                    lr_at: callable, first_step: int, mean, std, label_smoothing: float = 0.0,
-                    clip_grad: float | None = None, desc: str = "train", show_progress: bool = True,
-                    mixup: Callable | None = None, compute: Compute = Compute(),
-                    on_step: Callable[[int, torch.Tensor | None], None] | None = None, augment=None,
-                    feed_ahead: int = 0, feed_workers: int = 1, done: dict | None = None,
-                    checks: Checks = Checks()) -> dict:
-    """Train for one pass over ``loader``; ``lr_at(step)`` sets the lr before every step.
+class EpochBatches:
+    """An epoch's batches for :func:`train_one_epoch`, ready for the model.
+
+    ``loader``'s batches less the ``start.done.batches`` a stopped epoch already trained (read and
+    dropped: FFCV draws for them as before, so the rest come in the uninterrupted order), prepared by
+    ``feed(loader, first_step=...)`` (:class:`locvit.data.feed.TrainFeed` with the run's settings).
+    ``stop()`` (:mod:`locvit.train.stop`) is asked before a step whose global number ``read_every``
+    divides (the same steps on every process, so that DDP's all-reduce in it lines up), not the
+    epoch's first: when it says so the batches end there, and ``stopped`` is set.
+    """
+
+    def __init__(self, loader: Iterable, feed: Callable[..., Iterable], start: EpochStart = EpochStart(),
+                 read_every: int = 50, stop: Callable[[], bool] | None = None):
+        self.loader, self.feed, self.start = loader, feed, start
+        self.read_every, self.stop, self.stopped = read_every, stop, False
+
+    def __len__(self) -> int:
+        return len(self.loader) - self.start.done.batches
+
+    def __iter__(self):
+        self.stopped = False
+        skip = _Skip(self.loader, self.start.done.batches)
+        for step, batch in enumerate(self.feed(skip, first_step=self.start.step), self.start.step):
+            if (self.stop is not None and step > self.start.step and step % self.read_every == 0
+                    and self.stop()):
+                self.stopped = True  # asked after the previous step: that one was the last
+                return
+            yield batch
+
+
+class _Skip:
+    """``loader`` without its first ``n`` batches (read and dropped: FFCV draws for them as before)."""
+
+    def __init__(self, loader: Iterable, n: int):
+        self.loader, self.n = loader, n
+
+    def __len__(self) -> int:
+        return len(self.loader) - self.n
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        for _ in range(self.n):
+            next(batches)
+        yield from batches
+
+
+def train_one_epoch(model: torch.nn.Module, batches: Iterable, optimizer: torch.optim.Optimizer,
+                    lr_at: Callable[[int], float], start: EpochStart = EpochStart(),
+                    recipe: StepRecipe = StepRecipe(), compute: Compute = Compute(), mixup: Callable | None = None,
+                    on_step: Callable[[int, torch.Tensor | None], None] | None = None,
+                    bar: str | None = None) -> dict:
+    """Train on ``batches`` (x, labels), x the model's input (:class:`EpochBatches`); ``lr_at(step)``
+    sets the lr before every step, the first numbered ``start.step``.
 
     ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
     smoothing) mixes each batch with draws seeded by the step and turns the labels into
@@ -105,45 +174,31 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
     ``on_step(step, ok)`` runs after every optimiser step (the EMA update, :func:`update_ema`),
     with the steps done; ``ok`` is None when the step updated the weights, or a () bool tensor on
     the device when the optimiser may have skipped the update there (fused, below).
-    ``augment`` (:class:`locvit.data.augment.TrainAugment`): per-sample RandAugment on the
-    uint8 batch, random erasing on the normalised one, both before MixUp, drawn from the step.
-    ``feed_ahead``: batches prepared ahead (augmented, normalised) in a background thread
-    while the step runs, ``feed_workers`` at once (:class:`locvit.data.feed.TrainFeed`;
-    ahead 0: in this thread); the result is the same either way.
+    ``bar``: the progress bar's label (None: no bar).
 
     A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
     the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
-    (``checks.bad_steps_before`` + this epoch's) exceeds ``checks.max_bad_steps``,
+    (``start.bad_steps_before`` + this epoch's) exceeds ``recipe.max_bad_steps``,
     :class:`NonFiniteLoss` is raised, naming the step that exceeded it, before the epoch's
     checkpoint: last.pt stays the last good epoch's. The decision reads the gradient norm after
     backward, which DDP has already averaged, so every process skips the same steps. A fused
     optimiser (``fused=True``, as on CUDA) skips on the device (its ``found_inf``) and the count
-    is read every ``checks.read_every`` steps, so the raise may come up to that many steps later;
+    is read every ``recipe.read_every`` steps, so the raise may come up to that many steps later;
     any other optimiser reads the flag at every step (on the CPU that is no host sync).
 
-    The loss, accuracy and image sums stay on the device between reads (``checks``); the result
-    holds them as Python numbers. ``checks.stop()``, asked at a read but not after the epoch's last
-    step, ends the epoch early when it says so (``stopped`` in the result). ``done``: the
-    ``partial`` result of such an epoch; its batches are drawn again from ``loader`` (the same order
-    and numpy draws when the generators are as they were at the epoch's start) and skipped, and its
-    sums carried on, so the resumed epoch ends as the uninterrupted one would.
+    The loss, accuracy and image sums stay on the device between reads; the result holds them as
+    Python numbers, and ``partial`` (:class:`PartialEpoch`) the epoch's progress, carried on from
+    ``start.done``: a stopped epoch resumed from it ends as the uninterrupted one would.
     """
     model.train()
-    done = done or {"batches": 0, "loss_sum": 0.0, "correct": 0, "seen": 0, "bad_steps": 0, "elapsed_s": 0.0}
-    batches, stopped, step = done["batches"], False, first_step
-    start = time.perf_counter() - done["elapsed_s"]
+    done = start.done
+    trained, step = done.batches, start.step
+    clock = time.perf_counter() - done.elapsed_s
     fused = all(group.get("fused") for group in optimizer.param_groups)  # skips a bad step on the device
-    tally = _Tally(done, next(model.parameters()).device, checks)
-    feed = TrainFeed(_Skip(loader, batches), augment, compute, mean, std, first_step, feed_ahead,
-                     feed_workers)  # x: RandAugment, normalised, erased
-    bar = tqdm(feed, desc=desc, leave=False, disable=not show_progress, mininterval=1.0)
-    for x, labels in bar:
-        batches += 1
-        if (checks.stop is not None and batches > done["batches"] + 1 and step % checks.read_every == 0
-                and checks.stop()):
-            stopped = True  # asked after the previous step: that one was the last
-            batches -= 1
-            break
+    tally = _Tally(done, next(model.parameters()).device, recipe.max_bad_steps, start.bad_steps_before)
+    progress = tqdm(batches, desc=bar, leave=False, disable=bar is None, mininterval=1.0)
+    for x, labels in progress:
+        trained += 1
         lr = lr_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -155,10 +210,10 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         if soft is not None:
             loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
         else:
-            loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            loss = F.cross_entropy(logits, labels, label_smoothing=recipe.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_grad or math.inf)
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)  # (): the step counts
         tally.add(step, loss, grad_norm, logits, labels, ok)
         if fused:  # the kernel leaves weights and state as they were (step count included) where found_inf is 1
@@ -173,17 +228,15 @@ def train_one_epoch(model: torch.nn.Module, loader: Iterable, optimizer: torch.o
         step += 1
         if on_step is not None and stepped is not False:
             on_step(step, stepped)
-        if stepped is False or step % checks.read_every == 0:  # a known bad step: check the budget now
+        if stepped is False or step % recipe.read_every == 0:  # a known bad step: check the budget now
             loss_sum, correct, seen, bad = tally.read()
-            elapsed = time.perf_counter() - start
-            bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", acc=f"{correct / max(seen, 1):.3f}",
-                            img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+            elapsed = time.perf_counter() - clock
+            progress.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", acc=f"{correct / max(seen, 1):.3f}",
+                                 img_s=f"{seen / max(elapsed, 1e-9):.0f}")
     loss_sum, correct, seen, bad = tally.read()  # before the epoch's checkpoint
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - clock
     return {
-        "stopped": stopped,
-        "partial": {"batches": batches, "loss_sum": loss_sum, "correct": correct, "seen": seen,
-                    "bad_steps": bad, "elapsed_s": elapsed},
+        "partial": PartialEpoch(trained, loss_sum, correct, seen, bad, elapsed),
         "train_loss": loss_sum / max(seen, 1),
         "train_top1": correct / max(seen, 1),
         "train_images_per_s": seen / max(elapsed, 1e-9),
@@ -202,13 +255,13 @@ class _Tally:
     bad step that went over the run's budget are kept for the message.
     """
 
-    def __init__(self, done: dict, device: torch.device, checks: Checks):
-        self.loss = torch.tensor(done["loss_sum"], dtype=torch.float64, device=device)
-        self.correct, self.seen, self.bad = (torch.tensor(done[k], dtype=torch.int64, device=device)
-                                             for k in ("correct", "seen", "bad_steps"))
+    def __init__(self, done: PartialEpoch, device: torch.device, max_bad_steps: int, bad_steps_before: int):
+        self.loss = torch.tensor(done.loss_sum, dtype=torch.float64, device=device)
+        self.correct, self.seen, self.bad = (torch.tensor(n, dtype=torch.int64, device=device)
+                                             for n in (done.correct, done.seen, done.bad_steps))
         self.over = torch.zeros(3, dtype=torch.float64, device=device)  # (step, loss, grad norm)
-        self.max_bad_steps = checks.max_bad_steps
-        self.budget = checks.max_bad_steps - checks.bad_steps_before  # bad steps this epoch may skip
+        self.max_bad_steps = max_bad_steps
+        self.budget = max_bad_steps - bad_steps_before  # bad steps this epoch may skip
 
     def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, logits: torch.Tensor,
             labels: torch.Tensor, ok: torch.Tensor) -> None:
@@ -257,22 +310,6 @@ def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None =
     # A weight per tensor: given one tensor, torch takes it as a Python number (a host read). Each is a lerp_
     # of its own then (the one-kernel path wants equal shapes); on the CPU the numbers are timm's.
     torch._foreach_lerp_(ema_values, model_values, [weight] * len(ema_values))
-
-
-class _Skip:
-    """``loader`` without its first ``n`` batches (read and dropped: FFCV draws for them as before)."""
-
-    def __init__(self, loader: Iterable, n: int):
-        self.loader, self.n = loader, n
-
-    def __len__(self) -> int:
-        return len(self.loader) - self.n
-
-    def __iter__(self):
-        batches = iter(self.loader)
-        for _ in range(self.n):
-            next(batches)
-        yield from batches
 
 
 @torch.no_grad()

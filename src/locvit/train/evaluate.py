@@ -18,7 +18,7 @@ from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
-from locvit.train.checkpoint import load_checkpoint
+from locvit.checkpoint import load_checkpoint
 from locvit.train.engine import evaluate
 
 

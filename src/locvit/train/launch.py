@@ -34,6 +34,7 @@ were started, so 2 nodes x 1 process end with the weights of 1 node x 2 processe
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -45,6 +46,8 @@ import time
 from dataclasses import dataclass
 
 from locvit.errors import LocvitError
+
+log = logging.getLogger(__name__)
 
 #: Seconds within which a rendezvous must complete (every node joined), else the job fails.
 DEFAULT_RDZV_TIMEOUT = 300
@@ -78,7 +81,7 @@ SLURM_KEYS = ("nodes", "gpu", "gres", "mpi", "tasks", "tasks_per_gpu", "cpus_per
 
 
 def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
-    """A training job's SLURM executor resources from a variant's ``resources`` (locvit.config.train_resources).
+    """A training job's SLURM executor resources from a variant's ``resources`` (locvit.run_config.train_resources).
 
     One node: ``nodes`` 1 (else SLURM may spread ``--gpus`` over nodes) and ``gpu`` (sbatch
     ``--gpus``). N > 1 nodes: ``nodes``, one task per node (``tasks``), the GPUs per node through
@@ -282,11 +285,11 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
     # A rendezvous gives up within its timeout; a failure long after it came from training.
     if code != 0 and seen and waited < timeout + 120:
         role = "hosting it" if node == 0 else "joining it"
-        print(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
-              f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
-              f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
-              f"the address of its name; {ADDRESS_VAR}, e.g. '{{node}}-ib', maps names to other addresses) "
-              f"and that all {nodes} tasks started (squeue, the job's log).", file=sys.stderr, flush=True)
+        log.error(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
+                  f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
+                  f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
+                  f"the address of its name; {ADDRESS_VAR}, e.g. '{{node}}-ib', maps names to other addresses) "
+                  f"and that all {nodes} tasks started (squeue, the job's log).")
         return 1
     return code
 
@@ -296,9 +299,8 @@ def run_job(nodes: int, gpus_per_node: int, args: list[str]) -> int:
     alloc = allocation()
     cmd = job_command(alloc, nodes, gpus_per_node, args)
     if len(alloc.nodes) < nodes:
-        print(f"locvit launch: job {alloc.job_id} has {len(alloc.nodes)} node(s) for {nodes} agents: they share "
-              "nodes (the job asks SLURM for resources.nodes; a --set-resources nodes override lowered it?)",
-              file=sys.stderr, flush=True)
-    print(f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
-          f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}", file=sys.stderr, flush=True)
+        log.warning(f"locvit launch: job {alloc.job_id} has {len(alloc.nodes)} node(s) for {nodes} agents: they "
+                    "share nodes (the job asks SLURM for resources.nodes; a --set-resources nodes override lowered it?)")
+    log.info(f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
+             f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}")
     return subprocess.run(cmd).returncode

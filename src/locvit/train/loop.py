@@ -14,29 +14,36 @@ is not retrained (:mod:`locvit.train.resume`).
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from locvit import models, toolchain
-from locvit.config import peak_lr
+from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
+from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import remove_temporaries, write_json
+from locvit.layout import RunFiles
+from locvit.run_config import peak_lr
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
-from locvit.train.checkpoint import rng_state, save_checkpoint, seed_everything, weights_digest
 from locvit.train.distributed import Dist
-from locvit.train.engine import (Checks, Compute, cosine_schedule, evaluate, set_deterministic, train_one_epoch,
-                                 update_ema)
-from locvit.train.resume import RUN_RECORD, Progress, best_state, last_state, plan_run, restore, restore_rng
+from locvit.train.engine import (Compute, EpochBatches, EpochStart, StepRecipe, cosine_schedule, evaluate,
+                                 set_deterministic, train_one_epoch, update_ema)
+from locvit.train.generators import rng_state, seed_everything
+from locvit.train.resume import Plan, plan_run
+from locvit.train.state import RunCheckpoints, TrainState
 from locvit.train.stop import REQUEST, Stopped
+
+log = logging.getLogger(__name__)
 
 __all__ = ["param_groups", "train_run"]
 
@@ -73,37 +80,47 @@ def amp_dtype(setting: str | bool, device: torch.device) -> torch.dtype | None:
 
 @dataclass
 class Run:
-    """A built run: everything an epoch needs. ``model`` is the raw module checkpoints hold;
-    ``net`` is what trains (``model``, compiled and/or DDP-wrapped, sharing its parameters)."""
+    """A built run's setting: what it is, where it writes, its processes, data and batch preparation.
+    What training changes is its :class:`~locvit.train.state.TrainState`."""
 
     cfg: dict
     key: str  # resume's run key: config and data hash
     out_dir: Path
     dist: Dist
     device: torch.device
-    model: torch.nn.Module
-    net: torch.nn.Module
-    ema: Any  # timm's ModelEmaV3 or None
-    optimizer: torch.optim.Optimizer
     train_loader: Any
     val_loader: Any
     mixup: Any
     augment: Any  # locvit.data.augment.TrainAugment (RandAugment, random erasing) or None
     compute: Compute
-    lr_at: Callable[[int], float]
     mean: tuple
     std: tuple
     show_progress: bool
     tracker: TrainingTracker | None = None  # the MLflow run, on rank 0 (set by open_tracking)
 
     @property
-    def evaluated(self) -> torch.nn.Module:
-        """The weights that are evaluated and kept as best.pt: the EMA's when on."""
-        return self.ema.module if self.ema is not None else self.model
+    def files(self) -> RunFiles:
+        return RunFiles.at(self.out_dir)
+
+    @property
+    def checkpoints(self) -> RunCheckpoints:
+        return RunCheckpoints(self.files, self.cfg, self.key)
+
+    def batches(self, start: EpochStart) -> EpochBatches:
+        """The training loader's batches from ``start`` (an :class:`~locvit.train.engine.EpochStart`), prepared
+        (:class:`~locvit.data.feed.TrainFeed`) and ending at a stop request (:mod:`locvit.train.stop`)."""
+        recipe = self.cfg["train"]
+        feed = functools.partial(TrainFeed, augment=self.augment, compute=self.compute, mean=self.mean, std=self.std,
+                                 ahead=recipe["feed_ahead"], workers=recipe["feed_workers"])
+        return EpochBatches(self.train_loader, feed, start, recipe["read_every"], self.stop_requested)
+
+    def stop_requested(self) -> bool:
+        """Whether any process was asked to stop (:mod:`locvit.train.stop`; a collective under DDP)."""
+        return REQUEST.agreed(self.dist, self.device)
 
 
 def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Path, dist: Dist,
-              show_progress: bool, threads: int | None, num_classes: int) -> Run:
+              show_progress: bool, threads: int | None, num_classes: int) -> tuple[Run, TrainState]:
     recipe = cfg["train"]
     device = models.device_for(recipe["device"], dist.local_rank)
     batch = per_process_batch(recipe, dist.world_size)
@@ -153,9 +170,10 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     compute = Compute(amp_dtype(recipe["amp"], device), recipe["channels_last"])
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
     augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
-    return Run(cfg, key, out_dir, dist, device, model, net, ema, optimizer, train_loader, val_loader,
-               make_mixup(recipe, num_classes, cfg["seed"], dist.rank), augment, compute, lr_at, mean, std,
-               show_progress and dist.main)
+    run = Run(cfg, key, out_dir, dist, device, train_loader, val_loader,
+              make_mixup(recipe, num_classes, cfg["seed"], dist.rank), augment, compute, mean, std,
+              show_progress and dist.main)
+    return run, TrainState(model, net, optimizer, ema, lr_at)
 
 
 def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
@@ -174,7 +192,7 @@ def buffers_change(model: torch.nn.Module) -> bool:
 def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
               tracking_db: Path, show_progress: bool | None = None, threads: int | None = None,
               keep_finished: bool = False, system_metrics_s: float = 0.0) -> dict:
-    """Train ``cfg`` (a :func:`locvit.config.run_config`); write last.pt, best.pt, metrics.json.
+    """Train ``cfg`` (a :func:`locvit.run_config.run_config`); write last.pt, best.pt, metrics.json (rank 0).
 
     Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
     ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).
@@ -186,27 +204,31 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     plan = plan_run(cfg, manifest["data_hash"], out_dir, keep_finished)
     distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
     if dist.main and plan.message:
-        print(plan.message, flush=True)
+        log.info("%s", plan.message)
     if plan.action == "skip":
         if dist.main:
             confirm_finished(plan.metrics, out_dir, tracking_db)
         return plan.metrics
     set_deterministic(cfg["train"]["deterministic"])  # before the model and loaders touch the GPU
     seed_everything(cfg["seed"] + dist.rank)  # rank 0 (and a single process) draws from the run's seed
-    run = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
-                    sys.stderr.isatty() if show_progress is None else show_progress, threads, manifest["num_classes"])
-    progress = restore(run, plan.state) if plan.action == "resume" else Progress(run_id=plan.run_id)
+    run, state = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
+                           sys.stderr.isatty() if show_progress is None else show_progress, threads,
+                           manifest["num_classes"])
+    if plan.action == "resume":
+        state.restore(plan.state)
+    else:
+        state.run_id = plan.run_id
     if dist.main:  # only rank 0 writes this folder
-        remove_temporaries(*(out_dir / name for name in ("last.pt", "best.pt", "metrics.json", RUN_RECORD)))
+        remove_temporaries(*run.files.all())
         if plan.action == "fresh":
-            (out_dir / "metrics.json").unlink(missing_ok=True)  # an old run's: never mistaken for this one's
-        run.tracker = open_tracking(run, progress, manifest, tracking_db, plan,
+            run.files.metrics.unlink(missing_ok=True)  # an old run's: never mistaken for this one's
+        if state.best_model is not None:  # resumed: Snakemake removes best.pt before re-running a job
+            run.checkpoints.write_best(state)
+        run.tracker = open_tracking(run, state, manifest, tracking_db, plan,
                                     {"train": train_path, "val": val_path}, system_metrics_s)
     try:
-        if plan.action == "resume":
-            restore_rng(run, plan.state)  # last: nothing may draw between this and the next epoch
-        train_epochs(run, progress)
-        return finish(run, progress)
+        train_epochs(run, state)
+        return finish(run, state)
     except Stopped:
         raise  # last.pt holds the step; the MLflow run goes on when the run resumes
     except BaseException:
@@ -215,55 +237,52 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         raise
 
 
-def train_epochs(run: Run, p: Progress) -> None:
-    """Train from epoch ``p.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
+def train_epochs(run: Run, state: TrainState) -> None:
+    """Train from epoch ``state.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
 
+    The generators a resume saved are put back first, so that nothing draws in between.
     A stop request (:mod:`locvit.train.stop`) ends training at the next step whose number
     ``train.read_every`` divides (the next read of the device): last.pt
     then holds the step, the epoch's sums so far and the generators, numpy's as they were
     at the epoch's start (FFCV's loader thread draws from it ahead of the steps; the resumed
     epoch reads its first batches again to draw the same), and :class:`Stopped` is raised.
     """
+    state.restore_generators(run.dist, run.device, run.cfg["seed"])
     cfg, recipe = run.cfg, run.cfg["train"]
-    on_step = functools.partial(update_ema, run.ema, run.model) if run.ema is not None else None
-    stop = functools.partial(REQUEST.agreed, run.dist, run.device)
-    for epoch in range(p.epoch, recipe["epochs"]):
+    on_step = functools.partial(update_ema, state.ema, state.model) if state.ema is not None else None
+    for epoch in range(state.epoch, recipe["epochs"]):
         epoch_numpy = rng_state(run.device)["numpy"]  # before the loader's thread draws this epoch's augmentations
         started = time.perf_counter()
         # FFCV's RANDOM order is a function of (seed, the loader's epoch counter), and a new process
         # counts from 0: set it, so a resumed run sees the order the uninterrupted run saw.
         run.train_loader.next_epoch = epoch
-        stats = train_one_epoch(run.net, run.train_loader, run.optimizer, run.lr_at, p.step, run.mean, run.std,
-                                recipe["label_smoothing"], recipe["clip_grad"], mixup=run.mixup,
-                                desc=f"{cfg['variant']} s{cfg['seed']} ep{epoch}", show_progress=run.show_progress,
-                                compute=run.compute, on_step=on_step, augment=run.augment,
-                                feed_ahead=recipe["feed_ahead"], feed_workers=recipe["feed_workers"],
-                                done=p.partial,
-                                checks=Checks(read_every=recipe["read_every"], max_bad_steps=recipe["max_bad_steps"],
-                                              bad_steps_before=sum(row.get("bad_steps", 0) for row in p.history),
-                                              stop=stop))
-        p.step, p.partial = stats.pop("steps"), None
-        if stats.pop("stopped"):
-            p.partial = stats["partial"]
-            p.train_time_s += time.perf_counter() - started
-            save_epoch(run, p, improved=False, numpy_state=epoch_numpy)
-            raise Stopped(f"stopped on request after step {p.step} (epoch {epoch + 1}, batch "
-                          f"{p.partial['batches']} of {len(run.train_loader)}); last.pt holds it")
-        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run), "bad_steps": stats["bad_steps"]}
-        p.history.append(row)
-        p.epoch, p.train_time_s = epoch + 1, p.train_time_s + time.perf_counter() - started
-        improved = row["val_top1"] > p.best_top1
+        batches = run.batches(state.epoch_start())
+        stats = train_one_epoch(state.net, batches, state.optimizer, state.lr_at, batches.start, StepRecipe.of(recipe),
+                                compute=run.compute, mixup=run.mixup, on_step=on_step,
+                                bar=f"{cfg['variant']} s{cfg['seed']} ep{epoch}" if run.show_progress else None)
+        state.step, state.partial = stats.pop("steps"), None
+        if batches.stopped:
+            state.partial = stats["partial"]
+            state.train_time_s += time.perf_counter() - started
+            save_epoch(run, state, improved=False, numpy_state=epoch_numpy)
+            raise Stopped(f"stopped on request after step {state.step} (epoch {epoch + 1}, batch "
+                          f"{state.partial.batches} of {len(run.train_loader)}); last.pt holds it")
+        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run, state.evaluated),
+               "bad_steps": stats["bad_steps"]}
+        state.history.append(row)
+        state.epoch, state.train_time_s = epoch + 1, state.train_time_s + time.perf_counter() - started
+        improved = row["val_top1"] > state.best_top1
         if improved:
-            p.best_top1, p.best_epoch = row["val_top1"], epoch
+            state.best_top1, state.best_epoch = row["val_top1"], epoch
             if run.dist.main:  # a CPU copy: last.pt carries it, to restore best.pt after an interruption
-                p.best_model = {k: v.detach().to("cpu", copy=True) for k, v in run.evaluated.state_dict().items()}
-        save_epoch(run, p, improved)
+                state.best_model = {k: v.detach().to("cpu", copy=True) for k, v in state.evaluated.state_dict().items()}
+        save_epoch(run, state, improved)
         if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
             run.tracker.log_epoch(row)
-            print(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} "
-                  f"loss {row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
-                  f"{row['train_images_per_s']:.0f} img/s", flush=True)
-        if epoch + 1 < recipe["epochs"] and stop():
+            log.info(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} loss "
+                     f"{row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
+                     f"{row['train_images_per_s']:.0f} img/s")
+        if epoch + 1 < recipe["epochs"] and run.stop_requested():
             raise Stopped(f"stopped on request after epoch {epoch + 1}; last.pt holds it")
 
 
@@ -280,11 +299,11 @@ def reduce_train_stats(run: Run, stats: dict) -> dict:
     return {"train_loss": loss / w, "train_top1": top1 / w, "train_images_per_s": images_per_s, "lr": stats["lr"]}
 
 
-def evaluate_run(run: Run) -> dict:
-    """Validation loss and top-1 of the evaluated weights, each rank scoring its share of the split."""
+def evaluate_run(run: Run, model: torch.nn.Module) -> dict:
+    """Validation loss and top-1 of ``model`` (the evaluated weights), each rank scoring its share of the split."""
     n_val = run.val_loader.reader.num_samples
     limit = distributed.shard_size(n_val, run.dist) if run.dist.ddp else None
-    val = evaluate(run.evaluated, run.val_loader, run.mean, run.std, run.compute, limit)
+    val = evaluate(model, run.val_loader, run.mean, run.std, run.compute, limit)
     if not run.dist.ddp:
         return {"val_loss": val["loss"], "val_top1": val["top1"]}
     loss_sum, correct, n = distributed.all_sum([val["loss_sum"], val["correct"], val["n"]], run.dist, run.device)
@@ -293,8 +312,9 @@ def evaluate_run(run: Run) -> dict:
     return {"val_loss": loss_sum / n, "val_top1": correct / n}
 
 
-def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False, numpy_state: dict | None = None) -> None:
-    """best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators).
+def save_epoch(run: Run, state: TrainState, improved: bool, finished: bool = False,
+               numpy_state: dict | None = None) -> None:
+    """Write best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators).
 
     ``numpy_state``: numpy's generator to record instead of the current one (a stop within an epoch).
     """
@@ -305,55 +325,54 @@ def save_epoch(run: Run, p: Progress, improved: bool, finished: bool = False, nu
     if not run.dist.main:
         return
     if improved:
-        save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
-    state = last_state(run, p, rng, finished=finished)
-    if run.tracker is not None:  # the SLURM jobs so far, carried over a resume (tracked or not)
-        state["slurm_job_ids"] = run.tracker.slurm_job_ids
-    save_checkpoint(run.out_dir / "last.pt", state)
+        run.checkpoints.write_best(state)
+    slurm_job_ids = run.tracker.slurm_job_ids if run.tracker is not None else None
+    run.checkpoints.write_last(state, rng, run.dist.world_size, finished, slurm_job_ids)
 
 
-def finish(run: Run, p: Progress) -> dict:
+def finish(run: Run, state: TrainState) -> dict:
     """Check the replicas agree; write metrics.json; close the MLflow run; mark last.pt finished."""
-    digests = distributed.gather(weights_digest(run.model.state_dict()), run.dist)
+    digests = distributed.gather(weights_digest(state.model.state_dict()), run.dist)
     if len(set(digests)) != 1:
         raise RuntimeError(f"the {len(digests)} processes hold different weights after training: {digests}")
     cfg = run.cfg
     metrics = {
         "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-        "n_params": sum(t.numel() for t in run.model.parameters()), "best_val_top1": p.best_top1,
-        "best_epoch": p.best_epoch, "final_val_top1": p.history[-1]["val_top1"], "train_time_s": p.train_time_s,
-        "mlflow_run_id": p.run_id, "history": p.history, "run_key": run.key, "world_size": run.dist.world_size,
+        "n_params": sum(t.numel() for t in state.model.parameters()), "best_val_top1": state.best_top1,
+        "best_epoch": state.best_epoch, "final_val_top1": state.history[-1]["val_top1"],
+        "train_time_s": state.train_time_s, "mlflow_run_id": state.run_id, "history": state.history,
+        "run_key": run.key, "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
     }
     if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
         tracker = run.tracker
         metrics.update(slurm_job_ids=tracker.slurm_job_ids, tracking=tracker.record())
-        write_json(run.out_dir / "metrics.json", metrics)
+        write_json(run.files.metrics, metrics)
         tracker.close(metrics)
         if not tracker.ok:
             metrics["tracking"] = tracker.record()
-            write_json(run.out_dir / "metrics.json", metrics)
-            print(f"training finished; tracking had failed:\n{tracker.message()}", file=sys.stderr, flush=True)
-    save_epoch(run, p, improved=False, finished=True)  # last: a finished run is never resumed
+            write_json(run.files.metrics, metrics)
+            log.warning("training finished; tracking had failed:\n%s", tracker.message())
+    save_epoch(run, state, improved=False, finished=True)  # last: a finished run is never resumed
     return metrics
 
 
-def open_tracking(run: Run, p: Progress, manifest: dict, tracking_db: Path, plan,
+def open_tracking(run: Run, state: TrainState, manifest: dict, tracking_db: Path, plan: Plan,
                   data: dict[str, Path], system_metrics_s: float = 0.0) -> TrainingTracker:
     """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
-    A new run's id is recorded (run.json) before any epoch, and a run resumed into a new
+    A new run's id is recorded (:attr:`locvit.layout.RunFiles.record`) before any epoch, and a run resumed into a new
     MLflow run rewrites best.pt, which names it.
     """
     def created(run_id: str) -> None:
-        p.run_id = run_id
-        write_json(run.out_dir / RUN_RECORD, {"run_id": run_id, "run_key": run.key})
-        if p.best_model is not None:
-            save_checkpoint(run.out_dir / "best.pt", best_state(run, p))
+        state.run_id = run_id
+        write_json(run.files.record, {"run_id": run_id, "run_key": run.key})
+        if state.best_model is not None:
+            run.checkpoints.write_best(state)
 
     tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
-                                      sum(t.numel() for t in run.model.parameters()), run.dist.world_size,
-                                      run_id=p.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
+                                      sum(t.numel() for t in state.model.parameters()), run.dist.world_size,
+                                      run_id=state.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
                                       data=data, system_metrics_s=system_metrics_s)
-    tracker.open(p.history, plan.stale_run_id, on_created=created)
+    tracker.open(state.history, plan.stale_run_id, on_created=created)
     return tracker

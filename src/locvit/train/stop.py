@@ -1,9 +1,9 @@
 """Stopping a run at a step boundary when the scheduler asks, so that it resumes exactly.
 
 A SLURM job asks for a warning before its time limit (``sbatch --signal=URG@<seconds>``,
-cluster/config.yaml). :func:`listen` makes SIGURG or SIGUSR1 set a flag; the training loop reads it
-every ``read_every`` optimiser steps (:class:`locvit.train.engine.Checks`; :meth:`StopRequest.agreed`:
-with several processes the flags are summed, so every rank stops after the same step), writes
+cluster/config.yaml). :func:`listen` makes SIGURG or SIGUSR1 set a flag; the epoch's batches ask it
+every ``read_every`` optimiser steps (:class:`locvit.train.engine.EpochBatches`; :meth:`StopRequest.agreed`:
+with several processes the flags are summed, so every rank stops after the same step), the loop writes
 ``last.pt`` with the epoch's position and raises :class:`Stopped`. ``locvit train`` then exits with
 :data:`EXIT_STOPPED`; Snakemake's retry (or SLURM's requeue) starts the job again and
 the run resumes at that step, as if it had never stopped.

@@ -1,8 +1,8 @@
 """Checkpoints: written atomically, read with ``torch.load(weights_only=True)``, checked by a digest.
 
 A checkpoint is a plain dict of tensors and Python primitives (no pickled objects),
-so loading one never executes code from the file. That holds for the random number
-generators' states too: :func:`rng_state` turns them into tensors and lists.
+so loading one never executes code from the file (the generators' states in last.pt
+are saved as tensors and lists too).
 
 Each file records :func:`content_digest` of what it holds (key ``content_sha256``),
 computed when it is written and checked when it is read: a truncated or bit-flipped
@@ -14,11 +14,9 @@ bytes that carry no content, e.g. zip padding, loads exactly what was written.)
 from __future__ import annotations
 
 import hashlib
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from locvit.errors import InputError, MissingFileError
@@ -40,7 +38,8 @@ def rebuild_hint(path: str | Path) -> str:
             f"it), or dvc repro --force train@<its variant>.")
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", fix: str | None = None) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    fix: str | None = None) -> dict[str, Any]:
     """Read a checkpoint and check its recorded digest; a missing, corrupt or unchecked file raises.
 
     The error names the file and ``fix`` (default :func:`rebuild_hint`).
@@ -62,41 +61,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise InputError(f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it "
                          f"was written. {fix}")
     return state
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # CUDA's generators too
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """Every generator a training step draws from, as tensors and plain types (``weights_only``-safe).
-
-    Python's ``random``, numpy's global generator (FFCV's uncompiled augmentations and
-    timm's MixUp/CutMix draw from it), torch's CPU generator and, on CUDA, the device's.
-    """
-    version, keys, gauss = random.getstate()  # (3, 625 ints, None or float)
-    _, mt, pos, has_gauss, cached = np.random.get_state()  # ('MT19937', uint32 (624,), int, int, float)
-    return {
-        "python": [version, list(keys), gauss],
-        "numpy": {"mt": torch.from_numpy(mt.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Put back what :func:`rng_state` saved."""
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
-    np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["mt"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _feed_tensor(digest, t: torch.Tensor) -> None:

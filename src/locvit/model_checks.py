@@ -1,0 +1,115 @@
+"""What params.yaml says about models, checked against the models themselves, and remembered.
+
+A variant's model is checked by building it on the meta device (no memory, no compute):
+it must be a registered timm model, build with the variant's keyword arguments at the
+data's image size, and have a patch size that divides the image (:func:`check_model`).
+Choices made from params alone ask the family protocol (:mod:`locvit.models.family`)
+which family claims a model's name (:func:`claiming_family`): the default ``baseline``.
+
+Importing timm (and torch, torchvision) costs 5-10 s, paid by every ``snakemake -n`` and
+every job that parses the Snakefile, so an answer is remembered in a cache file keyed by
+its inputs, timm's and torch's versions and the code of ``locvit.models`` and of the
+study's own ``model_modules``: timm is imported only for what was not asked before.
+Failures are never cached: their message is always fresh.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import json
+from importlib.metadata import version
+from pathlib import Path
+
+from locvit.io import cache_dir, write_text
+from locvit.model_modules import working_dir_on_path
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+
+def _cache_file(kind: str, key: list, modules: list[str] = ()) -> Path:
+    """The cache file of ``key``: its hash with timm's and torch's versions and the models' code."""
+    h = hashlib.sha256(json.dumps([key, version("timm"), version("torch"), list(modules)], sort_keys=True).encode())
+    for code in sorted(MODELS_DIR.glob("*.py")):
+        h.update(code.read_bytes())
+    for module in modules:  # a module outside locvit: its code too
+        with working_dir_on_path():
+            try:
+                spec = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                spec = None
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            h.update(Path(spec.origin).read_bytes())
+    return cache_dir(kind) / h.hexdigest()
+
+
+def _remember(path: Path, text: str) -> None:
+    try:
+        write_text(path, text)
+    except OSError:
+        pass  # a read-only home: the question is just asked again next time
+
+
+def check_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
+    """The problems of variant ``name``'s model (``variant``: its ``model`` and ``kwargs``), built on meta.
+
+    ``modules``: params' ``model_modules``, imported first. A passing check is remembered.
+    """
+    stamp = _cache_file("model-checks", [variant["model"], variant["kwargs"], image_size, num_classes], modules)
+    if stamp.exists():
+        return []
+    problems = _build_model(name, variant, image_size, num_classes, modules)
+    if not problems:
+        _remember(stamp, "")
+    return problems
+
+
+def _build_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
+    import timm
+    import torch
+
+    from locvit import models  # registers locvit's families
+
+    try:
+        models.import_modules(modules)
+    except ImportError as err:
+        return [f"model_modules: {err}"]
+    model = variant["model"]
+    if not timm.is_model(model):
+        close = difflib.get_close_matches(model, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `timm.list_models()`"
+        return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
+    try:
+        with torch.device("meta"):
+            built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
+                                                                   "num_classes": num_classes, **variant["kwargs"]}})
+    except Exception as err:  # any build failure is a config problem of this variant
+        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
+    # timm's patch embedding builds with any patch size and fails only at the first forward.
+    embed = getattr(built, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if isinstance(patch, tuple) and not getattr(embed, "dynamic_img_pad", False) and image_size % patch[0]:
+        return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
+                f"choose a patch size that divides the image"]
+    return []
+
+
+def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
+    """``{"family": name, "baseline": bool}`` of the family that claims the timm model name ``model``
+    (:func:`locvit.models.family.family_claiming`; ``modules``: params' ``model_modules``), or None.
+    Remembered, so a study whose models were asked about before imports no timm."""
+    path = _cache_file("model-families", [model], modules)
+    if path.exists():
+        return json.loads(path.read_text())
+    from locvit import models
+    from locvit.models.family import family_claiming
+
+    try:
+        models.import_modules(modules)
+    except ImportError:
+        return None  # the model check names the module that does not import
+    family = family_claiming(model)
+    found = {"family": family.name, "baseline": family.baseline} if family else None
+    _remember(path, json.dumps(found))
+    return found

@@ -1,0 +1,100 @@
+"""A validated study's runs: each variant's seeds and training fraction, and each run's resolved config.
+
+A run config (:func:`run_config`) is everything one training run needs of params.yaml, fully
+resolved: the model and its keyword arguments (with the data's image size and class count),
+the data section at the variant's training fraction, and the variant's recipe over the
+study's. It is what a training job takes as JSON (checked by :func:`validate_run_config`)
+and what MLflow records as params (:func:`flatten`). Reads params that
+:func:`locvit.config.load_params` validated.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from locvit.config import ConfigError, load_schema, schema_errors
+
+RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
+OPTIONAL_RUN_CONFIG_KEYS = ("model_modules",)  # present only when params set them
+
+
+def variant_seeds(params: dict, variant: str) -> list[int]:
+    """The seeds a variant trains: its own (``seeds``, or what seed_budget gave it), else the study's."""
+    return list(params["variants"][variant].get("seeds") or params["seeds"])
+
+
+def seed_sets(params: dict) -> dict[tuple[int, ...], list[str]]:
+    """The study's variants grouped by their seeds, the study's own seeds first (one Snakemake rule
+    per group: a rule's outputs cannot depend on the variant)."""
+    groups: dict[tuple[int, ...], list[str]] = {tuple(params["seeds"]): []}
+    for name in params["variants"]:
+        groups.setdefault(tuple(variant_seeds(params, name)), []).append(name)
+    return {seeds: names for seeds, names in groups.items() if names}
+
+
+def variant_fraction(params: dict, variant: str) -> float:
+    """The fraction of the training split a variant trains on (its own, else data.train_fraction)."""
+    return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
+
+
+def run_config(params: dict, variant: str, seed: int) -> dict:
+    """The fully resolved config of one training run (what MLflow records as params)."""
+    from locvit.data.sources import get_source
+
+    if variant not in params["variants"]:
+        raise ConfigError([f"variants.{variant}: no such variant; defined: {', '.join(params['variants'])}"])
+    spec = params["variants"][variant]
+    source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
+    kwargs = dict(spec["kwargs"], img_size=params["data"]["image_size"], num_classes=source.num_classes)
+    modules = {"model_modules": list(params["model_modules"])} if params.get("model_modules") else {}
+    return {
+        **modules,
+        "study": params["study"],
+        "variant": variant,
+        "seed": int(seed),
+        "model": spec["model"],
+        "model_kwargs": kwargs,
+        "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
+        "train": {**params["train"], **spec["train"]},
+    }
+
+
+def validate_run_config(cfg: dict) -> dict:
+    """Check a resolved run config (from :func:`run_config`) handed to a job as JSON."""
+    missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
+    extra = [k for k in cfg if k not in RUN_CONFIG_KEYS + OPTIONAL_RUN_CONFIG_KEYS]
+    if missing or extra:
+        raise ConfigError([f"run config: missing keys {missing}, unknown keys {extra}; "
+                           f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"], "--run-config")
+    schema = load_schema()
+    recipe = {**schema["$defs"]["recipe"], "required": list(schema["$defs"]["recipe"]["properties"])}
+    sub = {**schema, "required": ["train", "data"],
+           "properties": {"train": recipe, "data": schema["properties"]["data"]}}
+    problems = schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
+    if problems:
+        raise ConfigError(problems, "--run-config")
+    return cfg
+
+
+def train_resources(params: dict, variant: str) -> dict:
+    """What the variant's training job asks the cluster for: the study's ``resources``, the variant's over them."""
+    return {**params["resources"], **params["variants"][variant].get("resources", {})}
+
+
+def peak_lr(recipe: dict) -> float:
+    """The lr as given, or scaled by the global batch when lr_scale_batch is set (DeiT: lr x batch / 512)."""
+    base = recipe["lr_scale_batch"]
+    return recipe["lr"] * recipe["batch_size"] / base if base else recipe["lr"]
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{'a': {'b': 1}} -> {'a.b': 1}`` (for MLflow params)."""
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
