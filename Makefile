@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 # FFCV builds against OpenCV and libjpeg-turbo found through pkg-config; the MLflow UI
 # test drives Debian's Chromium.
 SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev chromium
-# `make test-cluster`: a one-node SLURM cluster with accounting (tests/slurm_cluster.py).
-CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
+# `make test-cluster`: a two-node SLURM cluster with accounting, each node in a network namespace of its
+# own (tests/slurm_cluster.py: iproute2's ip, util-linux's nsenter and unshare).
+CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 

@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -269,6 +270,19 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
     seen: list[str] = []
+    # This process must outlive its torchrun. SLURM's SIGTERM (scancel, a failed node, the time limit) reaches
+    # every process of the job step; dying at once would orphan torchrun, which may hang in its shutdown (its
+    # rendezvous host lost: up to read_timeout), out of reach of the SIGKILL SLURM sends KillWait later where it
+    # tracks processes by parent (proctrack/linuxproc, pgid). So wait for torchrun; started by hand (no
+    # SLURM step), pass the signal on to it.
+    in_step = "SLURM_STEP_ID" in env
+
+    def on_signal(signum, frame) -> None:
+        if not in_step and proc.poll() is None:
+            proc.send_signal(signum)
+
+    main = threading.current_thread() is threading.main_thread()  # (handlers can be set there only)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
 
     def relay() -> None:
         for line in proc.stderr:
@@ -279,7 +293,11 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
 
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
-    code = proc.wait()
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     reader.join(timeout=10)
     waited = time.monotonic() - started
     # A rendezvous gives up within its timeout; a failure long after it came from training.
