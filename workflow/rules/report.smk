@@ -5,6 +5,8 @@ rule report:
         metrics=metrics_files,
         throughput=THROUGHPUT_FILE,
         config=REPORT_CONFIG,  # what it reads of params: the baseline, the margin, the variants and seeds, ...
+        search=search_files(),  # the mask search's table, if any: the report is the study's last job, and it
+        # closes the MLflow run tree (a search round trained after it left its variant's run RUNNING)
     output:
         md=str(REPORT["md"]),
         csv=report(str(REPORT["csv"]), caption="../report/results.rst", category="Results"),
