@@ -9,29 +9,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from locvit import versioning
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """The locvit modules ``path`` imports (``from locvit import io`` names the module locvit.io)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in found if m in modules}
-
-
 def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in (SRC / "locvit").rglob("*.py")}
-    return {name: imports(path, set(files)) - {name} for name, path in files.items()}
+    """This checkout's graph, read as dvc.yaml's stage code is (:func:`locvit.versioning.import_graph`)."""
+    return versioning.import_graph(SRC / "locvit")
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
