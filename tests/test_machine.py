@@ -4,6 +4,7 @@ torch's build and the GPU, and every run record and benchmark file carries it.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -32,11 +33,11 @@ def test_on_a_gpu_describe_names_the_device_cuda_cudnn_and_triton():
 
 
 @pytest.mark.e2e
-def test_the_record_follows_the_capability_torch_was_capped_to(repo):
+def test_the_record_follows_the_capability_torch_was_capped_to():
     """ATEN_CPU_CAPABILITY=default: torch's generic kernels, and the record says so."""
     code = "import json; from locvit import machine; print(json.dumps(machine.describe('cpu')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"})
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
     assert json.loads(out.stdout)["cpu_capability"] == "DEFAULT"
 
 
