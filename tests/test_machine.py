@@ -25,6 +25,7 @@ def test_describe_names_the_cpu_its_instruction_set_and_torchs_build():
         assert machine.describe()["gpu"] is None and machine.gpu() is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_describe_names_the_device_cuda_cudnn_and_triton():
     g = machine.describe("cuda:0")["gpu"]
