@@ -9,7 +9,9 @@ A quoted table sits between two markers that name its file::
 ``results`` renders a results.csv as ``locvit results --csv`` does; ``efficiency`` renders a
 data-efficiency table (report/tables/data_efficiency.csv) one row per fraction and variant;
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
-time from a bench_pipeline.py result (pipeline.json).
+time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
+row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
+the commit that made it, "not recorded" where an older file lacks a field.
 Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
 README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
@@ -82,15 +84,38 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+MACHINE_FIELDS = (("CPU", "cpu"), ("ISA", "cpu_capability"), ("cores", "cores"), ("torch", "torch"),
+                  ("Python", "python"), ("GPU", "gpu"))
+
+
+def machines_lines(folder: Path) -> list[list[str]]:
+    """Every result file of a folder with the machine and the commit it records."""
+    import json
+
+    lines = [["file", *(label for label, _ in MACHINE_FIELDS), "commit"]]
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        machine = data.get("machine") or {}
+        cells = [machine.get(key, "not recorded") for _, key in MACHINE_FIELDS]
+        commit = data.get("commit") or machine.get("commit") or "not recorded"
+        lines.append([f"`{path.name}`", *("–" if c is None else str(c) for c in cells), str(commit)])
+    return lines
+
+
 RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
 FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
+FOLDER_RENDER = {"machines": machines_lines}  # kinds that read a folder
 
 
 def render(kind: str, source: str) -> str:
     path = ROOT / source
-    if kind not in RENDER and kind not in FILE_RENDER:
+    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER:
         raise ValueError(f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
-                         f"{', '.join([*RENDER, *FILE_RENDER])}")
+                         f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER])}")
+    if kind in FOLDER_RENDER:
+        if not path.is_dir():
+            raise FileNotFoundError(f"{source} (quoted by a '<!-- table: {kind} ... -->' marker) is not a folder")
+        return as_markdown(FOLDER_RENDER[kind](path))
     if not path.is_file():
         raise FileNotFoundError(f"{source} (quoted by a '<!-- table: ... -->' marker) does not exist")
     if kind in FILE_RENDER:
