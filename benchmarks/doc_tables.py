@@ -12,8 +12,16 @@ data-efficiency table (report/tables/data_efficiency.csv) one row per fraction a
 time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
 the commit that made it, "not recorded" where an older file lacks a field.
-Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
-README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
+A figure inside a sentence is a value span that names its file and where in it the figure is::
+
+    the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
+
+The key is a path of ``/``-separated steps: a JSON or YAML key or list index; in a CSV, ``column=value``
+keeps the rows whose column has that value and a plain step takes a column (a list of numbers); the last
+steps may be ``len``, ``min``, ``max``, ``sum``, ``mean``, ``pct`` (× 100) or ``minutes`` (÷ 60); after
+``:`` a format spec (``.1f``, ``,.0f``); a single CSV cell is a number where it parses as one.
+Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block and value of
+README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
 """
 
@@ -30,6 +38,9 @@ from locvit.report.tables import as_markdown, num, read_results_csv, summary_lin
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+VALUE = re.compile(r"(<!-- value (\S+) (\S+) -->)(.*?)(<!-- /value -->)", re.S)
+OPS = {"len": len, "min": min, "max": max, "sum": sum, "mean": lambda xs: sum(xs) / len(xs),
+       "pct": lambda x: 100 * x, "minutes": lambda x: x / 60}
 
 
 def efficiency_lines(rows: list[dict]) -> list[list[str]]:
@@ -124,8 +135,54 @@ def render(kind: str, source: str) -> str:
     return as_markdown(RENDER[kind](rows))
 
 
+def _number(cell):
+    try:
+        return int(cell)
+    except ValueError:
+        try:
+            return float(cell)
+        except ValueError:
+            return cell
+
+
+def value(source: str, key: str) -> str:
+    """The text of a ``<!-- value source key -->`` span: the value at ``key`` in ``source``, formatted."""
+    import json
+
+    import yaml
+
+    path = ROOT / source
+    if not path.is_file():
+        raise FileNotFoundError(f"{source} (quoted by a '<!-- value ... -->' span) does not exist")
+    key, _, fmt = key.partition(":")
+    if path.suffix == ".csv":
+        data = list(csv.DictReader(path.open(newline="")))
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text())
+    else:
+        data = yaml.safe_load(path.read_text())
+    for step in key.split("/"):
+        if step in OPS and not (isinstance(data, dict) and step in data):
+            data = OPS[step](data)
+        elif isinstance(data, list) and "=" in step:  # CSV rows: keep those whose column has the value
+            column, wanted = step.split("=", 1)
+            data = [row for row in data if row.get(column) == wanted]
+        elif isinstance(data, list) and data and isinstance(data[0], dict) and step in data[0]:
+            data = [_number(row[step]) for row in data]  # a CSV column
+        elif isinstance(data, list) and step.lstrip("-").isdigit():
+            data = data[int(step)]
+        elif isinstance(data, dict) and step in data:
+            data = data[step]
+        else:
+            raise KeyError(f"{source}: no {step!r} in '{key}' (a '<!-- value ... -->' span)")
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    return format(data, fmt) if fmt else str(data)
+
+
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
+            ROOT / "tests" / "README.md"]
 
 
 def sync(check: bool) -> list[str]:
@@ -134,9 +191,12 @@ def sync(check: bool) -> list[str]:
     for doc in docs():
         text = doc.read_text()
         new = BLOCK.sub(lambda m: m.group(1) + render(m.group(2), m.group(3)) + m.group(5), text)
+        new = VALUE.sub(lambda m: m.group(1) + value(m.group(2), m.group(3)) + m.group(5), new)
         if new != text:
             stale += [f"{doc.relative_to(ROOT)}: {m.group(3)}" for m in BLOCK.finditer(text)
                       if m.group(4) != render(m.group(2), m.group(3))]
+            stale += [f"{doc.relative_to(ROOT)}: {m.group(2)} {m.group(3)}" for m in VALUE.finditer(text)
+                      if m.group(4) != value(m.group(2), m.group(3))]
             if not check:
                 write_text(doc, new)
     return stale
