@@ -114,7 +114,52 @@ def machines_lines(folder: Path) -> list[list[str]]:
 
 
 RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
-FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _allowed(spec: dict) -> str:
+    """A schema entry's type and range, as a reader wants it."""
+    if "enum" in spec:
+        return ", ".join(f"`{v}`" for v in spec["enum"])
+    kinds = spec.get("type", "object" if "properties" in spec else "")
+    kinds = "/".join(kinds) if isinstance(kinds, list) else kinds
+    bounds = [f"≥ {spec['minimum']}" if "minimum" in spec else "", f"> {spec['exclusiveMinimum']}" if "exclusiveMinimum" in spec else "",
+              f"≤ {spec['maximum']}" if "maximum" in spec else "", f"< {spec['exclusiveMaximum']}" if "exclusiveMaximum" in spec else ""]
+    return " ".join([kinds, ", ".join(b for b in bounds if b)]).strip()
+
+
+def params_lines(path: Path) -> list[list[str]]:
+    """The params reference: every key of the schema with its type and range, default and description."""
+    import json
+
+    import yaml
+
+    schema = yaml.safe_load(path.read_text())
+    defs = schema.get("$defs", {})
+
+    def resolved(spec: dict) -> dict:
+        if "$ref" in spec:
+            return {**defs[spec["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in spec.items() if k != "$ref"}}
+        return spec
+
+    lines = [["key", "type and range", "default", "description"]]
+
+    def walk(properties: dict, prefix: str) -> None:
+        for name, spec in properties.items():
+            spec = resolved(spec)
+            default = f"`{json.dumps(spec['default'])}`" if "default" in spec else "required" if name in required.get(prefix, ()) else ""
+            lines.append([f"`{prefix}{name}`", _cell(_allowed(spec)), default, _cell(spec.get("description", ""))])
+            if "properties" in spec:
+                required[f"{prefix}{name}."] = spec.get("required", ())
+                walk(spec["properties"], f"{prefix}{name}.")
+
+    required = {"": schema.get("required", ())}
+    walk(schema["properties"], "")
+    return lines
+
+
+FILE_RENDER = {"pipeline": pipeline_lines, "params": params_lines}  # kinds that read the file themselves
 FOLDER_RENDER = {"machines": machines_lines}  # kinds that read a folder
 
 
