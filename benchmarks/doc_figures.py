@@ -1,6 +1,7 @@
 """Find figures written into the docs' prose, where no file keeps them true.
 
-A figure is a number with a unit (s, ms, min, h, %, ×, MiB, GB, images, img/s, tests, seeds, epochs).
+A figure is a number with a unit (s, ms, min, h, %, ×, MiB, GB, images, img/s, tests, seeds, epochs);
+``3 × 3`` is a size, not a ratio.
 It may stand in README.md, docs/*.md and the READMEs of benchmarks/ and tests/ only where a file
 keeps it true: inside a generated block (``<!-- table: ... -->``) or value span
 (``<!-- value FILE KEY -->``), both rewritten from their files by ``benchmarks/doc_tables.py``; in
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-UNIT = r"(?:ms|s|min|minutes?|seconds?|hours?|h|%|×|x|MiB|GiB|KiB|MB|GB|images?|img/s|tests?|seeds?|epochs?)"
+UNIT = r"(?:ms|s|min|minutes?|seconds?|hours?|h|%|(?:×|x)(?!\s?\d)|MiB|GiB|KiB|MB|GB|images?|img/s|tests?|seeds?|epochs?)"
 NUMBER = r"\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w.\-/#]){NUMBER}\s?(?:(?:-|–|to)\s?{NUMBER}\s?)?{UNIT}(?![\w/])")
 
@@ -30,6 +31,8 @@ ALLOWED: list[tuple[str, str]] = [
      "the level of an interval is a definition (locvit.report.stats.CONFIDENCE, TOST's 1 - 2 alpha), not a measurement"),
     (r"\b80 ?% power|at 80 ?%|power of 80 ?%",
      "the MDE's power is a definition (locvit.report.stats.POWER)"),
+    (r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",
+     "SLURM's documented defaults and the signal lead a site sets are configuration quoted with their names, not measurements"),
 ]
 
 GENERATED = (
@@ -56,8 +59,8 @@ def figures(text: str) -> list[tuple[int, str]]:
     """(line number, figure) of every figure in ``text``'s prose on a line no allowed pattern matches."""
     allowed = [re.compile(pattern) for pattern, _ in ALLOWED]
     found = []
-    for number, line in enumerate(prose(text).splitlines(), 1):
-        if any(p.search(line) for p in allowed):
+    for number, (line, raw) in enumerate(zip(prose(text).splitlines(), text.splitlines()), 1):
+        if any(p.search(raw) for p in allowed):
             continue
         found += [(number, m.group(0)) for m in FIGURE.finditer(line)]
     return found
