@@ -159,7 +159,79 @@ def params_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-FILE_RENDER = {"pipeline": pipeline_lines, "params": params_lines}  # kinds that read the file themselves
+def step_lines(path: Path) -> list[list[str]]:
+    """A bench_mait.py / bench_ibit.py result: per model size and variant, the training step time over the
+    baseline's with its fused and with its eager attention."""
+    import json
+
+    data = json.loads(path.read_text())
+    lines = [["model size (batch)", "variant", "step time / baseline (fused)", "/ baseline (eager)"]]
+    for size, r in data["results"].items():
+        for variant, ratio in r["ratios"].items():
+            lines.append([f"{size} ({r['batch']})", variant, f"{ratio:.3f}", f"{r['ratios_vs_eager_twin'][variant]:.3f}"])
+    return lines
+
+
+def _json_at(path: Path):
+    """A result file's JSON, or the part of it a ``file.json#key/key`` source names."""
+    import json
+
+    file, _, key = str(path).partition("#")
+    data = json.loads(Path(file).read_text())
+    for step in filter(None, key.split("/")):
+        data = data[step]
+    return data
+
+
+def _figure(x) -> str:
+    if isinstance(x, float):
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return str(x)
+
+
+def flat_lines(path: Path) -> list[list[str]]:
+    """Any part of a result file (``file.json#key``) as one row per leaf: its key path and its value."""
+    lines = [["key", "value"]]
+
+    def walk(x, prefix):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{prefix}/{k}" if prefix else str(k))
+        else:
+            lines.append([f"`{prefix}`", _figure(x)])
+
+    walk(_json_at(path), "")
+    return lines
+
+
+def augment_side_lines(path: Path) -> list[list[str]]:
+    """bench_augment.py's side_by_side: images/s of the tensor backend and timm's PIL path, and their ratios."""
+    lines = [["size (batch)", "threads", "tensor backend", "timm's PIL path", "ratio", "RandAugment alone: ratio"]]
+    for size, r in _json_at(Path(f"{path}#side_by_side")).items():
+        for threads, t in ((k, v) for k, v in r.items() if k.endswith(("_thread", "_threads"))):
+            ips = t["images_per_s"]
+            lines.append([f"{size} ({r['batch']})", threads.split("_")[0], f"{ips['tensor']:,.0f}", f"{ips['timm_pil']:,.0f}",
+                          f"{t['ratio_tensor_over_pil']:.2f}", f"{t['ratio_tensor_over_pil_randaugment_only']:.2f}"])
+    return lines
+
+
+def augment_ops_lines(path: Path) -> list[list[str]]:
+    """bench_augment.py's tensor_vs_pil_levels: per op, |tensor - PIL| in uint8 levels as mean / share of pixels
+    more than 2 levels apart / max, at each size on smooth images and on noise."""
+    levels = _json_at(Path(f"{path}#tensor_vs_pil_levels"))
+    cases = [(size, kind) for size in levels for kind in ("smooth", "noise")]
+    lines = [["op", *(f"{size} {kind}" for size, kind in cases)]]
+    for op in next(iter(levels.values())):
+        cells = []
+        for size, kind in cases:
+            d = levels[size][op][kind]
+            cells.append("0" if d["max"] == 0 else f"{d['mean']:.2f} / {100 * d['share_over_2']:.1f} % / {d['max']}")
+        lines.append([op, *cells])
+    return lines
+
+
+FILE_RENDER = {"pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+               "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
 FOLDER_RENDER = {"machines": machines_lines}  # kinds that read a folder
 
 
@@ -172,7 +244,7 @@ def render(kind: str, source: str) -> str:
         if not path.is_dir():
             raise FileNotFoundError(f"{source} (quoted by a '<!-- table: {kind} ... -->' marker) is not a folder")
         return as_markdown(FOLDER_RENDER[kind](path))
-    if not path.is_file():
+    if not Path(str(path).partition("#")[0]).is_file():
         raise FileNotFoundError(f"{source} (quoted by a '<!-- table: ... -->' marker) does not exist")
     if kind in FILE_RENDER:
         return as_markdown(FILE_RENDER[kind](path))
