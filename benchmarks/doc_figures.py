@@ -31,6 +31,8 @@ ALLOWED: list[tuple[str, str]] = [
      "the level of an interval is a definition (locvit.report.stats.CONFIDENCE, TOST's 1 - 2 alpha), not a measurement"),
     (r"\b80 ?% power|at 80 ?%|power of 80 ?%",
      "the MDE's power is a definition (locvit.report.stats.POWER)"),
+    (r"\bgoals?\b[^.;]*(?:≥|≤|<|>|at least|under)",
+     "a goal is the target its benchmark script sets and records in its file (`goals`, `goal_s`), not a measurement"),
     (r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",
      "SLURM's documented defaults and the signal lead a site sets are configuration quoted with their names, not measurements"),
 ]

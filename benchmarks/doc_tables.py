@@ -230,7 +230,46 @@ def augment_ops_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-FILE_RENDER = {"pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+def dataloader_lines(path: Path) -> list[list[str]]:
+    """bench_dataloader.py: per data set and worker case, images/s of FFCV and torch, JIT on and off, and the
+    ratios; the first and a later epoch's seconds of FFCV with its JIT."""
+    data = _json_at(path)
+    lines = [["data set (batch, images an epoch)", "workers", "FFCV, JIT", "torch", "ratio", "FFCV, no JIT", "torch",
+              "ratio", "FFCV JIT: first / later epoch (s)"]]
+    for name, d in data["datasets"].items():
+        jit, plain = data["loaders"]["jit"][name], data["loaders"]["no_jit"][name]
+        for case, c in jit["cases"].items():
+            n = plain["cases"][case]
+            workers = case.replace("plain_w", "").replace("w", "") + (", no augmentation" if case.startswith("plain") else "")
+            lines.append([f"{name} ({d['batch']}, {jit['images_per_epoch']:,})", workers, f"{c['ffcv_images_per_s']:,.0f}",
+                          f"{c['torch_images_per_s']:,.0f}", f"{c['ratio_ffcv_over_torch']:.2f}", f"{n['ffcv_images_per_s']:,.0f}",
+                          f"{n['torch_images_per_s']:,.0f}", f"{n['ratio_ffcv_over_torch']:.2f}",
+                          f"{c['ffcv_first_epoch_s']:.2f} / {c['ffcv_later_epoch_s']:.2f}"])
+    return lines
+
+
+def feed_lines(path: Path) -> list[list[str]]:
+    """bench_feed.py: per size, feed capacity (images/s of every setting, the best-against-best ratio and its
+    range over rounds, FFCV's part alone) and training fed by each side (images/s, ratio and range)."""
+    results = _json_at(path)["results"]
+    lines = [["size", "what", "images/s", "ratio (rounds' range)"]]
+    for size, r in results.items():
+        cap, e2e = r["feed_capacity"], r["end_to_end"]
+        for setting, ips in cap["images_per_s"].items():
+            lines.append([size, f"feed: `{setting}`", f"{ips:,.0f}", ""])
+        rounds = cap["ratio_per_round"]
+        lines.append([size, f"feed: best locvit (`{cap['best_locvit']}`) over best torch (`{cap['best_timm']}`)", "",
+                      f"**{cap['ratio_best_over_best']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
+        lines.append([size, "feed: FFCV's part alone over best torch", "", f"{cap['ratio_ffcv_loader_only_over_best_timm']:.2f}"])
+        for setting, ips in e2e["images_per_s"].items():
+            lines.append([size, f"training: `{setting}`", f"{ips:,.1f}", ""])
+        rounds = e2e["ratio_per_round"]
+        lines.append([size, f"training: locvit-fed over timm-fed (batch {e2e['batch']})", "",
+                      f"**{e2e['ratio_ffcv_fed_over_timm_fed']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
+    return lines
+
+
+FILE_RENDER = {"dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
 FOLDER_RENDER = {"machines": machines_lines}  # kinds that read a folder
 
