@@ -271,7 +271,22 @@ def feed_lines(path: Path) -> list[list[str]]:
 
 FILE_RENDER = {"dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
-FOLDER_RENDER = {"machines": machines_lines}  # kinds that read a folder
+def source_lines(path: Path) -> list[list[str]]:
+    """Where a quoted result comes from: the machine and the commit its record names (a folder's
+    ``source.json``, written by publish.py, or a result file's own fields); an older record that lacks
+    them says so."""
+    import json
+
+    record = path / "source.json" if path.is_dir() else path
+    data = json.loads(record.read_text()) if record.is_file() else {}
+    machine = data.get("machine") or {}
+    unknown = "not recorded (an earlier locvit)"
+    cells = [str(machine.get(key) or unknown) for _, key in MACHINE_FIELDS[:2]]
+    commit = data.get("commit") or unknown
+    return [["made on", "instruction set", "by commit"], [*cells, commit]]
+
+
+FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds that read a folder
 
 
 def render(kind: str, source: str) -> str:
@@ -279,6 +294,8 @@ def render(kind: str, source: str) -> str:
     if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER:
         raise ValueError(f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
                          f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER])}")
+    if kind == "source" and path.is_file():
+        return as_markdown(source_lines(path))
     if kind in FOLDER_RENDER:
         if not path.is_dir():
             raise FileNotFoundError(f"{source} (quoted by a '<!-- table: {kind} ... -->' marker) is not a folder")

@@ -90,3 +90,20 @@ def test_the_params_reference_is_rendered_from_the_schema():
     assert block.group(2) == rendered
     for key in ("`train.epochs`", "`seeds`", "`tracking.ui_url`", "`resources.gpus`"):
         assert key in rendered, key
+
+
+def test_published_results_name_their_commit_and_machine(tmp_path):
+    """publish.py writes source.json beside the copies; the docs' `source` block renders it, and a folder
+    an earlier locvit published says its origin was not recorded."""
+    publish = _benchmarks_module("publish")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "results.csv").write_text("variant\n")
+    publish.publish(tmp_path / "report", tmp_path / "copy", ["results.csv"])
+    import json
+
+    source = json.loads((tmp_path / "copy" / "source.json").read_text())
+    assert source["commit"] and source["machine"]["cpu"]
+    lines = doc_tables.source_lines(tmp_path / "copy")
+    assert lines[1][0] == source["machine"]["cpu"] and lines[1][2] == source["commit"]
+    older = doc_tables.source_lines(tmp_path / "report")
+    assert all("not recorded" in cell for cell in older[1])
