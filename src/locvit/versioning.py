@@ -58,7 +58,12 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
 # dvc.yaml, generated ----------------------------------------------------------------------------------
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast)."""
+    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast).
+
+    An import of ``locvit.a.b`` also counts the packages above it whose ``__init__`` Python runs first
+    (``locvit``, ``locvit.a``), except the importing module's own packages (they ran before it did) unless
+    it names one.
+    """
     files = {_module(path, package): path for path in package.rglob("*.py")}
     graph = {}
     for name, path in files.items():
@@ -68,8 +73,16 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {m for m in found if m in files} - {name}
+        found = {m for m in found if m in files}
+        ran = _parents(name) | ({name} if path.name == "__init__.py" else set())  # its own packages
+        graph[name] = (found | {p for m in found for p in _parents(m)} - ran) - {name}
     return graph
+
+
+def _parents(module: str) -> set[str]:
+    """The packages above a dotted module name: ``a.b.c`` -> ``{a, a.b}``."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def _module(path: Path, package: Path) -> str:
@@ -86,7 +99,8 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
     start = set()  # cli.py itself counts, not every command's imports in it
     for node in [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))] + list(ast.walk(function)):
         if isinstance(node, ast.ImportFrom) and node.module:
-            start |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
+            found = {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
+            start |= found | {p for m in found for p in _parents(m)}  # and the packages Python runs first
     seen, todo = set(), list(start)
     while todo:
         module = todo.pop()

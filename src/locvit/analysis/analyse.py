@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from locvit import models
-from locvit.analysis import (attention_locality_score, attention_rollout, collect_attention, cross_layer_similarity,
-                             mean_attention_distance, neighbourhood_mask)
-from locvit.analysis.metrics import rollout_applies
+from locvit.analysis.attention import collect_attention
+from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
+                                     mean_attention_distance, rollout_applies)
 from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
@@ -42,6 +42,7 @@ from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import GRID_KINDS, ROW_STOCHASTIC, family_of
 from locvit.checkpoint import load_checkpoint
+from locvit.neighbourhood import neighbourhood_mask
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
