@@ -1,6 +1,6 @@
 """The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
-``workflow/schemas/params.schema.yaml`` declares every key once (type, default,
+``src/locvit/schemas/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
 fills defaults (the default ``baseline`` from the family protocol), expands
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ import yaml
 from locvit.errors import LocvitError
 from locvit.model_checks import check_model, claiming_family
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+#: The schema of params.yaml: package data, inside the installed package as in a checkout.
+SCHEMA = resources.files("locvit") / "schemas" / "params.schema.yaml"
 # Keys the pipeline sets itself from the data section; a variant may not override them.
 PIPELINE_KWARGS = ("img_size", "num_classes")
 
@@ -40,7 +41,7 @@ class ConfigError(LocvitError, ValueError):
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    return yaml.safe_load(SCHEMA.read_text())
 
 
 def _key(path) -> str:

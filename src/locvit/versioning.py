@@ -110,12 +110,19 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
     return seen | {f"{package.name}.cli"}
 
 
+#: The package data each module reads (paths inside the package): a stage whose commands import the module
+#: depends on them as on its code.
+PACKAGE_DATA = {"locvit.config": ("schemas/params.schema.yaml",)}
+
+
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The source a DVC stage's jobs run, relative to the repository: each module its commands can import
-    (a package folder where they can import every module in it) and the workflow files of its rules."""
+    (a package folder where they can import every module in it), the package data those modules read
+    (:data:`PACKAGE_DATA`) and the workflow files of its rules."""
     modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
     files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
-    folders = sorted({path.parent for path in files if path.parent != package
+    files |= {package / data for module in modules for data in PACKAGE_DATA.get(module, ())}
+    folders = sorted({path.parent for path in files if path.parent != package and path.suffix == ".py"
                       and all(f in files for f in path.parent.rglob("*.py"))}, key=lambda f: (len(f.parts), f))
     kept = [f for i, f in enumerate(folders) if not any(f.is_relative_to(g) for g in folders[:i])]
     paths = kept + sorted(f for f in files if not any(f.is_relative_to(g) for g in kept))
