@@ -125,7 +125,10 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         raise InputError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
                          "output(s): give one of each per checkpoint")
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
-    load_manifest(manifest_path, {"test": data})
+    manifest = load_manifest(manifest_path, {"test": data})
+    if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
+        raise InputError(f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
+                         f"the test split ({manifest_path}); use at most that many")
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     batch, _ = read_all(data, limit=images, jit=False)  # (B, H, W, 3) uint8
     if threads:
