@@ -75,7 +75,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         found = {m for m in found if m in files}
         ran = _parents(name) | ({name} if path.name == "__init__.py" else set())  # its own packages
-        graph[name] = (found | {p for m in found for p in _parents(m)} - ran) - {name}
+        graph[name] = (found | ({p for m in found for p in _parents(m)} - ran)) - {name}
     return graph
 
 
