@@ -12,8 +12,10 @@ import torch
 import torch.nn as nn
 
 import locvit.models  # noqa: F401
-from locvit.analysis import (ROW_STOCHASTIC, AttentionMap, attention_locality_score, attention_rollout,
-                             collect_attention, cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
+from locvit.analysis.attention import ROW_STOCHASTIC, AttentionMap, collect_attention
+from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
+                                     mean_attention_distance)
+from locvit.neighbourhood import neighbourhood_mask
 from locvit.analysis.analyse import _extras, distances
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas

@@ -24,7 +24,7 @@ import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
-from locvit.analysis.throughput import read_throughput
+from locvit.throughput_file import read_throughput
 from locvit.io import unpack_bits
 from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
@@ -177,6 +177,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
 
     import mlflow
 
+    from locvit.job_configs import report_config
     from locvit.run_config import run_config
     from locvit.report.build import build_report
 
@@ -186,7 +187,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
     exp = client.get_experiment_by_name("tiny").experiment_id
     before = {r.info.run_id: r for r in client.search_runs([exp])}
     served = "https://mlflow.example.org/ui"  # where the users of this study open the UI
-    report = build_report({**params, "tracking": {**params["tracking"], "ui_url": served}}, layout.root,
+    report = build_report({**report_config(params), "ui_url": served}, layout.root,
                           tmp_path / "report", tracking_db=db)
     after = {r.info.run_id: r for r in client.search_runs([exp])}
     assert set(after) == set(before)  # found by tags: nothing made twice

@@ -1,6 +1,6 @@
 """The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
-``workflow/schemas/params.schema.yaml`` declares every key once (type, default,
+``src/locvit/schemas/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
 fills defaults (the default ``baseline`` from the family protocol), expands
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ import yaml
 from locvit.errors import LocvitError
 from locvit.model_checks import check_model, claiming_family
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+#: The schema of params.yaml: package data, inside the installed package as in a checkout.
+SCHEMA = resources.files("locvit") / "schemas" / "params.schema.yaml"
 # Keys the pipeline sets itself from the data section; a variant may not override them.
 PIPELINE_KWARGS = ("img_size", "num_classes")
 
@@ -40,7 +41,7 @@ class ConfigError(LocvitError, ValueError):
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    return yaml.safe_load(SCHEMA.read_text())
 
 
 def _key(path) -> str:
@@ -239,6 +240,7 @@ def _check_semantics(params: dict) -> list[str]:
         problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
                         "(a neighbourhood centred on the patch)")
     source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
+    problems.extend(_check_sizes(params, source))
     problems.extend(_check_search(params, source.num_classes))
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
@@ -248,6 +250,68 @@ def _check_semantics(params: dict) -> list[str]:
             problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes,
                                         params["model_modules"]))
     return problems
+
+
+def _check_sizes(params: dict, source) -> list[str]:
+    """Where the source knows its labels without its images (digits, CIFAR): each variant's training split
+    holds at least one batch and an image of every class, and the test split ``analysis.images``. The split
+    is the prepare step's own (:func:`locvit.data.splits.split_indices`); other sources are checked when
+    prepared and when trained (the loop refuses an epoch without an optimiser step)."""
+    known = source.known_labels()
+    if known is None:
+        return []
+    from locvit.data.splits import empty_classes, split_indices
+
+    labels, fixed_test = known
+    data, problems = params["data"], []
+    splits = {}
+    for name, variant in params["variants"].items():
+        fraction = variant.get("train_fraction", data["train_fraction"])
+        if fraction not in splits:
+            splits[fraction] = split_indices(labels, data["val_fraction"], data["test_fraction"], data["split_seed"],
+                                             fixed_test, fraction)
+        train = splits[fraction]["train"]
+        where = ("train_fractions" if params.get("train_fractions") else f"variants.{name}.train_fraction"
+                 if "train_fraction" in variant else "data.train_fraction")
+        batch_key = f"variants.{name}.train.batch_size" if "batch_size" in variant["train"] else "train.batch_size"
+        batch = {**params["train"], **variant["train"]}["batch_size"]
+        if len(train) < batch:
+            lead = (f"{where}: {fraction} leaves {len(train)} training image(s) of {source.name}, fewer than one "
+                    f"batch ({batch_key} {batch})" if fraction < 1 else
+                    f"{batch_key}: {batch} is more than the {len(train)} images of the training split of {source.name} "
+                    f"(data.val_fraction {data['val_fraction']}, data.test_fraction {data['test_fraction']})")
+            problems.append(f"{lead}: not one optimiser step per epoch (a partial batch is dropped); use a batch of at "
+                            f"most {len(train)}" + (" or a larger fraction" if fraction < 1 else ""))
+        empty = empty_classes(labels, train, source.num_classes)
+        if empty:
+            problems.append(f"{where}: {fraction} leaves {len(empty)} of the {source.num_classes} classes of "
+                            f"{source.name} with no training image ({len(train)} training image(s) in all); use a larger fraction")
+    test = len(next(iter(splits.values()))["test"])  # the same at every fraction
+    if params["analysis"]["images"] > test:
+        problems.append(f"analysis.images: {params['analysis']['images']} is more than the {test} images of "
+                        f"the test split of {source.name} (data.test_fraction {data['test_fraction']}), whose first "
+                        f"analysis.images are analysed; use at most {test}")
+    return list(dict.fromkeys(problems))  # one message per key and numbers, not one per variant
+
+
+def _check_tracking(params: dict) -> list[str]:
+    """``tracking.ui_url`` is an address the report's links can start with: no whitespace, a host."""
+    url = params["tracking"]["ui_url"]
+    if url is None:
+        return []
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() for c in url):
+        return [f"tracking.ui_url: {url!r} holds whitespace; every link of the report would be broken. Give the "
+                "address users open the MLflow UI at, e.g. http://mlflow.example.org:5000"]
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # port: a ValueError when it is not a number in range
+    except ValueError as err:
+        return [f"tracking.ui_url: {url!r} is not a valid address ({err}); e.g. http://mlflow.example.org:5000"]
+    if not host:
+        return [f"tracking.ui_url: {url!r} names no host; e.g. http://mlflow.example.org:5000"]
+    return []
 
 
 def _check_search(params: dict, num_classes: int) -> list[str]:
@@ -285,7 +349,8 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     if problems:
         raise ConfigError(problems, source)
     _budget_seeds(params)
-    problems = _check_baseline(params) + _check_fraction_epochs(params) + (_check_semantics(params) if check_models else [])
+    problems = (_check_baseline(params) + _check_fraction_epochs(params) + _check_tracking(params)
+                + (_check_semantics(params) if check_models else []))
     if problems:
         raise ConfigError(problems, source)
     return params

@@ -205,7 +205,7 @@ def lsa_table3(study: Study) -> Table | str:
         through = Missing(f"{v.name} in report/throughput.csv") if row is None else row["img_s_median"]
         ratio = Missing(f"{v.name} in report/throughput.csv") if row is None else row["ratio_vs_baseline"]
         rows.append([v.name, v.display, _params_m(v), through, ratio, study.acc(v)])
-    batch = study.params["analysis"]["profile_batch"]
+    batch = study.config["profile_batch"]
     head = f"Throughput (img/s, {devices[0]}, batch {batch})" if len(devices) == 1 else "Throughput (img/s)"
     caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
                "baselines of the study.")

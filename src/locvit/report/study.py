@@ -1,10 +1,14 @@
-"""What the report reads from one finished study, keyed by the params' variants and seeds.
+"""What the report reads from one finished study, keyed by its job config's variants and seeds.
+
+The report job's config (:func:`locvit.job_configs.report_config`, its part of params.yaml
+resolved) names the study, its baseline and margin, and per variant its model, seeds and
+fraction; the report reads nothing else of params.yaml.
 
 The files (where they are: :mod:`locvit.layout`): each run's test score (evaluate), its
 per-epoch history (train's metrics.json), its attention analysis and maps (analyse, per
 seed) and each variant's profile (params, GMACs, throughput, architecture).
 
-Only the variants and seeds of the params are read. A file the study defines but that
+Only the variants and seeds of the config are read. A file the study defines but that
 is absent is recorded as missing (it is never replaced by a number); a file that exists
 but is not valid JSON, or that names another run, is an error.
 """
@@ -18,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from locvit.analysis.throughput import read_throughput
 from locvit.errors import InputError
 from locvit.io import read_json, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
-from locvit.run_config import run_config, variant_seeds
+from locvit.throughput_file import read_throughput
 
 DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
 
@@ -154,11 +157,11 @@ class Variant:
     name: str
     model: str
     description: str
-    recipe: dict                 # the resolved training recipe (run_config.run_config's "train")
+    recipe: dict                 # the training recipe's keys the tables show (job_configs.REPORT_RECIPE_KEYS)
     seeds: list[int]
     fraction: float = 1.0        # the fraction of the training split it trained on
     base: str = ""               # the variant it is a training-fraction copy of (itself when not)
-    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (run_config.run_config's)
+    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (its run config's)
     model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
     eval_files: dict[int, str] = field(default_factory=dict)  # seed -> its evaluation file, relative to the study
@@ -231,19 +234,19 @@ class Variant:
 
 @dataclass
 class Study:
-    params: dict
+    config: dict  # the report's job config (locvit.job_configs.report_config)
     dir: Path
     variants: dict[str, Variant]
     throughput: dict[str, dict] | None = None  # report/throughput.csv by variant (the throughput job), if written
 
     @property
     def name(self) -> str:
-        return self.params["study"]
+        return self.config["study"]
 
     @property
     def baseline(self) -> str | None:
         """The variant the others are compared with (params' ``baseline``), if the study has it."""
-        name = self.params.get("baseline")
+        name = self.config["baseline"]
         return name if name in self.variants else None
 
     def reference(self, v: Variant) -> Variant | None:
@@ -258,7 +261,7 @@ class Study:
     @property
     def margin(self) -> float:
         """The equivalence margin in points (params' ``equivalence_margin``)."""
-        return float(self.params["equivalence_margin"])
+        return float(self.config["equivalence_margin"])
 
     def acc(self, v: Variant) -> Acc:
         """``v``'s test top-1, compared with its reference's (uncompared for the reference itself)."""
@@ -276,12 +279,12 @@ class Study:
 
     @property
     def train_fraction(self) -> float:
-        return float(self.params["data"].get("train_fraction", 1.0))
+        return float(self.config["data"]["train_fraction"])
 
     @property
     def dataset(self) -> str:
         """The dataset as a table column names it, e.g. ``CIFAR10`` or ``ImageNet (25% train)``."""
-        source = self.params["data"]["source"]
+        source = self.config["data"]["source"]
         name = DATASET_NAMES.get(source, source)
         return name if self.train_fraction >= 1 else f"{name} ({100 * self.train_fraction:g}% train)"
 
@@ -304,17 +307,16 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
     return data
 
 
-def load_study(params: dict, study_dir: str | Path) -> Study:
-    """Read every result file of the study's variants and seeds that exists."""
+def load_study(config: dict, study_dir: str | Path) -> Study:
+    """Read every result file of the config's variants and seeds that exists (``config``: the report's job
+    config, :func:`locvit.job_configs.report_config`)."""
     study_dir = Path(study_dir)
     layout = StudyLayout(study_dir)
     variants = {}
-    for name, spec in params["variants"].items():
-        seeds = variant_seeds(params, name)
-        cfg = run_config(params, name, seeds[0])
-        v = Variant(name, spec["model"], spec.get("description", ""), cfg["train"], seeds,
-                    cfg["data"]["train_fraction"], spec.get("base", name), cfg["model_kwargs"],
-                    cfg.get("model_modules", []))
+    for name, spec in config["variants"].items():
+        seeds = list(spec["seeds"])
+        v = Variant(name, spec["model"], spec["description"], spec["recipe"], seeds, spec["train_fraction"],
+                    spec["base"], spec["model_kwargs"], spec["model_modules"])
         for seed in seeds:
             if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
                 v.evals[seed] = e
@@ -329,4 +331,4 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
         v.profile = _read_run_file(layout.profile_file(name), "profile", name, None)
         variants[name] = v
     throughput = read_throughput(layout.throughput_file) if layout.throughput_file.is_file() else None
-    return Study(params, study_dir, variants, throughput)
+    return Study(config, study_dir, variants, throughput)

@@ -201,6 +201,11 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     dist = distributed.current()
     out_dir = Path(out_dir)
     manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
+    images, batch = manifest["splits"]["train"]["size"], cfg["train"]["batch_size"]
+    if images < batch:  # before any compute (locvit validate refuses it where the dataset's size is known)
+        raise InputError(f"train.batch_size: {batch} is more than the {images} images of the training split "
+                         f"({manifest_path}): not one optimiser step per epoch (a partial batch is dropped); use a "
+                         f"batch of at most {images} or a larger data.train_fraction")
     plan = plan_run(cfg, manifest["data_hash"], out_dir, keep_finished)
     distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
     if dist.main and plan.message:
