@@ -271,7 +271,7 @@ class Study:
     @property
     def fraction_protocol(self) -> str:
         """How its training fractions were trained (params' ``fraction_protocol``)."""
-        return self.params.get("fraction_protocol", "same_epochs")
+        return self.config.get("fraction_protocol", "same_epochs")
 
     @property
     def fractions(self) -> list[float]:
