@@ -339,7 +339,7 @@ def simulate(seeds: int, images: int, accuracy: float, rng) -> dict[str, float]:
 BELOW_TARGET = {(3, 10_000, 0.95): (0.966, 0.0345), (5, 360, 0.99): (0.964, 0.0345)}
 
 
-@pytest.mark.e2e  # about 4 minutes on one core: out of the fast lane
+@pytest.mark.e2e  # 4-7 minutes on the shared 2-core machine: out of the fast lane
 def test_interval_of_a_difference_covers_on_a_crossed_model():
     """Per cell of seeds x test images x accuracy, 2000 replicates (fixed seed): the 95 % interval of the
     difference covers the true difference (of the two variants' expected accuracies over the image population
