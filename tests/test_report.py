@@ -307,6 +307,10 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
         assert float(row["p_improvement"]) == pytest.approx(wins)
         assert 0 <= float(row["p_improvement_ci95_low"]) <= wins <= float(row["p_improvement_ci95_high"]) <= 1
         assert row["holm_family"] == "against deit" and row["within_margin"] in ("yes", "no")
+    for row in rows.values():  # no accuracy interval leaves [0, 100]
+        if row["test_top1_ci95_low"]:
+            assert 0 <= float(row["test_top1_ci95_low"]) <= float(row["test_top1_mean"]) <= \
+                float(row["test_top1_ci95_high"]) <= 100
     seeds = read_csv(out / "results_seeds.csv")
     assert [(r["variant"], int(r["seed"])) for r in seeds] == [
         (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None]
@@ -397,13 +401,16 @@ def test_every_verdict_with_its_interval(tmp_path):
         verdict = rows[v]["verdict"]
         assert (verdict != "better" or low > 0) and (verdict != "worse" or high < 0)
         assert verdict != "equivalent" or (abs(delta) < 1.0 and float(rows[v]["p_equivalence_holm"]) < 0.05)
+        low90, high90 = float(rows[v]["delta_ci90_low"]), float(rows[v]["delta_ci90_high"])
+        assert low < low90 < delta < high90 < high
+        assert verdict != "equivalent" or -1.0 < low90 < high90 < 1.0  # TOST reads the 90 % interval
     # the undecided row says what the study could have seen
     mde = float(rows["noisy"]["mde80"])
     assert mde > abs(float(rows["noisy"]["delta_vs_baseline"]))
     md = (tmp_path / "report" / "results.md").read_text()
     assert f"could detect a difference of {mde:.2f} points or more (80 % power)" in md
     assert "far vs deit: +27.78 points [" in md and "], better (Holm-adjusted p = " in md
-    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (" in md
+    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (two one-sided tests, 90 % interval [" in md
     # without the per-image results (older evaluation files) the same tie cannot be shown
     for v in ks:
         for s in range(3):
