@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -16,23 +15,15 @@ from typing import Callable
 
 import torch
 
+from locvit.machine import describe
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "python": platform.python_version(),
-    }
+    """The machine every result file names: :func:`locvit.machine.describe` (the CPU, the instruction set
+    torch's kernels use, torch's build, the GPU with its CUDA, cuDNN and triton)."""
+    return describe()
 
 
 def alternate(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:

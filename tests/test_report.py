@@ -89,6 +89,7 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
                     "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
                     "test_top1": top1[v][s], "test_loss": 1.0, "n": 360, "n_params": n_params,
                     "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16,
+                    "test_hash": "1" * 64,
                     **({"test_hits": pack_bits(hits[(v, s)])} if hits else {})})
             history = [{"epoch": e, "train_loss": 2.0 - 0.4 * e + 0.05 * s, "train_top1": 0.3 + 0.1 * e,
                         "train_images_per_s": 500.0, "val_loss": 1.5 - 0.2 * e, "val_top1": 0.4 + 0.1 * e}

@@ -131,14 +131,42 @@ def _expand_fractions(params: dict) -> list[str]:
     return problems
 
 
-def budget_seeds(seeds: list[int], fraction: float, budget: dict | None) -> list[int]:
+#: How a training fraction is trained (params' ``fraction_protocol``): the recipe's epochs, or ConViT's
+#: equal images seen (d'Ascoli et al., ICML 2021, arXiv 2103.10697: epochs x 1/f).
+FRACTION_PROTOCOLS = ("same_epochs", "same_images")
+
+
+def fraction_recipe(recipe: dict, fraction: float, protocol: str) -> dict:
+    """The recipe a run on ``fraction`` of the training split trains with under ``protocol``.
+
+    ``same_epochs``: the recipe as it is (f of a full run's images and optimiser steps). ``same_images``:
+    ``epochs / f`` rounded to a whole epoch (at least 1), and ``warmup_epochs`` scaled by the same factor
+    (the warm-up keeps its share of the schedule), so a run sees about as many images as a full one.
+    """
+    if protocol not in FRACTION_PROTOCOLS:
+        raise ConfigError([f"fraction_protocol: {protocol!r} is not allowed; allowed values: "
+                           f"{', '.join(map(repr, FRACTION_PROTOCOLS))}"])
+    if protocol == "same_epochs" or fraction >= 1:
+        return dict(recipe)
+    epochs = max(1, round(recipe["epochs"] / fraction))
+    factor = epochs / recipe["epochs"]
+    return {**recipe, "epochs": epochs, "warmup_epochs": round(recipe["warmup_epochs"] * factor, 6)}
+
+
+def seed_cost(fraction: float, protocol: str) -> float:
+    """What one seed on ``fraction`` of the training split costs, in full runs' images seen: f at the same
+    epochs, a whole run at the same images seen (:func:`fraction_recipe`)."""
+    return fraction if protocol == "same_epochs" else 1.0
+
+
+def budget_seeds(seeds: list[int], fraction: float, budget: dict | None, protocol: str = "same_epochs") -> list[int]:
     """The seeds of a variant trained on ``fraction`` of the training split under ``seed_budget``:
-    ``round(full_runs / fraction)`` of them (a run on f of the data costs about f of a full run, at the
-    same epochs), at least the study's ``seeds`` and at most ``max_seeds``; the extra ones count up
-    from the largest of ``seeds``."""
+    ``round(full_runs / cost)`` of them, with a seed's cost in full runs' images seen (:func:`seed_cost`:
+    f under ``same_epochs``, 1 under ``same_images``), at least the study's ``seeds`` and at most
+    ``max_seeds``; the extra ones count up from the largest of ``seeds``."""
     if not budget:
         return list(seeds)
-    wanted = min(budget["max_seeds"], round(budget["full_runs"] / fraction))
+    wanted = min(budget["max_seeds"], round(budget["full_runs"] / seed_cost(fraction, protocol)))
     extra = max(0, wanted - len(seeds))
     return list(seeds) + list(range(max(seeds) + 1, max(seeds) + 1 + extra))
 
@@ -149,7 +177,7 @@ def _budget_seeds(params: dict) -> None:
     if budget:
         for name, spec in params["variants"].items():
             fraction = spec.get("train_fraction", params["data"]["train_fraction"])  # a train_fractions copy's own
-            spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget))
+            spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget, params["fraction_protocol"]))
 
 
 def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
@@ -173,6 +201,21 @@ def _fill_defaults_section(section: dict, schema: dict) -> dict:
         if "default" in spec and key not in out:
             out[key] = copy.deepcopy(spec["default"])
     return out
+
+
+def _check_fraction_epochs(params: dict) -> list[str]:
+    """Each run's epochs under fraction_protocol stay within what a run config may hold (the schema's maximum)."""
+    problems = []
+    most = load_schema()["$defs"]["recipe"]["properties"]["epochs"]["maximum"]  # what a run config may hold
+    for name, variant in params["variants"].items():  # the epochs a fraction's run gets (fraction_protocol)
+        recipe = {**params["train"], **variant["train"]}
+        fraction = variant.get("train_fraction", params["data"]["train_fraction"])
+        epochs = fraction_recipe(recipe, fraction, params["fraction_protocol"])["epochs"]
+        if epochs > most:
+            problems.append(f"variants.{name}: fraction_protocol same_images trains {recipe['epochs']} epochs / "
+                            f"{fraction} = {epochs} epochs, more than {most}; use fewer epochs, a larger "
+                            "fraction or fraction_protocol: same_epochs")
+    return problems
 
 
 def _check_semantics(params: dict) -> list[str]:
@@ -242,7 +285,7 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     if problems:
         raise ConfigError(problems, source)
     _budget_seeds(params)
-    problems = _check_baseline(params) + (_check_semantics(params) if check_models else [])
+    problems = _check_baseline(params) + _check_fraction_epochs(params) + (_check_semantics(params) if check_models else [])
     if problems:
         raise ConfigError(problems, source)
     return params

@@ -50,6 +50,7 @@ def job_configs(params: dict) -> dict[Path, object]:
     configs[layout.job_config("report")] = {
         "study": params["study"], "baseline": params["baseline"],
         "equivalence_margin": params["equivalence_margin"], "data": params["data"],
+        "fraction_protocol": params["fraction_protocol"],  # the captions say how the fractions trained
         "variants": params["variants"], "seeds": {v: variant_seeds(params, v) for v in variants},
         "profile_batch": params["analysis"]["profile_batch"], "ui_url": params["tracking"]["ui_url"],
     }

@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Callable
 
 from locvit.report.render import Missing, Table
-from locvit.report.study import Acc, Study, Variant, masked, missing_text, size_key
+from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, masked, missing_text, size_key
 
 ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
             "difference of the mean to the study's baseline variant")
@@ -271,8 +271,8 @@ def data_efficiency(study: Study) -> Table | str:
     bases = list(dict.fromkeys(v.base for v in study.variants.values()))
     rows = [[b] + [study.acc(cells[(b, f)]) if (b, f) in cells else None for f in fractions] for b in bases]
     ref = study.variants[study.baseline].base if study.baseline else None
-    caption = ("Test top-1 (%) of every variant at each fraction of the training split (the same epochs at every "
-               "fraction), compared with the baseline at the same fraction.")
+    caption = (f"Test top-1 (%) of every variant at each fraction of the training split ({PROTOCOL_TEXT[study.fraction_protocol]}), "
+               "compared with the baseline at the same fraction.")
     return Table("data_efficiency", f"Data efficiency on {study.dataset}: top-1 by training fraction", caption,
                  ["Variant"] + [f"{100 * f:g}% of train" for f in fractions], rows,
                  ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "

@@ -86,6 +86,8 @@ class Acc:
     missing: list[int]         # seeds the study defines whose evaluation file is absent
     n_images: int | None = None          # test images each seed was scored on (None: unknown or unequal)
     hits: np.ndarray | None = None       # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
+    test_split: dict[str, str | None] = field(default_factory=dict)  # eval file -> the test_hash it records
+    unpaired: str | None = None    # why a comparison with per-image results on both sides is not paired
     reference: str | None = None   # the variant compared with
     test: stats.Comparison | None = None
     p_holm: float | None = None
@@ -121,17 +123,36 @@ class Acc:
 
     def against(self, base: Acc | None, margin: float) -> Acc:
         """This cell compared with ``base`` (none when either has no values): paired over the test images
-        when both have per-image results for the same images."""
-        test = None
+        when both have per-image results and every evaluation file of both records the same test split
+        (``test_hash``: its content in the order scored); else unpaired, with :attr:`unpaired` saying why."""
+        test, why = None, None
         if base is not None and base.n and self.n and base.variant != self.variant:
             same = self.n_images is not None and self.n_images == base.n_images
             hits = (self.hits, base.hits) if same and self.hits is not None and base.hits is not None else None
+            if hits is not None and (why := split_difference({**self.test_split, **base.test_split})):
+                why, hits = f"{self.variant} vs {base.variant}: not paired over the test images: {why}", None
             test = stats.compare([self.values[s] for s in sorted(self.values)],
                                  [base.values[s] for s in sorted(base.values)], margin,
                                  self.n_images if same else None, hits)
         return replace(self, reference=base.variant if test else None, test=test, p_holm=None,
                        p_equivalent_holm=None, mde=None, verdict=None, equivalence_bound=None, within_margin=False,
-                       family=None, family_size=None)
+                       family=None, family_size=None, unpaired=why)
+
+
+def split_difference(files: dict[str, str | None]) -> str | None:
+    """None when every evaluation file (path -> its ``test_hash``) scored the same test split; else which
+    files differ (grouped by hash) or lack the record, as a sentence."""
+    groups: dict[str | None, list[str]] = {}
+    for path, digest in files.items():
+        groups.setdefault(digest, []).append(path)
+    if len(groups) == 1 and None not in groups:
+        return None
+    parts = [f"{', '.join(paths)} scored test split {digest[:12]}" for digest, paths in groups.items()
+             if digest is not None]
+    if None in groups:
+        parts.append(f"{', '.join(groups[None])} record no test split (test_hash; written by an older locvit: "
+                     "re-run the evaluation)")
+    return "; ".join(parts) + " (the unpaired form is used)"
 
 
 @dataclass
@@ -148,6 +169,7 @@ class Variant:
     model_kwargs: dict = field(default_factory=dict)   # what the model is built with (run_config.run_config's)
     model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
+    eval_files: dict[int, str] = field(default_factory=dict)  # seed -> its evaluation file, relative to the study
     metrics: dict[int, dict] = field(default_factory=dict)
     analyses: dict[int, dict] = field(default_factory=dict)
     npz: dict[int, Path] = field(default_factory=dict)
@@ -186,7 +208,8 @@ class Variant:
             hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
         return Acc(self.name, {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
                    {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
-                   [s for s in self.seeds if s not in self.evals], n_images, hits)
+                   [s for s in self.seeds if s not in self.evals], n_images, hits,
+                   {self.eval_files.get(s, f"{self.name} seed {s}"): self.evals[s].get("test_hash") for s in seeds})
 
     def _hits(self, seed: int, n_images: int) -> np.ndarray:
         try:
@@ -328,6 +351,11 @@ class Study:
         return self.compared(v, ref)
 
     @property
+    def fraction_protocol(self) -> str:
+        """How its training fractions were trained (params' ``fraction_protocol``)."""
+        return self.params.get("fraction_protocol", "same_epochs")
+
+    @property
     def fractions(self) -> list[float]:
         return sorted({v.fraction for v in self.variants.values()})
 
@@ -341,6 +369,14 @@ class Study:
         source = self.params["data"]["source"]
         name = DATASET_NAMES.get(source, source)
         return name if self.train_fraction >= 1 else f"{name} ({100 * self.train_fraction:g}% train)"
+
+
+#: What each fraction_protocol means, as a caption says it.
+PROTOCOL_TEXT = {
+    "same_epochs": "every fraction trains the recipe's epochs, so smaller fractions also take fewer optimiser steps",
+    "same_images": "every fraction sees about as many images as a full run: epochs × 1/f with the warm-up scaled "
+                   "alike (ConViT's rule)",
+}
 
 
 def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dict | None:
@@ -367,6 +403,7 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
         for seed in seeds:
             if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
                 v.evals[seed] = e
+                v.eval_files[seed] = layout.eval_file(name, seed).relative_to(study_dir).as_posix()
             metrics = layout.run_files(name, seed).metrics
             if (m := _read_run_file(metrics, "training metrics", name, seed)):
                 v.metrics[seed] = m

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from locvit import models, toolchain
+from locvit import machine, models, toolchain
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
@@ -343,6 +343,7 @@ def finish(run: Run, state: TrainState) -> dict:
         "train_time_s": state.train_time_s, "mlflow_run_id": state.run_id, "history": state.history,
         "run_key": run.key, "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
+        "machine": machine.describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
     }
     if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
         tracker = run.tracker
@@ -373,6 +374,7 @@ def open_tracking(run: Run, state: TrainState, manifest: dict, tracking_db: Path
     tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
                                       sum(t.numel() for t in state.model.parameters()), run.dist.world_size,
                                       run_id=state.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
-                                      data=data, system_metrics_s=system_metrics_s)
+                                      data=data, system_metrics_s=system_metrics_s,
+                                      machine=machine.describe(run.device))
     tracker.open(state.history, plan.stale_run_id, on_created=created)
     return tracker
