@@ -334,8 +334,8 @@ def simulate(seeds: int, images: int, accuracy: float, rng) -> dict[str, float]:
 # Cells measured below the type-I target with the fixed seed below (coverage, type-I error). At 3-5 seeds the
 # seeds' part has 2-4 degrees of freedom and Satterthwaite's df for their sum lies below a pooled test's
 # (2n - 2): Welch's test is slightly conservative there (in the seed-dominated 10,000-image cells the interval
-# is Welch's over seeds). The shortfall is inside what 2000 replicates resolve (one binomial SE is 0.5 points):
-# the test checks these cells stay where they were measured, so that a change either way shows.
+# is Welch's over seeds). The shortfall is about one binomial SE of 2000 replicates (0.5 points): the test
+# checks that exactly these cells miss the target, by less than half a point, so that a change either way shows.
 BELOW_TARGET = {(3, 10_000, 0.95): (0.966, 0.0345), (5, 360, 0.99): (0.964, 0.0345)}
 
 
@@ -350,6 +350,4 @@ def test_interval_of_a_difference_covers_on_a_crossed_model():
     assert all(0.94 <= r["coverage"] <= 0.97 for r in results.values()), results
     bad = {cell: r for cell, r in results.items() if not 0.035 <= r["type_i"] <= 0.065}
     assert set(bad) == set(BELOW_TARGET), results
-    for cell, (coverage, type_i) in BELOW_TARGET.items():
-        assert (results[cell]["coverage"], results[cell]["type_i"]) == (pytest.approx(coverage, abs=1e-9),
-                                                                        pytest.approx(type_i, abs=1e-9))
+    assert all(0.030 <= results[cell]["type_i"] < 0.035 for cell in BELOW_TARGET), results
