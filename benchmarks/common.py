@@ -48,11 +48,27 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def commit() -> str | None:
+    """The commit of the code that made a result: ``git rev-parse --short HEAD``, with ``+changes`` when
+    ``src/`` or ``benchmarks/`` differ from it; None outside a git checkout."""
+    import subprocess
+
+    root = RESULTS.parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
 def write_result(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"machine": machine(), "commit": commit(), **payload}, indent=2) + "\n")
     os.replace(tmp, path)
     return path
 
