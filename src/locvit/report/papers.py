@@ -22,16 +22,12 @@ from collections import defaultdict
 from typing import Callable
 
 from locvit.report.render import Missing, Table
-from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, missing_text
+from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, masked, missing_text, size_key
 
 ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
             "difference of the mean to the study's baseline variant")
 SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
 SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
-
-
-def _size_key(arch: dict) -> tuple:
-    return arch["embed_dim"], arch["depth"], arch["num_heads"], arch.get("patch_size")
 
 
 def _size_labels(keys) -> dict[tuple, str]:
@@ -59,8 +55,7 @@ def _why(reason: str, notes: list[str]) -> str:
 
 
 def _mask(v: Variant) -> dict | None:
-    mask = v.arch.get("mask")
-    return mask if mask and sum(mask["heads_per_layer"]) > 0 else None
+    return v.arch["mask"] if masked(v.arch) else None
 
 
 def _kernel(mask: dict) -> str:
@@ -68,7 +63,8 @@ def _kernel(mask: dict) -> str:
 
 
 def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple], notes: list[str]) -> Table:
-    """Rows = model sizes, columns = DeiT then MaiT kinds; each cell an Acc with Δ vs DeiT.
+    """Rows = model sizes, columns = DeiT then MaiT kinds; each MaiT cell the study's comparison with DeiT of
+    its size (:meth:`Study.size_reference`).
 
     ``entries``: (size key, column label, column sort key, variant). Two variants that land
     in one cell get a column each, labelled with their names.
@@ -90,17 +86,16 @@ def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple
     labels = _size_labels(keys)
     rows, sources = [], []
     for key in keys:
-        base_col = next((c for c in cols if c.startswith("DeiT") and (key, c) in placed), None)
-        base = placed[(key, base_col)].acc() if base_col else None
         row = [labels[key]]
         for col in cols:
             v = placed.get((key, col))
-            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().against(base, study.margin))
+            ref = study.size_reference(v) if v is not None and not col.startswith("DeiT") else None
+            row.append(None if v is None else study.compared(v, ref) if ref else v.acc())
             if v is not None:
                 sources.append(f"{labels[key]} / {col}: {v.name}")
         rows.append(row)
     notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
-             "difference to DeiT of the same size (one Holm family per size).", "Cells: " + "; ".join(sources)] + notes
+             "difference to DeiT of the same size (the study's comparison: its Holm family is named below).", "Cells: " + "; ".join(sources)] + notes
     return Table(name, title, caption, ["Model size"] + cols, rows, notes)
 
 
@@ -113,9 +108,9 @@ def _mait_rows(study: Study, keep: Callable[[dict], tuple | None]) -> tuple[list
         mask = _mask(v)
         kind = keep(mask) if mask else None
         if kind:
-            entries.append((_size_key(v.arch), kind[0], (1, kind[1]), v))
+            entries.append((size_key(v.arch), kind[0], (1, kind[1]), v))
     sizes = {e[0] for e in entries}
-    entries += [(_size_key(v.arch), "DeiT", (0, ()), v) for v in deit if _size_key(v.arch) in sizes]
+    entries += [(size_key(v.arch), "DeiT", (0, ()), v) for v in deit if size_key(v.arch) in sizes]
     return entries, notes + deit_notes, sum(1 for e in entries if e[1] != "DeiT")
 
 
