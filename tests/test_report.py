@@ -374,7 +374,7 @@ def test_a_difference_shown_inside_the_margin_says_so(tmp_path):
     hits = {(v, s): prefix_hits(ks[v][s]) for v in ks for s in range(3)}
     params = {**make_params({v: VARIANTS["deit"] for v in ks}), "seeds": [0, 1, 2], "equivalence_margin": 3.0}
     make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2], hits=hits)
-    build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["gain"]
     assert row["verdict"] == "better" and row["within_margin"] == "yes"
     low, high = float(row["delta_ci90_low"]), float(row["delta_ci90_high"])
@@ -553,7 +553,7 @@ def test_variant_runs_carry_the_comparison(tmp_path, monkeypatch):
     client = mlflow.MlflowClient()
     run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
     make_study(tmp_path, params, run_ids=run_ids, analysed={})
-    report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+    report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
     row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["mait_3x3"]
     assert "variant_runs" in report["mlflow"]["tree"], report["mlflow"]["tree"]
     run = client.get_run(report["mlflow"]["tree"]["variant_runs"]["mait_3x3"])
