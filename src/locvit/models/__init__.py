@@ -48,7 +48,16 @@ def create(cfg: dict) -> torch.nn.Module:
     import timm
 
     import_modules(cfg.get("model_modules", ()))
-    return timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
+    kwargs = dict(cfg["model_kwargs"])
+    try:
+        return timm.create_model(cfg["model"], pretrained=False, **kwargs)
+    except TypeError as err:
+        # The pipeline gives every model the data's img_size; a model whose constructor does not take it
+        # (a CNN with a global pool: any size) is built without it, as timm builds it by name.
+        if "img_size" not in kwargs or "'img_size'" not in str(err):
+            raise
+        del kwargs["img_size"]
+        return timm.create_model(cfg["model"], pretrained=False, **kwargs)
 
 
 def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:
