@@ -110,3 +110,21 @@ def test_every_paper_value_names_its_paper_table_row_and_dataset():
     assert len(keys) == len(set(keys))
     # LSA Table 3 has 17 rows on two datasets, LSA Table 4 16, MaiT Table 4 20
     assert len(rows) == 17 * 2 + 16 + 20
+
+
+@pytest.mark.parametrize("preset, paper, not_in_the_table", [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()),
+                                                             ("mait_sota", "MaiT", {"deit_t"})])
+def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, not_in_the_table):
+    """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
+    data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""
+    from locvit.config import load_params
+    from locvit.report.reported import paper_row
+    from locvit.run_config import run_config
+
+    params = load_params(repo / "presets" / f"{preset}.yaml")
+    unmatched = set()
+    for name, spec in params["variants"].items():
+        cfg = run_config(params, name, params["seeds"][0])
+        if paper_row(paper, spec["model"], cfg["model_kwargs"], params["data"]["source"]) is None:
+            unmatched.add(name)
+    assert unmatched == not_in_the_table

@@ -17,7 +17,8 @@ from locvit.errors import InputError
 #: Keywords that set a model to a dataset or a recipe, not its architecture: a variant that differs from
 #: a paper's model only in these is the paper's model (e.g. DeiT-T with 4 x 4 patches at 32 px).
 SETTING_KEYS = frozenset({"img_size", "num_classes", "in_chans", "patch_size", "window_size", "drop_rate",
-                          "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate"})
+                          "drop_path_rate", "drop_path_schedule", "attn_drop_rate", "proj_drop_rate",
+                          "pos_drop_rate"})
 #: The numbers a row may give, in column order: (key, column label, format of the value and of Δ).
 QUANTITIES = (("top1", "top-1 (%)", ".2f"), ("params_m", "params (M)", ".2f"), ("gflops", "GFLOPs", ".1f"),
               ("throughput", "throughput (img/s)", ".1f"))
