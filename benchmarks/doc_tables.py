@@ -9,7 +9,8 @@ A quoted table sits between two markers that name its file::
 ``results`` renders a results.csv as ``locvit results --csv`` does; ``efficiency`` renders a
 data-efficiency table (report/tables/data_efficiency.csv) one row per fraction and variant;
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
-time from a bench_pipeline.py result (pipeline.json).
+time from a bench_pipeline.py result (pipeline.json); ``models`` the params and GMACs of every
+entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv).
 Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
 README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
@@ -82,7 +83,18 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
+def model_lines(rows: list[dict]) -> list[list[str]]:
+    """model_table.csv: one line per model, its keywords in code, params and GMACs beside the paper's."""
+    lines = [["entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
+              "paper GFLOPs"]]
+    for r in rows:
+        lines.append([f"`{r['entrypoint']}`", f"`{r['keywords']}`" if r["keywords"] else "", r["paper model"],
+                      r["input"], r["params (M)"], r["paper params (M)"], r["GMACs"], r["paper GFLOPs"]])
+    return lines
+
+
+RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines,
+          "models": model_lines}
 FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
 
 
