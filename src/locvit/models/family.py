@@ -45,9 +45,10 @@ shift      (B, H, N, S)              LSA's local block: each patch's weights ove
 block      (B * K, H, n, n)          NesT: attention inside each of the K blocks of a level
                                      (index ``b * K + k``, k row-major); grid: one block's
                                      ``(s, s)``, n = s * s; rows sum to 1. P = 0.
-pooled_    (B, H, N, M)              PVT's spatial-reduction attention: queries on the layer's
-keys                                 grid, keys and values on that grid pooled by a stride-R
-                                     conv, (gh / R, gw / R), M = N / R^2; rows sum to 1. P = 0.
+pooled_    (B, H, N, M)              ``pooled_keys``, PVT's spatial-reduction attention: queries
+keys                                 on the layer's grid, keys and values on that grid pooled by
+                                     a stride-R conv, (gh / R, gw / R), M = N / R^2; rows sum
+                                     to 1. P = 0.
 =========  ========================  ==========================================================
 """
 
