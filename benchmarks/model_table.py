@@ -74,6 +74,8 @@ BASELINES = [  # (timm name, keywords beyond the setting, (paper, table, row) in
     ("regnety_080", {}, ("LSA", 4, "RegNetY-8GF")),
     ("deit_tiny_patch16_224", {}, ("LSA", 4, "Deit-T")),
     ("deit_small_patch16_224", {}, ("LSA", 4, "Deit-S")),
+    ("localvit_tiny_patch16_224", {}, ("MaiT", 4, "LocalViT-T")),
+    ("localvit_small_patch16_224", {}, ("MaiT", 4, "LocalViT-S")),
     ("pvt_v1_tiny", {}, ("MaiT", 4, "PVT-T")),
     ("pvt_v1_small", {}, ("MaiT", 4, "PVT-S")),
     ("pvt_v1_medium", {}, ("MaiT", 4, "PVT-M")),
