@@ -112,8 +112,8 @@ def test_every_paper_value_names_its_paper_table_row_and_dataset():
     assert len(rows) == 17 * 2 + 16 + 20
 
 
-@pytest.mark.parametrize("preset, paper, not_in_the_table", [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()),
-                                                             ("mait_sota", "MaiT", {"deit_t"})])
+@pytest.mark.parametrize("preset, paper, not_in_the_table",
+                         [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()), ("mait_sota", "MaiT", {"deit_t"})])
 def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, not_in_the_table):
     """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
     data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""
