@@ -11,7 +11,8 @@ data-efficiency table (report/tables/data_efficiency.csv) one row per fraction a
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
 time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
-the commit that made it, "not recorded" where an older file lacks a field.
+the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
+every entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv).
 A figure inside a sentence is a value span that names its file and where in it the figure is::
 
     the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
@@ -113,7 +114,18 @@ def machines_lines(folder: Path) -> list[list[str]]:
     return lines
 
 
-RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
+def model_lines(rows: list[dict]) -> list[list[str]]:
+    """model_table.csv: one line per model, its keywords in code, params and GMACs beside the paper's."""
+    lines = [["entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
+              "paper GFLOPs"]]
+    for r in rows:
+        lines.append([f"`{r['entrypoint']}`", f"`{r['keywords']}`" if r["keywords"] else "", r["paper model"],
+                      r["input"], r["params (M)"], r["paper params (M)"], r["GMACs"], r["paper GFLOPs"]])
+    return lines
+
+
+RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines,
+          "models": model_lines}
 def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 

@@ -3,7 +3,8 @@
 Every model is a timm model built by name. The families (MaiT, LSA, IBiT) live in
 their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
 with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
-``baselines``. Training, evaluation, analysis and profiling make models only through
+``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
+wide ResNets, ``pyramidnet``: PyramidNet, ``localvit``: LocalViT). Training, evaluation, analysis and profiling make models only through
 :func:`create` (from a run config) and :func:`load` (from a checkpoint).
 """
 
@@ -18,6 +19,10 @@ from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
 from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
 from locvit.models import baselines  # noqa: F401  (registers nest_tiny_cifar)
+from locvit.models import pvt  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
+from locvit.models import wrn  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
+from locvit.models import pyramidnet  # noqa: F401  (registers pyramidnet164_a48)
+from locvit.models import localvit  # noqa: F401  (registers localvit_*: LocalViT, not in timm)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -44,7 +49,16 @@ def create(cfg: dict) -> torch.nn.Module:
     import timm
 
     import_modules(cfg.get("model_modules", ()))
-    return timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
+    kwargs = dict(cfg["model_kwargs"])
+    try:
+        return timm.create_model(cfg["model"], pretrained=False, **kwargs)
+    except TypeError as err:
+        # The pipeline gives every model the data's img_size; a model whose constructor does not take it
+        # (a CNN with a global pool: any size) is built without it, as timm builds it by name.
+        if "img_size" not in kwargs or "'img_size'" not in str(err):
+            raise
+        del kwargs["img_size"]
+        return timm.create_model(cfg["model"], pretrained=False, **kwargs)
 
 
 def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:

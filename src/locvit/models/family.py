@@ -45,6 +45,10 @@ shift      (B, H, N, S)              LSA's local block: each patch's weights ove
 block      (B * K, H, n, n)          NesT: attention inside each of the K blocks of a level
                                      (index ``b * K + k``, k row-major); grid: one block's
                                      ``(s, s)``, n = s * s; rows sum to 1. P = 0.
+pooled_    (B, H, N, M)              ``pooled_keys``, PVT's spatial-reduction attention: queries
+keys                                 on the layer's grid, keys and values on that grid pooled by
+                                     a stride-R conv, (gh / R, gw / R), M = N / R^2; rows sum
+                                     to 1. P = 0.
 =========  ========================  ==========================================================
 """
 
@@ -56,8 +60,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-KINDS = ("softmax", "frobenius", "talking", "class", "gpsa", "shift", "block")
-ROW_STOCHASTIC = ("softmax", "class", "gpsa", "shift", "block")  # kinds whose rows sum to 1
+KINDS = ("softmax", "frobenius", "talking", "class", "gpsa", "shift", "block", "pooled_keys")
+ROW_STOCHASTIC = ("softmax", "class", "gpsa", "shift", "block", "pooled_keys")  # kinds whose rows sum to 1
 #: Kinds that are token-by-token maps over the layer's patch grid (the spatial analyses apply).
 GRID_KINDS = ("softmax", "frobenius", "talking", "gpsa", "block")
 
