@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from locvit.config import validate_params
+from locvit.io import JobConfig
+from locvit.job_configs import report_config
 from locvit.report.build import build_report
 from locvit.report.reported import reported
 
@@ -70,7 +72,7 @@ def table(tmp_path_factory):
                               "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "baseline": "deit_t",
                               "variants": VARIANTS}, check_models=False)
     _fabricate(root, params)
-    build_report(params, root, root / "report", log_to_mlflow=False)
+    build_report(JobConfig(report_config(params), "report config"), root, root / "report", log_to_mlflow=False)
     rows = {r["Method"]: r for r in csv.DictReader((root / "report" / "tables" / "lsa_table3.csv").open())}
     return rows, (root / "report" / "tables" / "lsa_table3.md").read_text()
 

@@ -201,7 +201,7 @@ def _beside_the_paper(study: Study, paper: str, variants: list[Variant], rows: l
     """Append ``paper``'s columns to ``rows`` (one per variant, in order) where a variant is a model of the
     paper's tables on the study's dataset (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``:
     our value of each quantity. Returns the new header and formats; nothing changes when no variant matches."""
-    found = [paper_row(paper, v.model, v.model_kwargs, study.params["data"]["source"], v.fraction)
+    found = [paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction)
              for v in variants]
     if not any(found):
         return header, formats
