@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from locvit.data.feed import bounded
 from locvit.data.ffcv_io import to_model_input
 from locvit.errors import LocvitError
 
@@ -148,7 +149,7 @@ class _Skip:
     """``loader`` without its first ``n`` batches (read and dropped: FFCV draws for them as before)."""
 
     def __init__(self, loader: Iterable, n: int):
-        self.loader, self.n = loader, n
+        self.loader, self.n = loader, n  # .loader: where locvit.data.feed.ring_size finds FFCV's ring
 
     def __len__(self) -> int:
         return len(self.loader) - self.n
@@ -328,7 +329,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
     """
     model.eval()
     total_seen, sums, hits = 0, None, []
-    for batch, (images, labels) in enumerate(loader):
+    for batch, (images, labels) in enumerate(bounded(loader)):  # the device lags FFCV's buffers by less than a ring
         if limit is not None:
             keep = max(0, min(labels.shape[0], limit - total_seen))
             images, labels = images[:keep], labels[:keep]
