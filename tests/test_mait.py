@@ -272,7 +272,11 @@ def test_a_compiled_maits_flex_attention_stays_compiled_for_later_eager_calls(mo
                               restrict_kernel="flex").eval()
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
+    import torch.nn.attention.flex_attention as flex_module
+
     def eager_warnings(fn, *args, **kwargs) -> list[str]:
+        # FlexAttention warns once per process (its _WARNINGS_SHOWN): forget an earlier test's warning
+        monkeypatch.setattr(flex_module, "_WARNINGS_SHOWN", set())
         with warnings.catch_warnings(record=True) as seen, torch.no_grad():
             warnings.simplefilter("always")
             fn(*args, **kwargs)
