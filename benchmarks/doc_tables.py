@@ -9,7 +9,8 @@ A quoted table sits between two markers that name its file::
 ``results`` renders a results.csv as ``locvit results --csv`` does; ``efficiency`` renders a
 data-efficiency table (report/tables/data_efficiency.csv) one row per fraction and variant;
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
-time from a bench_pipeline.py result (pipeline.json).
+time from a bench_pipeline.py result (pipeline.json); ``budgets`` the GPU check's sections, plans
+and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source).
 Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
 README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
@@ -18,6 +19,7 @@ README.md and docs/*.md from its file; ``--check`` only lists the blocks that di
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import re
 import sys
@@ -82,8 +84,32 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+def python_literals(path: Path, names: tuple[str, ...]) -> dict:
+    """The values of the module-level assignments ``names`` in the Python file ``path``, read from its source
+    (``ast.literal_eval``: no import, so no torch for gpu_check.py)."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", None) in names:
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found
+
+
+def budget_lines(path: Path) -> list[list[str]]:
+    """The GPU check's sections: plan, budget on one H100 (s) and how it was estimated; each plan's total
+    against its limit."""
+    found = python_literals(path, ("BUDGETS", "PLAN_LIMITS"))
+    budgets, limits = found["BUDGETS"], found["PLAN_LIMITS"]
+    lines = [["section", "plan", "budget (s)", "how estimated"]]
+    for plan, limit in limits.items():
+        rows = [(name, b) for name, (p, b, _) in budgets.items() if p == plan]
+        lines += [[f"`{name}`", plan, str(b), budgets[name][2]] for name, b in rows]
+        lines.append([f"**{plan}, in all**", plan, f"**{sum(b for _, b in rows)}**", f"of at most {limit} s "
+                                                                                    f"({limit / 60:g} min)"])
+    return lines
+
+
 RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
-FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
+FILE_RENDER = {"pipeline": pipeline_lines, "budgets": budget_lines}  # kinds that read the file themselves
 
 
 def render(kind: str, source: str) -> str:

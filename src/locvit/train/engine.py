@@ -15,6 +15,7 @@ from tqdm import tqdm
 from locvit.data.feed import bounded
 from locvit.data.ffcv_io import to_model_input
 from locvit.errors import LocvitError
+from locvit.precision import amp_dtype
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,12 @@ class Compute:
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = False
+
+    @classmethod
+    def of(cls, recipe: dict, device: torch.device) -> Compute:
+        """A run's (its config's ``train``: ``amp``, ``channels_last``) on ``device``: what training, and the
+        scoring of its checkpoints, run under."""
+        return cls(amp_dtype(recipe["amp"], device), bool(recipe.get("channels_last", False)))
 
     def inputs(self, images: torch.Tensor, mean, std) -> torch.Tensor:
         """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W), NHWC in memory when channels_last."""

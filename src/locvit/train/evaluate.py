@@ -22,7 +22,7 @@ from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
 from locvit.checkpoint import load_checkpoint
-from locvit.precision import amp_dtype, set_backends
+from locvit.precision import set_backends
 from locvit.train.engine import Compute, evaluate
 
 
@@ -46,7 +46,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         model = models.load(state, device)
         # the run's precision: bf16 autocast where it trained with it (TF32 then), its memory format
         recipe = cfg["train"]
-        compute = Compute(amp_dtype(recipe["amp"], device), recipe.get("channels_last", False))
+        compute = Compute.of(recipe, device)
         set_backends(device, compute.amp_dtype, recipe.get("deterministic", False))
         if compute.channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from locvit import models, toolchain
-from locvit.precision import amp_dtype, set_backends
+from locvit.precision import amp_dtype, set_backends  # noqa: F401  (amp_dtype: tests import it from here)
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
@@ -162,7 +162,7 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     lr_at = functools.partial(cosine_schedule, total_steps=steps_per_epoch * recipe["epochs"],
                               warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)), lr=lr,
                               min_lr=recipe["min_lr"])
-    compute = Compute(amp_dtype(recipe["amp"], device), recipe["channels_last"])
+    compute = Compute.of(recipe, device)
     set_backends(device, compute.amp_dtype, recipe["deterministic"])  # TF32 with amp, cuDNN's autotuner
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
     augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
