@@ -106,7 +106,7 @@ GPU_CHECK_ARGS ?= --plan first-visit --deadline-s 480
 
 wheelhouse: $(WHEELHOUSE)/wheelhouse.json
 
-$(WHEELHOUSE)/wheelhouse.json: $(STAMP) $(WHEELHOUSE_TOOLS)/bin/auditwheel benchmarks/wheelhouse.py pyproject.toml params.yaml
+$(WHEELHOUSE)/wheelhouse.json: $(STAMP) benchmarks/wheelhouse.py pyproject.toml params.yaml | $(WHEELHOUSE_TOOLS)/bin/auditwheel
 	PATH=$(CURDIR)/$(WHEELHOUSE_TOOLS)/bin:$$PATH $(BIN)/python benchmarks/wheelhouse.py $(WHEELHOUSE)
 
 $(WHEELHOUSE_TOOLS)/bin/auditwheel:

@@ -272,8 +272,10 @@ def ffcv_status() -> dict:
         reason = f"{type(err).__name__}: {err}"
         needs = (_wheelhouse_info() or {}).get("node_needs")
         if isinstance(err, OSError) and needs:
-            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')} and a libstdc++ "
-                       f"with GLIBCXX_{needs.get('glibcxx')}; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
+            system = (_wheelhouse_info() or {}).get("system_libraries") or []
+            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')}, a libstdc++ "
+                       f"with GLIBCXX_{needs.get('glibcxx')}{' and ' + ', '.join(system) if system else ''} from the "
+                       f"system; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
         return {"available": False, "reason": reason}
     return {"available": True, "version": getattr(ffcv, "__version__", None)}
 
@@ -954,7 +956,8 @@ def _wheelhouse_info() -> dict | None:
         return None
     info = json.loads(f.read_text())
     return {"total_bytes": info.get("total_bytes"), "requirements": info.get("requirements"),
-            "shared_libraries": info.get("shared_libraries"), "built_against": info.get("built_against"),
+            "shared_libraries": info.get("shared_libraries"), "system_libraries": info.get("system_libraries"),
+            "built_against": info.get("built_against"),
             "node_needs": info.get("node_needs")}
 
 
