@@ -554,7 +554,12 @@ def synthetic_file(work: Path, s: dict) -> tuple[Path, str]:
     from locvit.data.ffcv_io import write_beton
 
     images, out = _SyntheticImages(s["feed_images"], s["feed_size"]), work / "synthetic"
-    if importlib.util.find_spec("sklearn") is None:
+    try:
+        import sklearn.model_selection  # noqa: F401  (what locvit prepare splits with)
+        has_sklearn = True
+    except ImportError:
+        has_sklearn = False
+    if not has_sklearn:
         path = out / "synthetic.beton"
         out.mkdir(parents=True, exist_ok=True)
         write_beton(path, images, range(len(images.labels)), max_resolution=s["feed_size"],

@@ -20,9 +20,11 @@ those depend on; no package index. The check needs on top of that:
 
 What the node itself must provide (:data:`NODE_NEEDS`, written to ``wheelhouse.json`` as
 ``node_needs`` with the newest symbol versions the built libraries ask for, and checked by
-gpu_check.py before it runs anything): glibc >= 2.34 and a libstdc++ with GLIBCXX_3.4.30
-(gcc 12's; the libraries are built on Debian 12), a C compiler and the Python headers
-(Triton builds torch.compile's CUDA launchers with them).
+gpu_check.py before it runs anything): glibc >= 2.35 (the manylinux tag auditwheel gives ffcv's
+wheel) and a libstdc++ with GLIBCXX_3.4.30 (gcc 12's; the libraries are built on Debian 12), the
+few libraries manylinux lets a wheel take from the system (``system_libraries`` in
+``wheelhouse.json``: X11's client library, zlib), a C compiler and the Python headers (Triton
+builds torch.compile's CUDA launchers with them).
 
 Not needed there: MLflow (a run whose tracking fails trains on and says so), Snakemake,
 DVC, scikit-learn, SciPy, pandas, matplotlib.
