@@ -977,7 +977,8 @@ def main(argv=None) -> None:
                     help="the sections to run: first-visit (default), second-visit or all (gpu_check.BUDGETS)")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, help="these sections instead of a plan's")
     ap.add_argument("--deadline-s", type=float, help="seconds the check may take from its start: a section whose "
-                                                     "budget (gpu_check.BUDGETS) is over the time left is skipped")
+                                                     "budget (gpu_check.BUDGETS) is over the time left is skipped "
+                                                     "(default: the plan's limit, PLAN_LIMITS; none with --sections)")
     ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
                                                    "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="where gpu.json goes (default %(default)s)")
@@ -1006,9 +1007,12 @@ def main(argv=None) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
                          "--device cpu runs the check on the CPU")
+    deadline = args.deadline_s
+    if deadline is None and not args.sections:
+        deadline = sum(PLAN_LIMITS.get(p, 0) for p in (PLAN_LIMITS if args.plan == "all" else (args.plan,)))
     payload = run_check(device, quick=args.quick, sections=args.sections or PLANS[args.plan],
                         demo_data_dir=args.demo_data, node=node, allow_skipped=args.allow_skipped,
-                        allow_no_ffcv=args.allow_no_ffcv, deadline_s=args.deadline_s, started=started)
+                        allow_no_ffcv=args.allow_no_ffcv, deadline_s=deadline, started=started)
     print(json.dumps({k: payload.get(k) for k in ("device_name", "problems", "section_seconds")}, indent=1))
     print(f"gpu-check: wrote {payload['path']}")
     if payload["problems"]:

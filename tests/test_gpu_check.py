@@ -89,12 +89,13 @@ def _check(tmp_path, hide: dict, *args, timeout: int = 600) -> tuple[subprocess.
 
 @pytest.mark.e2e
 def test_the_first_visit_plan_runs_on_cpu_within_its_deadline_with_only_the_node_packages(tmp_path):
-    """``gpu_check.py --device cpu --quick``: the default plan (the first visit) under --deadline-s of its limit,
-    in a process that sees only what an offline GPU node has; every section ran, each printed one line."""
+    """``gpu_check.py --device cpu --quick``: the default plan (the first visit) under its default deadline (the
+    plan's limit), in a process that sees only what an offline GPU node has; every section ran, each printed one
+    line."""
     hide = _hide_others(tmp_path)
     assert {"mlflow", "snakemake", "dvc", "sklearn", "scipy", "pandas"} <= set(hide["hidden"])
     limit = gpu_check.PLAN_LIMITS["first-visit"]
-    proc, r = _check(tmp_path, hide, "--deadline-s", str(limit), "--allow-skipped", "cuda_tests")
+    proc, r = _check(tmp_path, hide, "--allow-skipped", "cuda_tests")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.startswith("gpu-check: node: ")  # the node is reported before any section
     assert r["errors"] == {} and r["problems"] == [] and r["machine"]["gpu"] is None and r["device"] == "cpu"
