@@ -6,8 +6,12 @@ The study config is params.yaml (another file: --config params=path/to/study.yam
 It is validated against workflow/schemas/params.schema.yaml before any job runs.
 """
 
+from snakemake.utils import min_version
+
 from locvit.config import load_params
 
+
+min_version("9.27.1")  # the Snakemake the test suite runs
 
 PARAMS_FILE = config.get("params", "params.yaml")
 P = load_params(PARAMS_FILE)

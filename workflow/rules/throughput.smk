@@ -9,11 +9,10 @@ rule throughput:
     output:
         csv=THROUGHPUT_FILE,
     params:
+        code=code_digest("throughput"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
         params_file=PARAMS_FILE,
     threads: every_core
-    conda:
-        ENV
     log:
         str(LAYOUT.log_file("throughput")),
     shell:
