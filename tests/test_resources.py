@@ -233,3 +233,18 @@ def test_a_local_job_runs_on_its_gpus_and_holds_them_while_it_runs(tmp_path):
     assert gpus.processes(["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
                            "-m", "locvit", "train"]) == 4
     assert gpus.processes(["python", "-m", "locvit", "train", "--threads", "2"]) == 1
+
+
+@pytest.mark.e2e
+def test_the_snakemake_inside_a_cluster_job_sizes_it_as_the_submitter_did(work):
+    """In a SLURM job the executor starts Snakemake again (`--mode remote`, with a local executor for the job
+    itself), which evaluates the job's resources and launcher anew: they are the cluster's, not the node's."""
+    said: list[str] = []
+    inside = dry_run(work, "--mode", "remote", "--printshellcmds", profile=(), said=said)
+    submitted = dry_run(work)
+    assert "locvit: local sizes" not in said[0]
+    for variant in SIZES:
+        assert inside[variant]["shell"] == submitted[variant]["shell"]
+        assert {k: v for k, v in inside[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))} \
+            == {k: v for k, v in submitted[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))}
+    assert " -m locvit launch --nodes 2 --gpus-per-node 4 -- train " in inside["mait_b"]["shell"]

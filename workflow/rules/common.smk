@@ -172,9 +172,13 @@ def job_variant(wildcards):
 
 
 def cluster_run():
-    """Whether the jobs go to a cluster (an executor that runs no job here: --profile cluster's SLURM, or
-    the SLURM job step inside a job), dry runs and --touch of one included. Known once Snakemake
-    executes (resources are evaluated then); without an executor (--lint, --summary) a local run."""
+    """Whether the jobs go to a cluster: the SLURM executor (--profile cluster) submits them, or this is
+    the Snakemake inside a cluster job (the job step's, and the one it starts for the job itself, which
+    evaluates the job's resources again: it must size the job as the submitter did), dry runs and --touch
+    of a cluster run included. Known once Snakemake executes (resources are evaluated then); without an
+    executor (--lint, --summary) a local run."""
+    if workflow.remote_exec:
+        return True
     plugin = workflow.executor_plugin
     if plugin is None:
         return False
