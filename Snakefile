@@ -8,10 +8,10 @@ It is validated against workflow/schemas/params.schema.yaml before any job runs.
 
 from snakemake.utils import min_version
 
+min_version("9.27.1")  # the Snakemake the test suite runs; an older one stops here, saying so
+
 from locvit.config import load_params
 
-
-min_version("9.27.1")  # the Snakemake the test suite runs
 
 PARAMS_FILE = config.get("params", "params.yaml")
 P = load_params(PARAMS_FILE)
