@@ -143,10 +143,11 @@ def test_each_variant_is_timed_under_its_runs_precision_and_memory_format(tmp_pa
                        "deit_fp32": {"model": "deit_tiny_patch16_224", "kwargs": DEMO, "train": {"amp": "off"}}}
     raw["analysis"] = {"profile_batch": 4, "profile_repeats": 1, "throughput_rounds": 3}
     seen = {}
-    built = throughput._build(validate_params(raw, check_models=False))
+    config = throughput_config(validate_params(raw, check_models=False))
+    built = throughput._build(config)
     for variant, b in built.items():
         b.model.register_forward_hook(lambda m, args, out, v=variant: seen.setdefault(v, (
             torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
     monkeypatch.setattr(throughput, "_build", lambda params: built)
-    measure_throughput(validate_params(raw, check_models=False), tmp_path / "t.csv", threads=1)
+    measure_throughput(config, tmp_path / "t.csv", threads=1)
     assert seen == {"deit_bf16": (True, True, torch.bfloat16), "deit_fp32": (False, False, torch.float32)}
