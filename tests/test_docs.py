@@ -1,7 +1,7 @@
 """The docs against the files they cite, where a change elsewhere would leave them stale.
 
 * A count of malformed study files quoted in the docs (docs/pipeline.md keeps one) equals the
-  cases ``test_bad_configs.py`` parametrizes over.
+  cases ``test_bad_configs.py`` parametrizes over (``helpers.BAD_CONFIGS``).
 * The files tests/README.md names in its ``e2e`` and ``cuda`` marker rows are the test files that
   apply that marker; its file table has a row for every test file, and the ``(e2e)`` /
   ``(cluster)`` tags there are the files whose every test carries the marker.
@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from helpers import BAD_CONFIGS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -66,12 +68,9 @@ def _files(cell: str) -> set[str]:
 
 
 def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
-    import test_bad_configs
-
-    parametrize = [m for m in test_bad_configs.test_each_bad_config_is_refused_with_the_key_named.pytestmark
-                   if m.name == "parametrize"]
-    cases = parametrize[0].args[1]
+    cases = BAD_CONFIGS  # what test_bad_configs.py parametrizes over
     assert len(cases) == len(list((TESTS / "bad_configs").glob("*.yaml")))
+    assert "@pytest.mark.parametrize(\"path\", BAD_CONFIGS" in (TESTS / "test_bad_configs.py").read_text()
     quoted = {doc.relative_to(REPO).as_posix(): [int(n) for n in BAD_CONFIG_COUNT.findall(doc.read_text())]
               for doc in DOCS}
     assert quoted["docs/pipeline.md"], "docs/pipeline.md no longer says how many bad configs there are"

@@ -76,6 +76,7 @@ def _finite_positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.e2e
 def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     hide = _hide_others(tmp_path)
     assert {"mlflow", "snakemake", "dvc", "sklearn", "scipy", "pandas"} <= set(hide["hidden"])
@@ -133,6 +134,7 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     assert f["ran"] and _finite_positive(f["loader_images_per_s"]) and _finite_positive(f["loader_augment_images_per_s"])
 
 
+@pytest.mark.e2e
 def test_without_ffcv_the_check_says_so_and_fails_unless_allowed(tmp_path, demo_data):
     hide = _hide_others(tmp_path, also=("ffcv",))
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
@@ -188,6 +190,7 @@ NODE_LACKS = {
 }
 
 
+@pytest.mark.e2e  # node_report probes the compiler (cc --version)
 @pytest.mark.parametrize("piece", list(NODE_LACKS))
 def test_a_node_without_a_piece_stops_before_any_section(piece, tmp_path, monkeypatch):
     assert set(NODE_LACKS) == set(gpu_check.NODE_PIECES)

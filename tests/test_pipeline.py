@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
+from helpers import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
 from locvit.analysis.throughput import read_throughput
 from locvit.io import unpack_bits
