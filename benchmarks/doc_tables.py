@@ -9,9 +9,10 @@ A quoted table sits between two markers that name its file::
 ``results`` renders a results.csv as ``locvit results --csv`` does; ``efficiency`` renders a
 data-efficiency table (report/tables/data_efficiency.csv) one row per fraction and variant;
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
-time from a bench_pipeline.py result (pipeline.json).
+time from a bench_pipeline.py result (pipeline.json); ``tests`` each lane of ``make test`` (tests/durations.json,
+written by it): tests, outcomes, wall time, commit and machine.
 Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
-README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
+README.md, tests/README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
 """
 
@@ -82,8 +83,27 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+def test_lanes_lines(path: Path) -> list[list[str]]:
+    """tests/durations.json: per lane of ``make test``, its marker expression, tests, outcomes and wall time, and
+    the commit and machine it ran on; then the two lanes together."""
+    import json
+
+    lanes = json.loads(path.read_text())["lanes"]
+    lines = [["lane", "pytest -m", "tests", "passed", "skipped", "failed or errors", "wall time", "commit", "machine"]]
+    for name in ("fast", "rest"):
+        if name not in lanes:
+            lines.append([name, "", "", "", "", "", "not recorded yet: run make test", "", ""])
+            continue
+        r = lanes[name]
+        lines.append([name, f"`{r['marker']}`", str(r["tests"]), str(r["passed"]), str(r["skipped"]),
+                      str(r["failed"] + r["error"]), f"{r['wall_s'] / 60:.1f} min ({r['wall_s']:,.0f} s)",
+                      f"`{r['commit'][:12]}`" + (" with uncommitted changes" if r["commit"].endswith("-dirty") else ""),
+                      r["machine"]])
+    return lines
+
+
 RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
-FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
+FILE_RENDER = {"pipeline": pipeline_lines, "tests": test_lanes_lines}  # kinds that read the file themselves
 
 
 def render(kind: str, source: str) -> str:
@@ -100,7 +120,7 @@ def render(kind: str, source: str) -> str:
 
 
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "tests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def sync(check: bool) -> list[str]:

@@ -164,10 +164,13 @@ def pytest_unconfigure(config):
 def pytest_sessionstart(session):
     """The probes a process makes once and remembers, made before the first test (as a run makes them before its
     first step), so that no test "starts" them by running first: the C toolchain (``cc --version``,
-    :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``) and the processor's
-    name (``uname -p``, Python's platform module, for profiles and MLflow's system tags). A test that probes
-    afresh starts a process of its own."""
+    :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``), the processor's
+    name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
+    ``git version`` (on its import, when MLflow first reads a run's git commit). A test that probes afresh
+    starts a process of its own."""
     import platform
+
+    import git  # noqa: F401  GitPython, MLflow's
 
     from locvit import toolchain
     from locvit.tracking.run import git_commit

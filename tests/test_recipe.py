@@ -22,6 +22,9 @@ from locvit.checkpoint import load_checkpoint
 from locvit.train.loop import train_run
 from helpers import cifar10_archive, fake_imagefolder
 
+# Each trains a run that logs its model to MLflow, whose git context runs git (git check-ignore).
+pytestmark = pytest.mark.e2e
+
 RECIPE = {"epochs": 1, "batch_size": 8, "eval_batch_size": 16, "lr": 0.001, "lr_scale_batch": 512,
           "warmup_epochs": 0, "loader_jit": False, "translate": 4, "hflip": True,
           "randaugment": "rand-m9-mstd0.5-inc1", "random_erasing": 0.25, "repeated_aug": 2,
