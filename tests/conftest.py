@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import CHROMIUM, CHROMIUM_ARGS, DURATIONS, REPO
+from helpers import CHROMIUM, CHROMIUM_ARGS, DURATIONS, REPO, locvit_families
 from locvit import logs
 
 logs.configure()  # locvit's messages on stdout and stderr, as the CLI sends them
@@ -178,6 +178,7 @@ def pytest_sessionstart(session):
     toolchain.missing()
     git_commit()
     platform.processor()
+    locvit_families()  # which families are locvit's, before a test registers one of its own
     session.stash[LANE_START] = time.monotonic()
 
 

@@ -104,6 +104,24 @@ def test_quoted_tables_equal_the_files_they_quote():
     doc_tables = _benchmarks_module("doc_tables")
     assert "<!-- table: results benchmarks/results/demo/results.csv -->" in (REPO / "README.md").read_text()
     assert doc_tables.sync(check=True) == [], "run: python benchmarks/doc_tables.py"
+    assert "<!-- table: tests tests/durations.json -->" in README.read_text()  # the suite's timing, generated
+
+
+def test_the_suites_timing_renders_each_lane_of_the_durations_file(tmp_path):
+    """tests/README.md's timing: one row per lane of make test from the file its sessions write, a lane not yet
+    recorded said so; the committed file holds one record per lane (no history)."""
+    import json
+
+    doc_tables = _benchmarks_module("doc_tables")
+    lane = {"marker": "not e2e", "tests": 10, "passed": 8, "failed": 1, "skipped": 1, "error": 0, "wall_s": 95.0,
+            "commit": "0123456789abcdef-dirty", "machine": "Test CPU, 2 cores"}
+    (tmp_path / "durations.json").write_text(json.dumps({"lanes": {"fast": lane}}))
+    lines = doc_tables.test_lanes_lines(tmp_path / "durations.json")
+    assert lines[1] == ["fast", "`not e2e`", "10", "8", "1", "1", "1.6 min (95 s)",
+                        "`0123456789ab` with uncommitted changes", "Test CPU, 2 cores"]
+    assert lines[2][0] == "rest" and "not recorded yet" in lines[2][6]
+    committed = json.loads((TESTS / "durations.json").read_text())
+    assert set(committed) == {"lanes"} and set(committed["lanes"]) <= {"fast", "rest"}
 
 
 def _benchmarks_module(name: str):
