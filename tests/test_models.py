@@ -16,7 +16,7 @@ from timm.models import create_feature_extractor, get_graph_node_names
 
 import locvit.models  # noqa: F401  registers locvit's families
 from locvit.models.baselines import BASELINES
-from locvit.models.family import Family, families, family_of
+from locvit.models.family import Family, family_of
 
 from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, locvit_entrypoints, locvit_families, missing_shapes, small
 
@@ -34,11 +34,11 @@ def test_every_registered_family_and_entrypoint_has_a_small_shape():
 def test_the_shape_guard_names_a_family_or_entrypoint_without_a_shape():
     """A family (or an entrypoint) registered without an entry in tests/helpers.py fails the test above."""
     new = Family("swin", "Swin", torch.nn.Module, "windows", lambda m: [], lambda m: [], models=("swin_",))
-    problems = missing_shapes({**families(), "swin": new}, [*locvit_entrypoints(), "swin_tiny_cifar"])
+    problems = missing_shapes({**locvit_families(), "swin": new}, [*locvit_entrypoints(), "swin_tiny_cifar"])
     assert problems == ["family 'swin' has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py",
                         "entrypoint 'swin_tiny_cifar' has no small shape: add one entry to ENTRYPOINT_SHAPES in "
                         "tests/helpers.py"]
-    gone = {name: f for name, f in families().items() if name != "nest"}
+    gone = {name: f for name, f in locvit_families().items() if name != "nest"}
     assert missing_shapes(gone) == ["FAMILY_SHAPES['nest']: no such family is registered"]
 
 

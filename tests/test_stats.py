@@ -151,6 +151,15 @@ def test_holm_step_down():
     assert holm([None]) == [None]
 
 
+def test_holm_equals_statsmodels():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 7, 20):
+        for p in (rng.uniform(0, 0.2, m), rng.uniform(0, 1, m), np.repeat(rng.uniform(0, 0.1), m)):
+            assert holm(list(p)) == pytest.approx(list(multipletests(p, alpha=0.05, method="holm")[1]), abs=1e-15)
+
+
 def test_verdict_words():
     assert verdict(+3.0, 0.01, 0.9) == "better"
     assert verdict(-3.0, 0.01, 0.9) == "worse"
