@@ -15,7 +15,7 @@ CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-cluster lint bench sweep efficiency clean wheelhouse gpu-check
+.PHONY: install system-deps cluster-deps demo test test-fast test-cluster lint bench sweep efficiency clean wheelhouse gpu-check
 
 install: $(STAMP)
 
@@ -70,8 +70,19 @@ $(BIN)/python benchmarks/publish.py results/$(1)/report docs/$(2) results.md res
 $(BIN)/python benchmarks/doc_tables.py
 endef
 
+# The suite but the cluster test, in two lanes: first the fast lane (`make test-fast`: every test that starts no
+# process, tests/conftest.py fails one that starts a process without the e2e marker), then the rest; each lane's
+# counts and wall time go to tests/durations.json, which tests/README.md renders (benchmarks/doc_tables.py).
+FAST_LANE := not e2e and not cluster and not cuda
+REST_LANE := (e2e or cuda) and not cluster
+
 test: install wheelhouse
-	$(BIN)/python -m pytest -q -m "not cluster"
+	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
+	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
+	$(BIN)/python benchmarks/doc_tables.py
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
 # and apt-get needed: elsewhere the test skips and says why).

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "tests"))  # the test cluster, and the tests' copy of a checkout
 
-from conftest import copy_workflow  # noqa: E402
+from helpers import copy_workflow  # noqa: E402
 from slurm_cluster import node_overrides  # noqa: E402
 
 GROUP_KEYS = ("groups", "group-components")

@@ -13,7 +13,8 @@ time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's re
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv); ``budgets`` the GPU
-check's sections, plans and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source).
+check's sections, plans and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source);
+``tests`` each lane of ``make test`` (tests/durations.json, written by it): tests, outcomes, wall time, commit and machine.
 A figure inside a sentence is a value span that names its file and where in it the figure is::
 
     the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
@@ -147,6 +148,25 @@ def budget_lines(path: Path) -> list[list[str]]:
         lines += [[f"`{name}`", plan, str(b), budgets[name][2]] for name, b in rows]
         lines.append([f"**{plan}, in all**", plan, f"**{sum(b for _, b in rows)}**", f"of at most {limit} s "
                                                                                     f"({limit / 60:g} min)"])
+    return lines
+
+
+def test_lanes_lines(path: Path) -> list[list[str]]:
+    """tests/durations.json: per lane of ``make test``, its marker expression, tests, outcomes and wall time, and
+    the commit and machine it ran on; then the two lanes together."""
+    import json
+
+    lanes = json.loads(path.read_text())["lanes"]
+    lines = [["lane", "pytest -m", "tests", "passed", "skipped", "failed or errors", "wall time", "commit", "machine"]]
+    for name in ("fast", "rest"):
+        if name not in lanes:
+            lines.append([name, "", "", "", "", "", "not recorded yet: run make test", "", ""])
+            continue
+        r = lanes[name]
+        lines.append([name, f"`{r['marker']}`", str(r["tests"]), str(r["passed"]), str(r["skipped"]),
+                      str(r["failed"] + r["error"]), f"{r['wall_s'] / 60:.1f} min ({r['wall_s']:,.0f} s)",
+                      f"`{r['commit'][:12]}`" + (" with uncommitted changes" if r["commit"].endswith("-dirty") else ""),
+                      r["machine"]])
     return lines
 
 
@@ -307,7 +327,7 @@ def feed_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-FILE_RENDER = {"budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+FILE_RENDER = {"tests": test_lanes_lines, "budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
 def source_lines(path: Path) -> list[list[str]]:
     """Where a quoted result comes from: the machine and the commit its record names (a folder's

@@ -1,24 +1,26 @@
-"""Shared fixtures: the repository root, a prepared tiny digits set, small configs."""
+"""Fixtures and hooks only (helpers are in helpers.py): the repository root, a prepared tiny digits set, small
+configs, locvit's cache in a session folder, a headless browser; and the check that a test which starts a
+process carries the ``e2e`` marker."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import multiprocessing.process
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import CHROMIUM, CHROMIUM_ARGS, DURATIONS, REPO, locvit_families
 from locvit import logs
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 logs.configure()  # locvit's messages on stdout and stderr, as the CLI sends them
 
 
@@ -63,28 +65,6 @@ def prepared(tmp_path_factory, tiny_params) -> dict:
     return {**paths, "manifest": out / "manifest.json", "manifest_data": manifest, "dir": out}
 
 
-def copy_workflow(dest: Path) -> Path:
-    """Copy what a user's checkout needs to run the pipeline (not results, not .venv)."""
-    for name in ("Snakefile", "params.yaml", "dvc.yaml"):
-        shutil.copy2(REPO / name, dest / name)
-    for name in ("workflow", "profiles", "cluster", "presets", "src"):
-        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return dest
-
-
-FAULT_HOOKS = Path(__file__).parent / "faultinject"  # its sitecustomize installs LOCVIT_KILL_AT & co.
-
-
-def env_with_venv() -> dict:
-    """The environment for subprocesses: our venv's bin first on PATH (for `locvit`, `dvc`), and the
-    fault-injection hooks on PYTHONPATH (inert unless a test sets LOCVIT_KILL_AT, _HOLD_AT or _NAN_AT)."""
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULT_HOOKS), env.get("PYTHONPATH")]))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
-
-
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("locvit-cache")
@@ -96,11 +76,6 @@ def cache_in_tmp(session_cache, monkeypatch) -> Path:
     ~/.cache; use it with ``pytestmark = pytest.mark.usefixtures("cache_in_tmp")``."""
     monkeypatch.setenv("LOCVIT_CACHE_DIR", str(session_cache))
     return session_cache
-
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -121,78 +96,144 @@ def browser():
             browser.close()
 
 
-def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
-    """Run the venv's snakemake in ``cwd``; with ``check``, fail with the end of its output."""
-    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
+# Every test that starts a process carries `e2e` --------------------------------------------------------------
+# `-m "not e2e"` (make test-fast) is the lane without processes: while a test's setup, call or teardown runs,
+# starting a process (subprocess.Popen and everything built on it, os.system, os.fork, a multiprocessing
+# Process) from a test without the marker fails it, naming the test and what it started.
+#
+# Two exemptions, by what they are, not by test: library internals of an in-process call.
+# * FFCV writes a file only through its DatasetWriter's worker processes (forked inside
+#   `DatasetWriter.from_indexed_dataset` and joined before it returns): preparing data, the `prepared`
+#   fixture's included, is an in-process call here.
+# * ctypes.util.find_library runs `ldconfig -p` to find a shared library (importing torch does, and whichever
+#   test imports a module first would otherwise be the one that "started" it).
+E2E_EXEMPT_TARGET_MODULES = ("ffcv.writer",)
+E2E_EXEMPT_CALLERS = ("ctypes.util",)
+PROCESS_GUARD = pytest.StashKey[list]()
+_guard = threading.local()  # .depth > 0 inside a start already checked (os.fork under a Process's start)
+_running: dict = {}  # "item": the test whose setup, call or teardown is running
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _guarded(what: str, start, exempt=lambda *args, **kwargs: False):
+    @functools.wraps(start)
+    def guarded(*args, **kwargs):
+        item = _running.get("item")
+        if item is not None and getattr(_guard, "depth", 0) == 0 and item.get_closest_marker("e2e") is None \
+                and not exempt(*args, **kwargs):
+            command = f" {args[1]!r:.200}" if what == "subprocess.Popen" else ""  # _execute_child(self, args, ...)
+            message = (f"{item.nodeid} starts a process ({what}{command}) without the e2e marker: mark it "
+                       "@pytest.mark.e2e (make test-fast runs -m 'not e2e', the tests that start no process)")
+            item.stash[PROCESS_GUARD].append(message)
+            pytest.fail(message, pytrace=True)
+        _guard.depth = getattr(_guard, "depth", 0) + 1
+        try:
+            return start(*args, **kwargs)
+        finally:
+            _guard.depth -= 1
+    guarded.__wrapped__ = start
+    return guarded
 
 
-def seed_runs(client, study: str) -> list:
-    """The training runs of a study's experiment (not the study and variant runs above them)."""
-    exp = client.get_experiment_by_name(study)
-    return client.search_runs([exp.experiment_id], filter_string="tags.`locvit.role` = 'seed'")
+def _ffcv_writer(process, *args, **kwargs) -> bool:
+    return getattr(getattr(process, "_target", None), "__module__", None) in E2E_EXEMPT_TARGET_MODULES
 
 
-def config_file(cfg: dict, path) -> str:
-    """``cfg`` written as a job's JSON config file (what Snakemake hands a job, locvit.job_configs)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(cfg))
-    return str(path)
+def _library_lookup(*args, **kwargs) -> bool:
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") not in E2E_EXEMPT_CALLERS:
+        frame = frame.f_back
+    return frame is not None
 
 
-def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
-    """`locvit train` of one run config (written beside ``out_dir``) on the prepared tiny data (one thread,
-    no progress bar)."""
-    run_config = config_file(cfg, Path(out_dir).with_name(f"{Path(out_dir).name}.config.json"))
-    return [sys.executable, "-m", "locvit", "train", "--run-config", run_config,
-            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
-            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
-            "--threads", "1", "--no-progress"]
+_GUARDED = [(subprocess.Popen, "_execute_child", "subprocess.Popen", _library_lookup),
+            (multiprocessing.process.BaseProcess, "start", "a multiprocessing Process", _ffcv_writer),
+            (os, "system", "os.system", None), (os, "fork", "os.fork", None)]
 
 
-#: A process that creates an MLflow database and SIGKILLs itself at its k-th CREATE TABLE; argv: how
-#: ("setup": the tracking store through locvit, "mlflow": MLflow alone builds it in place, "auth": the
-#: server's login store through locvit), the file, k.
-CREATE_AND_DIE = """
-import os, signal, sys
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
-
-created = 0
-
-@event.listens_for(Engine, "after_cursor_execute")
-def die_half_way(conn, cursor, statement, *args):
-    global created
-    created += statement.lstrip().upper().startswith("CREATE TABLE")
-    if created == int(sys.argv[3]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-how, db = sys.argv[1:3]
-if how == "setup":
-    from locvit.tracking.backend import setup
-    setup("study", db)
-elif how == "auth":
-    from pathlib import Path
-    from locvit.tracking import sqlite
-    sqlite.ensure(Path(db), sqlite.AUTH)
-else:
-    import mlflow
-    mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-"""
+def pytest_configure(config):
+    for owner, attr, what, exempt in _GUARDED:
+        original = getattr(owner, attr)
+        setattr(owner, attr, _guarded(what, original, exempt or (lambda *a, **k: False)))
 
 
-def create_and_die(how: str, db: Path, at: int) -> None:
-    """Run :data:`CREATE_AND_DIE`; it must have died at the ``at``-th table."""
-    proc = subprocess.run([str(BIN / "python"), "-c", CREATE_AND_DIE, how, str(db), str(at)], env=env_with_venv(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+def pytest_unconfigure(config):
+    for owner, attr, _, _ in _GUARDED:
+        setattr(owner, attr, getattr(owner, attr).__wrapped__)
+
+
+def pytest_sessionstart(session):
+    """The probes a process makes once and remembers, made before the first test (as a run makes them before its
+    first step), so that no test "starts" them by running first: the C toolchain (``cc --version``,
+    :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``), the processor's
+    name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
+    ``git version`` (on its import, when MLflow first reads a run's git commit). A test that probes afresh
+    starts a process of its own."""
+    import platform
+
+    import git  # noqa: F401  GitPython, MLflow's
+
+    from locvit import toolchain
+    from locvit.tracking.run import git_commit
+
+    toolchain.missing()
+    git_commit()
+    platform.processor()
+    locvit_families()  # which families are locvit's, before a test registers one of its own
+    session.stash[LANE_START] = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[PROCESS_GUARD] = []
+    _running["item"] = item
+    try:
+        yield
+    finally:
+        _running.pop("item", None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A start the test caught (or one in another thread) still fails it."""
+    outcome = yield
+    report = outcome.get_result()
+    violations = item.stash.get(PROCESS_GUARD, [])
+    if violations and report.passed and call.when == "call":
+        report.outcome, report.longrepr = "failed", "\n".join(violations)
+
+
+# `make test` records each lane's counts and wall time -------------------------------------------------------
+LANE_START = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-lane", metavar="NAME", default=None,
+                     help="write this session's test counts and wall time as lane NAME into tests/durations.json "
+                          "(make test; tests/README.md renders it)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With ``--record-lane``: the lane's marker expression, counts, wall time, commit and machine, replacing that
+    lane's entry in tests/durations.json (one current record per lane, no history)."""
+    lane = session.config.getoption("record_lane")
+    if not lane or LANE_START not in session.stash:
+        return
+    from locvit.io import write_text
+    from locvit.tracking.run import git_commit
+
+    stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
+    count = {outcome: len([r for r in stats.get(outcome, []) if getattr(r, "when", "call") in ("call", "setup")])
+             for outcome in ("passed", "failed", "skipped", "error")}
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None
+    data = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {"lanes": {}}
+    data["lanes"][lane] = {"marker": session.config.getoption("markexpr"), "tests": len(session.items), **count,
+                           "wall_s": round(time.monotonic() - session.stash[LANE_START], 1), "commit": git_commit(),
+                           "machine": f"{cpu or _processor()}, {os.cpu_count()} cores"}
+    write_text(DURATIONS, json.dumps(data, indent=2) + "\n")
+
+
+def _processor() -> str:
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -20,25 +20,15 @@ from locvit.analysis.analyse import _extras, distances
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
 
-VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, num_classes=5)  # 4 x 4 grid
-CAIT = dict(VIT, depth_token_only=1)
-# name -> (timm name, keyword arguments, kinds in forward order)
+from helpers import FAMILY_SHAPES
+
+VIT = dict(FAMILY_SHAPES["deit"].kwargs, num_classes=5)  # a 4 x 4 grid of 8-pixel patches, 3 heads, 2 blocks
+# Every family at its small shape (tests/helpers.py: its kinds of attention record in forward order), and
+# MaiT's other mask kinds.
 FAMILIES = {
-    "deit": ("deit_tiny_patch16_224", VIT, ["softmax"] * 2),
-    "mait_hard": ("mait_tiny_patch16_224", dict(VIT, masked_heads=[1, [0, 2]], mask_type="hard"), ["softmax"] * 2),
-    "mait_restrict": ("mait_tiny_patch16_224", dict(VIT, masked_heads="sch1", mask_type="hard",
-                                                    mask_mode="restrict"), ["softmax"] * 2),
-    "mait_soft": ("mait_tiny_patch16_224", dict(VIT, masked_heads=[1, 2], mask_type="soft", alpha_init=0.3),
-                  ["softmax"] * 2),
-    "mait_cait": ("mait_cait_xxs24_224", CAIT, ["talking", "talking", "class"]),
-    "lsa": ("lsa_tiny_cifar", dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1),
-                                   num_heads=3, num_classes=5, shifts="axes9"), ["shift", "softmax", "softmax"]),
-    "ibit": ("ibit_tiny_patch16_224", dict(VIT, mask_fit_steps=2000), ["frobenius"] * 2),
-    "convit": ("convit_tiny", dict(img_size=32, patch_size=8, embed_dim=8, num_heads=4, depth=3, local_up_to_layer=2,
-                                   num_classes=5), ["gpsa", "gpsa", "softmax"]),
-    "cait": ("cait_xxs24_224", CAIT, ["talking", "talking", "class"]),
-    "nest": ("nest_tiny_cifar", dict(img_size=16, num_levels=3, embed_dims=(24,) * 3, num_heads=(3,) * 3,
-                                     depths=(1,) * 3, num_classes=5), ["block"] * 3),
+    **FAMILY_SHAPES,
+    "mait_restrict": FAMILY_SHAPES["mait"].but(masked_heads="sch1", mask_type="hard", mask_mode="restrict"),
+    "mait_soft": FAMILY_SHAPES["mait"].but(masked_heads=[1, 2], mask_type="soft", alpha_init=0.3),
 }
 
 
@@ -48,9 +38,8 @@ pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 def _build(family: str) -> nn.Module:
     """A small model whose linear weights give O(1) logits, unlike timm's 0.02 init (where
     logits are ~0 and a multiplicative mask, or its absence, changes almost nothing)."""
-    name, kwargs, _ = FAMILIES[family]
     torch.manual_seed(0)
-    model = timm.create_model(name, **kwargs)
+    model = FAMILIES[family].build(num_classes=5)
     for m in model.modules():
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=m.in_features ** -0.5)
@@ -58,7 +47,7 @@ def _build(family: str) -> nn.Module:
 
 
 def _images(family: str, batch: int = 2) -> torch.Tensor:
-    size = FAMILIES[family][1]["img_size"]
+    size = FAMILIES[family].size
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
 
 
@@ -75,7 +64,7 @@ def test_collect_attention_reads_every_layer_and_leaves_the_model_alone(family):
     with torch.no_grad():
         assert torch.equal(logits, model.eval()(images))
 
-    assert [m.kind for m in maps] == FAMILIES[family][2]
+    assert tuple(m.kind for m in maps) == FAMILIES[family].kinds
     assert [m.layer for m in maps] == list(range(len(maps)))
     heads = 4 if family == "convit" else 3
     for record in maps:
@@ -94,7 +83,7 @@ def test_collect_attention_reads_every_layer_and_leaves_the_model_alone(family):
         if record.kind in ROW_STOCHASTIC:
             torch.testing.assert_close(record.probs.sum(-1), torch.ones(record.probs.shape[:-1]))
     # The first layer's prefix: ViT's class token; none yet in ConViT's GPSA and CaiT's self-attention.
-    first_prefix = 1 if family in ("deit", "mait_hard", "mait_restrict", "mait_soft", "ibit") else 0
+    first_prefix = 1 if family in ("deit", "mait", "mait_restrict", "mait_soft", "ibit") else 0
     assert maps[0].num_prefix == first_prefix
 
 
@@ -107,7 +96,7 @@ def _value(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return attn.v(x).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)  # GPSA, CaiT's class attention
 
 
-@pytest.mark.parametrize("family", ["deit", "mait_hard", "mait_restrict", "mait_soft", "mait_cait", "ibit",
+@pytest.mark.parametrize("family", ["deit", "mait", "mait_restrict", "mait_soft", "mait_cait", "ibit",
                                     "convit", "cait", "lsa"])
 def test_maps_are_the_weights_each_layer_applies(family):
     """proj(map @ V) gives every layer's output: the maps are the ones the model uses."""
@@ -131,8 +120,8 @@ def test_maps_are_the_weights_each_layer_applies(family):
 
 
 def test_a_mait_hard_head_is_softmax_of_mask_times_logits():
-    model = _build("mait_hard").eval()  # layer 1 masks heads 0 and 2 (multiply mode)
-    images = _images("mait_hard")
+    model = _build("mait").eval()  # layer 1 masks heads 0 and 2 (multiply mode)
+    images = _images("mait")
     _, maps = collect_attention(model, images)
     with torch.no_grad():
         x = model.norm_pre(model._pos_embed(model.patch_embed(images)))
@@ -201,7 +190,7 @@ def test_mean_attention_distance_keeps_leading_dims_and_checks_the_grid():
         mean_attention_distance(maps, (2, 2), num_prefix=1)
 
 
-@pytest.mark.parametrize("family", ["deit", "mait_hard", "ibit", "cait", "convit", "lsa", "nest"])
+@pytest.mark.parametrize("family", ["deit", "mait", "ibit", "cait", "convit", "lsa", "nest"])
 def test_mean_attention_distance_of_real_models_is_in_pixels(family):
     """Per layer and head, within [0, the image's diagonal]; None exactly where a layer has no patch grid."""
     images = _images(family)
@@ -371,7 +360,7 @@ def test_soft_mask_alphas_are_nan_where_no_soft_mask():
     alphas = soft_mask_alphas(_build("mait_soft"))  # layer 0: head 0 soft; layer 1: heads 0, 1
     nan = float("nan")
     torch.testing.assert_close(alphas, torch.tensor([[0.3, nan, nan], [0.3, 0.3, nan]]), equal_nan=True)
-    for family in ("mait_hard", "deit"):
+    for family in ("mait", "deit"):
         with pytest.raises(ValueError, match="no MaiT soft mask"):
             soft_mask_alphas(_build(family))
 
@@ -388,7 +377,7 @@ def test_the_analysis_writes_what_each_family_declares_as_extras():
     assert values["alphas"][1][1] == pytest.approx(0.3)
     values, arrays = _extras(_build("ibit"))
     assert values == {} and arrays["learned_masks"].shape == (2, 3, 4, 4)
-    assert _extras(_build("mait_hard")) == ({}, {}) == _extras(_build("deit"))
+    assert _extras(_build("mait")) == ({}, {}) == _extras(_build("deit"))
 
 
 def test_a_family_declares_its_own_extras_the_way_locvits_do(monkeypatch):

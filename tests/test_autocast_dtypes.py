@@ -15,11 +15,14 @@ import timm
 import torch
 import torch.nn as nn
 from timm.layers import Attention
+from timm.models.vision_transformer import VisionTransformer
 from torch.overrides import TorchFunctionMode
 
 from locvit.models import ibit, mait  # importing locvit.models registers every family
-from locvit.models.family import normed_qk
+from locvit.models.family import families, normed_qk
 from locvit.models.ibit import FrobeniusAttention
+
+from helpers import FAMILY_SHAPES
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
@@ -27,18 +30,27 @@ SMALL = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, num_
 F32, BF16 = torch.float32, torch.bfloat16
 # (q, k) dtypes out of the q/k norms under autocast: CUDA's (LayerNorm in float32), and one of each.
 MIXES = {"cuda": (F32, F32), "q_f32": (F32, BF16), "k_f32": (BF16, F32)}
+
+
+def _family(family: str, **options) -> tuple[str, dict]:
+    """(timm name, keyword arguments): the family's small shape (tests/helpers.py) at SMALL's size, options changed."""
+    shape = FAMILY_SHAPES[family]
+    return shape.model, {**shape.kwargs, **SMALL, **options}
+
+
+#: Every family built on timm's ViT (its Attention's q/k norms) at its shape's options, then MaiT's and IBiT's
+#: other masked paths. DeiT is the control: timm's Attention, where autocast casts for SDPA.
 MODELS = {
-    "deit": ("deit_tiny_patch16_224", {}),  # the control: timm's Attention, autocast casts for SDPA
-    "mait_sch1_hard": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_type="hard")),
-    "mait_all_hard": ("mait_tiny_patch16_224", dict(masked_heads="all", mask_type="hard")),
-    "mait_all_soft": ("mait_tiny_patch16_224", dict(masked_heads="all", mask_type="soft")),
+    **{f: _family(f) for f in FAMILY_SHAPES if issubclass(families()[f].model_class, VisionTransformer)},
+    "mait_sch1_hard": _family("mait", masked_heads="sch1", mask_type="hard"),
+    "mait_all_hard": _family("mait", masked_heads="all", mask_type="hard"),
+    "mait_all_soft": _family("mait", masked_heads="all", mask_type="soft"),
     # heads 1 and 0, 2: not the leading heads, the outputs assembled with index_copy
-    "mait_heads_1_02": ("mait_tiny_patch16_224", dict(masked_heads=[[1], [0, 2]], mask_type="hard")),
-    "mait_restrict_dense": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_mode="restrict",
-                                                          mask_type="hard", restrict_kernel="dense")),
-    "ibit": ("ibit_tiny_patch16_224", dict(mask_fit_steps=200)),
-    "ibit_softmax": ("ibit_tiny_patch16_224", dict(mask_fit_steps=200, normalize="softmax")),
-    "ibit_attn_drop": ("ibit_tiny_patch16_224", dict(mask_fit_steps=200, attn_drop_rate=0.1)),  # autograd's path
+    "mait_heads_1_02": _family("mait", masked_heads=[[1], [0, 2]], mask_type="hard"),
+    "mait_restrict_dense": _family("mait", masked_heads="sch1", mask_mode="restrict", mask_type="hard",
+                                   restrict_kernel="dense"),
+    "ibit_softmax": _family("ibit", mask_fit_steps=200, normalize="softmax"),
+    "ibit_attn_drop": _family("ibit", mask_fit_steps=200, attn_drop_rate=0.1),  # autograd's path
 }
 MASKED = [name for name in MODELS if name != "deit"]
 
@@ -46,7 +58,7 @@ MASKED = [name for name in MODELS if name != "deit"]
 def _build(name: str, fused: bool = True) -> nn.Module:
     torch.manual_seed(0)
     entry, kwargs = MODELS[name]
-    model = timm.create_model(entry, **SMALL, **kwargs)
+    model = timm.create_model(entry, **kwargs)
     for m in model.modules():
         if isinstance(m, Attention):
             m.fused_attn = fused  # False: timm's (and MaiT's) eager paths

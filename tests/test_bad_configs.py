@@ -12,7 +12,7 @@ import pytest
 
 from locvit.cli import main
 
-CORPUS = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
+from helpers import BAD_CONFIGS
 
 
 def _expected(path: Path) -> str:
@@ -22,10 +22,10 @@ def _expected(path: Path) -> str:
 
 
 def test_the_corpus_has_at_least_30_files():
-    assert len(CORPUS) >= 30, len(CORPUS)
+    assert len(BAD_CONFIGS) >= 30, len(BAD_CONFIGS)
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", BAD_CONFIGS, ids=lambda p: p.stem)
 def test_each_bad_config_is_refused_with_the_key_named(path, capsys):
     assert main(["validate", "--params", str(path)]) == 2  # 2: a config error, before anything runs
     err = capsys.readouterr().err

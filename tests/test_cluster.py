@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, REPO, copy_workflow, env_with_venv, seed_runs, train_cmd
+from helpers import BIN, REPO, copy_workflow, env_with_venv, seed_runs, train_cmd
 from locvit.checkpoint import load_checkpoint
 from slurm_cluster import (KILL_WAIT_S, LINK, SLURMD_TIMEOUT_S, LocalSlurm, NodeNetwork, node_address, node_name,
                            node_overrides, unavailable)

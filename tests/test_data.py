@@ -7,10 +7,8 @@ release and its .tar.gz archive, class folders of JPEG/PNG files), a few dozen i
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import pickle
-import tarfile
 
 import numpy as np
 import pytest
@@ -21,6 +19,8 @@ from locvit.data import sources
 from locvit.data.ffcv_io import make_loader, read_all, stored_sizes, write_beton
 from locvit.data.prepare import load_manifest, prepare, split_indices
 from locvit.data.sources import get_source
+
+from helpers import cifar10_archive, cifar10_batches, fake_imagefolder
 
 SPLITS = ("train", "val", "test")
 
@@ -139,35 +139,12 @@ def test_train_fraction_is_stratified_seeded_and_nested():
 # --- CIFAR: the python release, as a folder or as its archive --------------------------------
 
 
-def _cifar10_batches(per_batch: int = 20, test: int = 30, seed: int = 0) -> dict[str, bytes]:
-    """A CIFAR-10 python release in miniature: file name -> pickled bytes, in the real format."""
-    rng = np.random.default_rng(seed)
-    files = {}
-    for name, n in ({f"data_batch_{i}": per_batch for i in range(1, 6)} | {"test_batch": test}).items():
-        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)  # rows: R plane, G plane, B plane
-        files[name] = pickle.dumps({b"data": data, b"labels": [i % 10 for i in range(n)]})
-    files["batches.meta"] = pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]})
-    return files
-
-
 def _fake_cifar10(root, **kwargs):
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    for name, blob in _cifar10_batches(**kwargs).items():
+    for name, blob in cifar10_batches(**kwargs).items():
         (folder / name).write_bytes(blob)
     return folder
-
-
-def _cifar10_archive(root, **kwargs):
-    """``root/cifar-10-python.tar.gz`` laid out as the published one; returns (path, its MD5)."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "cifar-10-python.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for name, blob in _cifar10_batches(**kwargs).items():
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
-    return path, hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def test_cifar_release_keeps_its_official_test_split(tmp_path):
@@ -206,13 +183,13 @@ def test_published_md5s_are_torchvisions():
 
 
 def test_cifar_archive_is_checked_then_unpacked_atomically(tmp_path, monkeypatch):
-    archive, md5 = _cifar10_archive(tmp_path)
+    archive, md5 = cifar10_archive(tmp_path)
     monkeypatch.setitem(sources.ARCHIVE_MD5, archive.name, md5)  # the test archive's, not the published one's
     source = get_source("cifar10", root=tmp_path)
     source.load(32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py", archive.name]  # no temp folder left
     assert len(source.labels) == 130 and source.fixed_test.tolist() == list(range(100, 130))
-    blobs = _cifar10_batches()
+    blobs = cifar10_batches()
     expected = pickle.loads(blobs["test_batch"])[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     assert np.array_equal(np.stack([source.image(i) for i in range(100, 130)]), expected)
     archive.unlink()  # from now on the folder is used
@@ -224,7 +201,7 @@ def test_corrupt_truncated_or_missing_archive_names_the_file_and_how_to_get_it(t
     with pytest.raises(FileNotFoundError, match=rf"neither the folder .*cifar-10-batches-py nor the archive "
                                                 rf".*cifar-10-python\.tar\.gz .*data\.download: true to fetch {url}"):
         get_source("cifar10", root=tmp_path).load(32)
-    archive, _ = _cifar10_archive(tmp_path)
+    archive, _ = cifar10_archive(tmp_path)
     archive.write_bytes(archive.read_bytes()[:-200])  # truncated: the published MD5 does not match
     truncated_md5 = hashlib.md5(archive.read_bytes()).hexdigest()
     published = sources.ARCHIVE_MD5["cifar-10-python.tar.gz"]  # torchvision's value
@@ -242,7 +219,7 @@ def test_download_fetches_a_missing_or_corrupt_archive(tmp_path, monkeypatch):
     import torchvision.datasets.utils
 
     good = tmp_path / "published"
-    _, md5 = _cifar10_archive(good)
+    _, md5 = cifar10_archive(good)
     monkeypatch.setitem(sources.ARCHIVE_MD5, "cifar-10-python.tar.gz", md5)
     fetched = []
 
@@ -292,23 +269,8 @@ def test_writer_options_round_trip(tmp_path):
 # --- image folders (ImageNet is one with 1000 classes) -------------------------------------------
 
 
-def _fake_imagefolder(folder, classes=("cat", "dog", "eel"), per_class=(4, 2), val=True):
-    """Class folders of real JPEG/PNG files of different shapes (landscape and portrait)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split, count in zip(("train", "val") if val else ("train",), per_class):
-        for name in classes:
-            (folder / split / name).mkdir(parents=True)
-            for i in range(count):
-                pixels = rng.integers(0, 256, size=(12 + 8 * i, 20, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(folder / split / name / f"{name}_{i}.{'JPEG' if i % 2 else 'png'}")
-    (folder / "train" / classes[0] / "notes.txt").write_text("not an image")  # ignored
-    return folder
-
-
 def test_imagefolder_val_is_the_test_split(tmp_path):
-    root = _fake_imagefolder(tmp_path / "pets")
+    root = fake_imagefolder(tmp_path / "pets")
     data = _data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.25)
     assert get_source("imagefolder", root=root).num_classes == 3  # counted from train/ before loading
     manifest = prepare(data, _paths(tmp_path), tmp_path / "m.json")
@@ -322,7 +284,7 @@ def test_imagefolder_val_is_the_test_split(tmp_path):
 
 
 def test_imagefolder_without_val_draws_the_test_split(tmp_path):
-    root = _fake_imagefolder(tmp_path / "pets", per_class=(6,), val=False)
+    root = fake_imagefolder(tmp_path / "pets", per_class=(6,), val=False)
     manifest = prepare(_data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.2, test_fraction=0.2),
                        _paths(tmp_path), tmp_path / "m.json")
     assert not manifest["official_test_split"]
@@ -330,7 +292,7 @@ def test_imagefolder_without_val_draws_the_test_split(tmp_path):
 
 
 def test_imagenet_is_an_image_folder_of_1000_classes(tmp_path, monkeypatch):
-    _fake_imagefolder(tmp_path / "imagenet", classes=("n01", "n02", "n03"))
+    fake_imagefolder(tmp_path / "imagenet", classes=("n01", "n02", "n03"))
     source = get_source("imagenet", root=tmp_path)
     assert isinstance(source, sources.ImageFolderSource) and source.num_classes == 1000
     with pytest.raises(ValueError, match=r"imagenet/train has 3 class folders; imagenet has 1000"):
@@ -353,7 +315,7 @@ def test_missing_or_empty_folders_name_the_path(tmp_path):
     (root / "train").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"pets/train has no class folders"):
         get_source("imagefolder", root=root).load(8)
-    _fake_imagefolder(tmp_path / "more")
+    fake_imagefolder(tmp_path / "more")
     (tmp_path / "more" / "train" / "fox").mkdir()
     with pytest.raises(ValueError, match=r"more/train/fox holds no images"):
         get_source("imagefolder", root=tmp_path / "more").load(8)
@@ -365,7 +327,7 @@ def test_missing_or_empty_folders_name_the_path(tmp_path):
 
 @pytest.mark.timeout(120)  # FFCV's writer alone would wait forever for a writer process that died
 def test_unreadable_image_names_the_file_when_read_and_when_prepared(tmp_path):
-    root = _fake_imagefolder(tmp_path / "pets")
+    root = fake_imagefolder(tmp_path / "pets")
     bad = root / "train" / "dog" / "dog_1.JPEG"
     bad.write_bytes(bad.read_bytes()[:40])  # a truncated JPEG
     source = get_source("imagefolder", root=root)
@@ -380,7 +342,7 @@ def test_unreadable_image_names_the_file_when_read_and_when_prepared(tmp_path):
 
 
 def test_max_resolution_stores_the_training_images_whole(tmp_path):
-    root = _fake_imagefolder(tmp_path / "pets", per_class=(4, 2))  # 12x20 up to 36x20 px
+    root = fake_imagefolder(tmp_path / "pets", per_class=(4, 2))  # 12x20 up to 36x20 px
     data = _data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.25, max_resolution=16)
     paths = _paths(tmp_path)
     manifest = prepare(data, paths, tmp_path / "m.json")

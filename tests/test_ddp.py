@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, config_file, copy_workflow, env_with_venv, seed_runs
+from helpers import BIN, config_file, copy_workflow, env_with_venv, seed_runs
 from locvit import models
 from locvit.checkpoint import load_checkpoint, weights_digest
 from locvit.run_config import peak_lr, run_config
@@ -39,6 +39,7 @@ def ddp_run(tiny_params, prepared, tmp_path_factory) -> dict:
     return {"root": root, "run": root / "run", "cfg": cfg, "stdout": proc.stdout}
 
 
+@pytest.mark.e2e
 def test_two_processes_end_with_equal_weights_in_one_mlflow_run(ddp_run):
     import mlflow
 
@@ -57,6 +58,7 @@ def test_two_processes_end_with_equal_weights_in_one_mlflow_run(ddp_run):
     assert len(epoch_lines) == 2  # rank 0 alone prints
 
 
+@pytest.mark.e2e
 def test_a_ddp_checkpoint_loads_in_one_process(ddp_run, prepared):
     best = load_checkpoint(ddp_run["run"] / "best.pt")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in best["model"])
@@ -65,6 +67,7 @@ def test_a_ddp_checkpoint_loads_in_one_process(ddp_run, prepared):
         assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
 
 
+@pytest.mark.e2e
 def test_two_nodes_of_one_process_end_with_the_weights_of_two_processes_on_one_node(ddp_run, prepared, tmp_path):
     """`locvit launch --agent` twice, as the two SLURM tasks of a two-node job start it (node rank from
     LOCVIT_NODE_RANK here, SLURM_PROCID there): torchrun's c10d rendezvous, node 0 hosting it, world size 2;
@@ -103,6 +106,7 @@ def test_every_validation_image_is_scored_once_over_the_ranks():
         assert sum(shard_size(n, Dist(r, r, world)) for r in range(world)) == n
 
 
+@pytest.mark.e2e
 def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     work = copy_workflow(tmp_path)
     target = "results/tiny/runs/deit_a/seed0/metrics.json"
@@ -115,6 +119,7 @@ def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     assert "--threads 2" in command  # the job's 4 threads over 2 processes
 
 
+@pytest.mark.e2e
 def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_equal(ddp_run, prepared, tmp_path):
     """SIGUSR1 to one of the two processes, held after step 3: both stop after step 6, the next read of
     train.read_every 3 (the flag is all-reduced there), last.pt holds both ranks' generators, and the

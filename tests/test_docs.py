@@ -1,7 +1,7 @@
 """The docs against the files they cite, where a change elsewhere would leave them stale.
 
 * A count of malformed study files quoted in the docs (docs/pipeline.md keeps one) equals the
-  cases ``test_bad_configs.py`` parametrizes over.
+  cases ``test_bad_configs.py`` parametrizes over (``helpers.BAD_CONFIGS``).
 * The files tests/README.md names in its ``e2e`` and ``cuda`` marker rows are the test files that
   apply that marker; its file table has a row for every test file, and the ``(e2e)`` /
   ``(cluster)`` tags there are the files whose every test carries the marker.
@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from helpers import BAD_CONFIGS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -66,12 +68,9 @@ def _files(cell: str) -> set[str]:
 
 
 def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
-    import test_bad_configs
-
-    parametrize = [m for m in test_bad_configs.test_each_bad_config_is_refused_with_the_key_named.pytestmark
-                   if m.name == "parametrize"]
-    cases = parametrize[0].args[1]
+    cases = BAD_CONFIGS  # what test_bad_configs.py parametrizes over
     assert len(cases) == len(list((TESTS / "bad_configs").glob("*.yaml")))
+    assert "@pytest.mark.parametrize(\"path\", BAD_CONFIGS" in (TESTS / "test_bad_configs.py").read_text()
     quoted = {doc.relative_to(REPO).as_posix(): [int(n) for n in BAD_CONFIG_COUNT.findall(doc.read_text())]
               for doc in DOCS}
     assert quoted["docs/pipeline.md"], "docs/pipeline.md no longer says how many bad configs there are"
@@ -105,6 +104,24 @@ def test_quoted_tables_equal_the_files_they_quote():
     doc_tables = _benchmarks_module("doc_tables")
     assert "<!-- table: results benchmarks/results/demo/results.csv -->" in (REPO / "README.md").read_text()
     assert doc_tables.sync(check=True) == [], "run: python benchmarks/doc_tables.py"
+    assert "<!-- table: tests tests/durations.json -->" in README.read_text()  # the suite's timing, generated
+
+
+def test_the_suites_timing_renders_each_lane_of_the_durations_file(tmp_path):
+    """tests/README.md's timing: one row per lane of make test from the file its sessions write, a lane not yet
+    recorded said so; the committed file holds one record per lane (no history)."""
+    import json
+
+    doc_tables = _benchmarks_module("doc_tables")
+    lane = {"marker": "not e2e", "tests": 10, "passed": 8, "failed": 1, "skipped": 1, "error": 0, "wall_s": 95.0,
+            "commit": "0123456789abcdef-dirty", "machine": "Test CPU, 2 cores"}
+    (tmp_path / "durations.json").write_text(json.dumps({"lanes": {"fast": lane}}))
+    lines = doc_tables.test_lanes_lines(tmp_path / "durations.json")
+    assert lines[1] == ["fast", "`not e2e`", "10", "8", "1", "1", "1.6 min (95 s)",
+                        "`0123456789ab` with uncommitted changes", "Test CPU, 2 cores"]
+    assert lines[2][0] == "rest" and "not recorded yet" in lines[2][6]
+    committed = json.loads((TESTS / "durations.json").read_text())
+    assert set(committed) == {"lanes"} and set(committed["lanes"]) <= {"fast", "rest"}
 
 
 def _benchmarks_module(name: str):

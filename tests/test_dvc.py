@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv
+from helpers import BIN, copy_workflow, env_with_venv
 from locvit.layout import StudyLayout
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import locvit
-from conftest import REPO, env_with_venv
+from helpers import REPO, env_with_venv
 from locvit import cli
 from locvit.config import ConfigError
 from locvit.errors import InputError, LocvitError, MissingFileError
@@ -60,6 +60,7 @@ def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
         assert issubclass(cls, LocvitError) and issubclass(cls, base), cls
 
 
+@pytest.mark.e2e
 def test_a_users_mistake_is_one_line_without_a_traceback_and_exit_1():
     proc = run("targets", "deploy", "--params", str(TINY))
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -81,6 +82,7 @@ def test_a_missing_file_and_an_option_that_is_not_json_are_named(tmp_path, capsy
     assert not (tmp_path / "spec.json").exists()
 
 
+@pytest.mark.e2e
 def test_a_librarys_value_error_keeps_its_traceback_after_the_line_saying_where_to_report_it():
     proc = run("targets", "train", "deit_a", "--params", str(TINY), script=LIBRARY_FAILURE)
     lines = proc.stderr.splitlines()

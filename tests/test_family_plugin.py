@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import copy_workflow, snakemake
+from helpers import copy_workflow, snakemake
 from locvit.layout import StudyLayout
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import config_file, env_with_venv, seed_runs, train_cmd
+from helpers import config_file, env_with_venv, seed_runs, train_cmd
 from locvit.run_config import run_config
 
 pytestmark = pytest.mark.e2e

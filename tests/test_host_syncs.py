@@ -35,6 +35,8 @@ from locvit.train.engine import (Compute, EpochBatches, EpochStart, NonFiniteLos
                                  train_one_epoch, update_ema)
 from locvit.train.loop import _keep_implementation, buffers_change, param_groups
 
+from helpers import FAMILY_SHAPES
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: Tensor methods that read a value to the host, called from Python (on a CPU tensor no aten op runs for them).
 SYNC_METHODS = ("tolist", "numpy", "cpu")
@@ -246,25 +248,16 @@ def test_an_unfused_checkpoint_loads_into_the_fused_optimiser_a_gpu_run_builds()
     assert all(state["step"].item() == 2 for state in fused.state.values())
 
 
-#: One model of each family, and timm's baselines; shallow where the depth is a keyword (buffers are per block kind).
-FAMILIES = {"mait_tiny_patch16_224": {}, "mait_cait_xxs24_224": {}, "lsa_tiny_cifar": {},
-            "lsa_tiny_224": {}, "ibit_tiny_patch16_224": dict(mask_fit_steps=10), "nest_tiny_cifar": {},
-            "deit_tiny_patch16_224": dict(depth=2), "deit_small_patch16_224": dict(depth=2),
-            "cait_xxs24_224": dict(depth=2), "convit_tiny": dict(depth=2), "nest_tiny": {}}
-
-
 @pytest.mark.usefixtures("cache_in_tmp")  # IBiT's mask fits are cached
 def test_no_family_syncs_or_changes_a_buffer_in_training_so_ddp_need_not_broadcast_them():
     """Every family (and timm's baselines) trains a step calling no sync point. DDP's broadcast_buffers is
     off when :func:`buffers_change` says no: true of each, whose buffers a training step leaves as they were
     once the first forward has built the lazy ones (ConViT's relative positions, a function of the token
     count: the same on every process)."""
-    from test_models import REGISTRY, small
-
-    assert {name.split("_")[0] for name in REGISTRY} == {name.split("_")[0] for name in FAMILIES}
-    for name, kwargs in FAMILIES.items():
+    # One model of each family at its small shape (tests/helpers.py; buffers are per block kind).
+    for name, shape in FAMILY_SHAPES.items():
         torch.manual_seed(0)
-        model, size = small(name, num_classes=7, **kwargs)
+        model, size = shape.build(num_classes=7), shape.size
         model.train()
         model(torch.randn(2, 3, size, size))
         before = {k: b.clone() for k, b in model.named_buffers()}

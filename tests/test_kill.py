@@ -34,7 +34,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv, seed_runs
+from helpers import BIN, copy_workflow, env_with_venv, seed_runs
 from locvit.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import env_with_venv
+from helpers import env_with_venv
 from locvit.train import launch
 
 
@@ -91,6 +91,7 @@ def test_the_job_runs_one_agent_per_node_meeting_at_its_first_node():
     assert cpu_agent[cpu_agent.index("--local-addr") + 1] == "gpu08-ib"
 
 
+@pytest.mark.e2e
 def test_outside_slurm_and_with_a_bad_timeout_it_says_what_to_do():
     with pytest.raises(launch.LaunchError, match="inside a SLURM job"):
         launch.allocation(env={})
@@ -102,6 +103,7 @@ def test_outside_slurm_and_with_a_bad_timeout_it_says_what_to_do():
     assert proc.returncode != 0 and "inside a SLURM job (no SLURM_JOB_ID here)" in proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("node, role", [(1, "joining it"), (0, "hosting it")])
 def test_a_rendezvous_that_cannot_complete_fails_in_bounded_time(node, role):
     """Node 1 finds nobody at the endpoint; node 0 hosts it and nobody joins: both stop after the timeout."""

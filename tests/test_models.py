@@ -1,10 +1,10 @@
 """Every registered model, the way timm tests its registry: forward and backward on small inputs, and
 torch.fx tracing through timm's feature-extraction helpers giving the eager outputs.
 
-One parametrised test over the registry (locvit's families: mait_*, lsa_*, ibit_*, nest_tiny_cifar;
-the baselines timm lacks: pvt_v1_*, wrn_*, pyramidnet*, localvit_*; and the timm baselines they are compared
-with). Family-specific checks (sizes against the papers, masks, shifts) stay in test_mait.py,
-test_lsa.py, test_ibit.py, test_baselines.py and test_paper_baselines.py.
+The registry is read, not listed: every entrypoint locvit registers and the timm baselines they are compared
+with (:data:`locvit.models.baselines.BASELINES`), and every family, at the small shapes of tests/helpers.py;
+the first test fails while a registered family or entrypoint has no shape there. Family-specific checks
+(sizes against the papers, masks, shifts) stay in test_mait.py, test_lsa.py, test_ibit.py and test_baselines.py.
 """
 
 from __future__ import annotations
@@ -15,36 +15,31 @@ import torch
 from timm.models import create_feature_extractor, get_graph_node_names
 
 import locvit.models  # noqa: F401  registers locvit's families
-from locvit.models.baselines import BASELINES, create_at_32
-from locvit.models.family import family_of
+from locvit.models.baselines import BASELINES
+from locvit.models.family import Family, family_of
 
-FAMILIES = ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*", "localvit_*")
-REGISTRY = sorted({n for pattern in FAMILIES for n in timm.list_models(pattern)} | {"nest_tiny_cifar"} | set(BASELINES))
+from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, locvit_entrypoints, locvit_families, missing_shapes, small
+
+REGISTRY = sorted(set(ENTRYPOINT_SHAPES) | set(BASELINES))
 
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
 
-def small(name: str, **kwargs) -> tuple[torch.nn.Module, int]:
-    """The entrypoint at a small size (its own architecture, fewer layers and pixels) and that size."""
-    if name.startswith("lsa_"):
-        size = 16 if name.endswith("cifar") else 112  # the ImageNet LSA's stem needs a larger input
-        return timm.create_model(name, img_size=size, **kwargs), size
-    if name in BASELINES:
-        return create_at_32(name, **kwargs), 32
-    if name == "nest_tiny_cifar":
-        return timm.create_model(name, img_size=32, **kwargs), 32
-    if name.startswith("pvt_v1_"):  # one block per stage; an 8 x 8 grid in stage 1, keys pooled to 1 x 1
-        return timm.create_model(name, img_size=32, depths=(1, 1, 1, 1), **kwargs), 32
-    if name.startswith("wrn_"):
-        return timm.create_model(name, depth=10, widen_factor=1, **kwargs), 32
-    if name.startswith("pyramidnet"):
-        return timm.create_model(name, depth=11, alpha=12, **kwargs), 32
-    return timm.create_model(name, img_size=32, patch_size=8, depth=3, **kwargs), 32
+def test_every_registered_family_and_entrypoint_has_a_small_shape():
+    assert len(locvit_families()) >= 8 and len(locvit_entrypoints()) >= 16  # the registries are read
+    assert not missing_shapes(), "\n".join(missing_shapes())
 
 
-def test_the_registry_holds_every_family():
-    assert all(timm.list_models(pattern) for pattern in FAMILIES) and len(REGISTRY) > 20
+def test_the_shape_guard_names_a_family_or_entrypoint_without_a_shape():
+    """A family (or an entrypoint) registered without an entry in tests/helpers.py fails the test above."""
+    new = Family("swin", "Swin", torch.nn.Module, "windows", lambda m: [], lambda m: [], models=("swin_",))
+    problems = missing_shapes({**locvit_families(), "swin": new}, [*locvit_entrypoints(), "swin_tiny_cifar"])
+    assert problems == ["family 'swin' has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py",
+                        "entrypoint 'swin_tiny_cifar' has no small shape: add one entry to ENTRYPOINT_SHAPES in "
+                        "tests/helpers.py"]
+    gone = {name: f for name, f in locvit_families().items() if name != "nest"}
+    assert missing_shapes(gone) == ["FAMILY_SHAPES['nest']: no such family is registered"]
 
 
 @pytest.mark.parametrize("name", REGISTRY)
@@ -58,31 +53,21 @@ def test_every_model_trains_on_a_small_input(name):
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-# Every family and mask kind, small: (timm name, keyword arguments).
+# Every family at its small shape, and MaiT's other mask kinds.
 TRACED = {
-    "deit": ("deit_tiny_patch16_224", {}),
-    "mait_hard": ("mait_tiny_patch16_224", dict(masked_heads=[1, [0, 2], 0], mask_type="hard")),
-    "mait_restrict": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_type="hard", mask_mode="restrict")),
-    "mait_soft": ("mait_tiny_patch16_224", dict(masked_heads=[1, 2, 0], mask_type="soft")),
-    "mait_random": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_type="random")),
-    "mait_cait": ("mait_cait_xxs24_224", {}),
-    "cait": ("cait_xxs24_224", {}),
-    "ibit": ("ibit_tiny_patch16_224", dict(mask_fit_steps=200)),
-    "convit": ("convit_tiny", {}),
-    "lsa": ("lsa_tiny_cifar", dict(shifts="axes9")),
-    "nest": ("nest_tiny_cifar", {}),
-    "pvt_v1": ("pvt_v1_tiny", {}),
-    "localvit": ("localvit_tiny_patch16_224", {}),
+    **FAMILY_SHAPES,
+    "mait_restrict": FAMILY_SHAPES["mait"].but(masked_heads="sch1", mask_type="hard", mask_mode="restrict"),
+    "mait_soft": FAMILY_SHAPES["mait"].but(masked_heads=[1, 2], mask_type="soft"),
+    "mait_random": FAMILY_SHAPES["mait"].but(masked_heads="sch1", mask_type="random"),
 }
 
 
 @pytest.mark.parametrize("family", TRACED)
 def test_timm_feature_extraction_traces_every_family_to_the_eager_outputs(family):
-    name, kwargs = TRACED[family]
+    shape = TRACED[family]
     torch.manual_seed(0)
-    model, size = small(name, num_classes=5, **kwargs)
-    model.eval()
-    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    model = shape.build(num_classes=5).eval()
+    x = torch.randn(2, 3, shape.size, shape.size, generator=torch.Generator().manual_seed(1))
     _, nodes = get_graph_node_names(model)
     first = family_of(model).blocks(model)[0]  # the first transformer block, as its family declares it
     block = next(name for name, module in model.named_modules() if module is first)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
+from helpers import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
 from locvit.throughput_file import read_throughput
 from locvit.io import unpack_bits

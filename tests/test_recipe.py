@@ -20,7 +20,10 @@ from locvit.data.prepare import prepare
 from locvit import models
 from locvit.checkpoint import load_checkpoint
 from locvit.train.loop import train_run
-from test_data import _cifar10_archive, _fake_imagefolder
+from helpers import cifar10_archive, fake_imagefolder
+
+# Each trains a run that logs its model to MLflow, whose git context runs git (git check-ignore).
+pytestmark = pytest.mark.e2e
 
 RECIPE = {"epochs": 1, "batch_size": 8, "eval_batch_size": 16, "lr": 0.001, "lr_scale_batch": 512,
           "warmup_epochs": 0, "loader_jit": False, "translate": 4, "hflip": True,
@@ -40,7 +43,7 @@ def _train(tmp_path, data: dict, kwargs: dict) -> tuple[dict, dict]:
 
 
 def test_cifar_archive_trains_with_the_full_recipe(tmp_path, monkeypatch):
-    archive, md5 = _cifar10_archive(tmp_path / "data")
+    archive, md5 = cifar10_archive(tmp_path / "data")
     monkeypatch.setitem(sources.ARCHIVE_MD5, archive.name, md5)  # the test archive's, not the published one
     manifest, metrics = _train(tmp_path, {"source": "cifar10", "root": str(tmp_path / "data"), "val_fraction": 0.2},
                                {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2})
@@ -55,7 +58,7 @@ def test_cifar_archive_trains_with_the_full_recipe(tmp_path, monkeypatch):
 
 
 def test_image_folder_stored_whole_trains_on_random_resized_crops(tmp_path):
-    root = _fake_imagefolder(tmp_path / "pets", per_class=(4, 2))
+    root = fake_imagefolder(tmp_path / "pets", per_class=(4, 2))
     manifest, metrics = _train(tmp_path, {"source": "imagefolder", "root": str(root), "image_size": 16,
                                           "max_resolution": 24, "val_fraction": 0.25},
                                {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2})

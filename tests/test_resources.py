@@ -20,7 +20,7 @@ import threading
 import pytest
 import yaml
 
-from conftest import BIN, copy_workflow, env_with_venv
+from helpers import BIN, copy_workflow, env_with_venv
 from locvit.config import load_params
 from locvit.errors import InputError
 from locvit.run_config import train_resources
@@ -71,6 +71,7 @@ def test_a_variants_resources_override_the_studys_key_by_key(work):
                                                  "runtime": 2880}
 
 
+@pytest.mark.e2e
 def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     jobs = dry_run(work)
     small, big = jobs["deit_a"], jobs["mait_b"]
@@ -93,6 +94,7 @@ def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     assert small["grouped"] and not big["grouped"]
 
 
+@pytest.mark.e2e
 def test_the_command_line_overrides_every_variant(work):
     jobs = dry_run(work, "--set-resources", "train:mem_mb=1000", "train:runtime=5", "train:gres=gpu:8")
     for job in jobs.values():
@@ -104,6 +106,7 @@ def test_the_command_line_overrides_every_variant(work):
     assert one["resources"]["gpu"] == "4" and " --nproc_per_node 4 -m locvit train " in one["shell"]
 
 
+@pytest.mark.e2e
 def test_nodes_from_the_command_line_are_refused_with_where_to_set_them(work):
     """deit_a would get two nodes and use one (a multi-node job's override: test_launch)."""
     out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
@@ -114,6 +117,7 @@ def test_nodes_from_the_command_line_are_refused_with_where_to_set_them(work):
     assert "train: nodes=2 from --set-resources" in said and "variant's resources.nodes in params" in said
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("train_jobs, extra", [("per_variant", ["--group-components", "variant=2"]),
                                                ("per_run", [])])
 def test_trainings_that_a_group_would_hold_side_by_side_go_alone(work, train_jobs, extra):

@@ -18,13 +18,15 @@ import time
 import pytest
 import torch
 
-from conftest import env_with_venv, seed_runs, train_cmd
+from helpers import env_with_venv, seed_runs, train_cmd
 from locvit.run_config import run_config
 from locvit.checkpoint import load_checkpoint, save_checkpoint
 from locvit.train.resume import plan_run
 from locvit.train.stop import EXIT_STOPPED
 
 EPOCHS = 3
+
+pytestmark = pytest.mark.e2e  # every test reads the runs of `locvit train` processes
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import BIN, REPO, copy_workflow, env_with_venv
+from helpers import BIN, REPO, copy_workflow, env_with_venv
 
 HOSTILE = "data dir/it's \"quoted\" $(touch PWNED) `id`; rm -rf x & | > y"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from locvit.analysis.search import assign, calibrate, next_spec, search_run_config, search_table
-from conftest import config_file
+from helpers import config_file
 from locvit.cli import main
 
 # ALS[layer][head] of a 4-layer, 3-head model whose head 0 is masked in every layer.

@@ -237,6 +237,14 @@ def test_holm_step_down():
     assert holm([None]) == [None]
 
 
+def test_holm_equals_statsmodels():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)  # a few calls: statsmodels' runs gc.collect() on each
+    for p in (rng.uniform(0, 0.2, 7), rng.uniform(0, 1, 20), np.repeat(rng.uniform(0, 0.1), 3)):
+        assert holm(list(p)) == pytest.approx(list(multipletests(p, alpha=0.05, method="holm")[1]), abs=1e-15)
+
+
 def test_verdict_words():
     assert verdict(+3.0, 0.01, 0.9) == "better"
     assert verdict(-3.0, 0.01, 0.9) == "worse"

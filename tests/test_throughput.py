@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 from locvit.analysis.throughput import COLUMNS, measure_throughput, read_throughput
 from locvit.config import ConfigError, validate_params
 from locvit.io import JobConfig

@@ -2,9 +2,8 @@
 over its ViTs: forward, backward, the default config's heads and sizes, forward_intermediates, torch.fx
 forward and backward, TorchScript, and torch.fx then TorchScript.
 
-Every entrypoint of every family (mait_*, lsa_*, ibit_*, nest_tiny_cifar, and the baselines timm lacks:
-pvt_v1_*, wrn_*, pyramidnet*, localvit_*) runs at a small size
-(test_models.small: its own architecture, fewer layers and pixels), and TorchScript also runs over the
+Every entrypoint locvit registers runs at its small shape (tests/helpers.py's ENTRYPOINT_SHAPES: its own
+architecture, fewer layers and pixels), and TorchScript also runs over the
 options whose forward takes another path (:data:`VARIANTS`). A model TorchScript cannot run without
 harm is named in :data:`NOT_SCRIPTABLE` with the reason; the TorchScript test asserts that exactly those
 fail, so the list cannot go stale; torch.export, the supported path for them, runs them and a model of
@@ -22,7 +21,8 @@ from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import locvit.models  # noqa: F401  registers locvit's families
-from test_models import small
+
+from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, small
 
 pytestmark = [
     pytest.mark.usefixtures("cache_in_tmp"),
@@ -32,9 +32,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing:UserWarning"),
 ]
 
-ENTRYPOINTS = sorted({n for pattern in ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*", "localvit_*")
-                      for n in timm.list_models(pattern)}
-                     | {"nest_tiny_cifar"})
+ENTRYPOINTS = sorted(ENTRYPOINT_SHAPES)
 
 # The options whose forward takes a path no entrypoint's default takes: (timm name, keyword arguments).
 VARIANTS = {
@@ -214,9 +212,10 @@ def test_fx_then_torchscript_equals_eager(variant):
         torch.testing.assert_close(out, model(x))
 
 
-# The exceptions, and a model of each family: torch.export is the supported path for all of them.
-EXPORTED = sorted({v for v in VARIANTS if _not_scriptable(v)} | {"mait_tiny_patch16_224", "mait_cait_xxs24_224",
-                                                                  "ibit_tiny_patch16_224", "lsa_tiny_cifar"})
+# The exceptions, and a model of each family locvit registers entrypoints for (the entrypoint its family's
+# shape builds): torch.export is the supported path for all of them.
+EXPORTED = sorted({v for v in VARIANTS if _not_scriptable(v)}
+                  | {shape.model for shape in FAMILY_SHAPES.values() if shape.model in ENTRYPOINT_SHAPES})
 
 
 @pytest.mark.parametrize("variant", EXPORTED)

@@ -4,6 +4,7 @@ train.compile: true stop with what to install, and a node that has both sees no 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
@@ -22,11 +23,10 @@ MAIT = dict(img_size=64, patch_size=4, embed_dim=48, depth=2, num_heads=3, maske
 
 @pytest.fixture
 def fresh_probe(monkeypatch):
-    """The per-process probe and MaiT's once-per-process warning, reset before and after the test."""
-    toolchain._missing_once.cache_clear()
+    """The per-process probe and MaiT's once-per-process warning, fresh for the test (the session's probe,
+    made before the first test, is back afterwards)."""
+    monkeypatch.setattr(toolchain, "_missing_once", functools.lru_cache(maxsize=None)(toolchain._missing_once.__wrapped__))
     monkeypatch.setattr(mait, "_WARNED_NO_TOOLCHAIN", False)
-    yield
-    toolchain._missing_once.cache_clear()
 
 
 @pytest.fixture
@@ -63,6 +63,7 @@ def test_the_probe_names_what_is_missing_and_what_to_install(no_toolchain):
         "compiler"}
 
 
+@pytest.mark.e2e  # the probe runs `cc --version`
 def test_the_probe_runs_once_per_process(fresh_probe, monkeypatch, tmp_path):
     assert toolchain.missing() == {}  # this machine has both
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -92,7 +93,8 @@ def test_an_explicit_flex_request_raises_naming_what_to_install(no_toolchain, co
 
 
 @pytest.mark.parametrize("kernel", ["auto", "flex"])
-def test_with_the_toolchain_restrict_takes_flex_as_before(fresh_probe, compiled_flex, kernel, caplog):
+def test_with_the_toolchain_restrict_takes_flex_as_before(compiled_flex, kernel, caplog):
+    """This machine's toolchain, as the session's probe found it (conftest probes before the first test)."""
     model, dense, x = _pair(kernel)
     with caplog.at_level(logging.WARNING, logger="locvit"), torch.no_grad():
         torch.testing.assert_close(model(x), dense(x), atol=1e-5, rtol=1e-4)
@@ -106,13 +108,14 @@ class _Built(Exception):
 
 @pytest.mark.parametrize("have_toolchain", [False, True])
 def test_compile_true_stops_at_the_start_without_the_toolchain(prepared, tiny_params, tmp_path, monkeypatch,
-                                                               fresh_probe, have_toolchain):
+                                                               request, have_toolchain):
     def loader(*args, **kwargs):
         raise _Built
 
     monkeypatch.setattr(loop, "make_loader", loader)
     monkeypatch.setattr(loop, "train_epochs", lambda *a: pytest.fail("a training step ran"))
-    if not have_toolchain:
+    if not have_toolchain:  # a fresh probe on a node stand-in (with the toolchain: the session's probe)
+        request.getfixturevalue("fresh_probe")
         monkeypatch.setenv("PATH", str(tmp_path))
         monkeypatch.delenv("CC", raising=False)
     cfg = run_config(tiny_params, "deit_a", 0)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, create_and_die, env_with_venv, free_port, train_cmd
+from helpers import BIN, create_and_die, env_with_venv, free_port, train_cmd
 from locvit import cli, tracking
 from locvit.run_config import run_config
 from locvit.tracking.run import SYSTEM_METRICS_ENV
@@ -241,6 +241,7 @@ def sqlite_runs(trained) -> dict:
 # Concurrent writers -----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_four_concurrent_writers_into_one_sqlite_file_lose_nothing(sqlite_runs):
     client = client_for(sqlite_runs["uri"])
     (experiment,) = [e for e in client.search_experiments() if e.name == "tiny"]
@@ -261,6 +262,7 @@ def test_four_concurrent_writers_into_one_sqlite_file_lose_nothing(sqlite_runs):
     check_tree(client, ids)  # four jobs created the tree at once: one study run, one run per variant
 
 
+@pytest.mark.e2e
 def test_a_resubmitted_slurm_job_adds_itself_to_the_runs_job_history(sqlite_runs):
     client = client_for(sqlite_runs["uri"])
     resumed = json.loads((sqlite_runs["root"] / "deit_a" / "seed1" / "metrics.json").read_text())
@@ -288,6 +290,7 @@ def test_slurm_provenance(monkeypatch):
     assert ids == ["7", "8"] and tags["slurm_job_id"] == "8" and tags["slurm_restart_count"] == "2"
 
 
+@pytest.mark.e2e
 def test_four_concurrent_writers_through_an_mlflow_server(trained):
     study, logs = trained["server"]["study"], trained["server"]["logs"]
     client = client_for(trained["server"]["uri"])  # the same database, served again after phase 3
@@ -305,6 +308,7 @@ def test_four_concurrent_writers_through_an_mlflow_server(trained):
     assert not (study / "unused.db").exists()  # MLFLOW_TRACKING_URI wins
 
 
+@pytest.mark.e2e
 def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkeypatch, capsys):
     study, out_dir, err = trained["server"]["study"], trained["server"]["late_dir"], trained["server"]["late_err"]
     dead, uri = trained["server"]["dead_uri"], trained["server"]["uri"]
@@ -346,6 +350,7 @@ def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkey
 # A backend that cannot be reached at all ---------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_an_unreachable_backend_does_not_stop_training_and_sync_uploads_it_later(trained, monkeypatch, capsys):
     untracked = trained["untracked"]
     out, err = untracked["logs"]
@@ -473,6 +478,7 @@ def test_a_lost_race_is_retried_over_http_and_a_bad_request_is_not(monkeypatch):
     assert len(calls) == 1  # one try: HTTP retries are MLflow's own, and a bad request stays bad
 
 
+@pytest.mark.e2e
 def test_a_job_killed_while_it_creates_the_database_leaves_none_half_made(tmp_path, monkeypatch):
     """A job killed in MLflow's schema creation left a file that no later job could open (CI saw it
     in test_kill); the schema is now built under a temporary name and renamed when whole."""
@@ -489,6 +495,7 @@ def test_a_job_killed_while_it_creates_the_database_leaves_none_half_made(tmp_pa
     assert client.create_run(experiment).info.status == "RUNNING"
 
 
+@pytest.mark.e2e
 def test_a_half_created_database_is_named_with_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db = tmp_path / "mlflow.db"
@@ -522,6 +529,7 @@ print(run.info.run_id)
 """
 
 
+@pytest.mark.e2e
 def test_an_older_database_is_upgraded_whole_and_keeps_its_runs(tmp_path, monkeypatch):
     """A newer MLflow upgrades a study's database in place, one migration at a time: a job killed
     meanwhile left the study's runs in a file no job could open. locvit upgrades a copy."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import env_with_venv, free_port, train_cmd
+from helpers import env_with_venv, free_port, train_cmd
 from locvit.run_config import run_config
 from locvit.tracking import TrackingAuthError, check_reachable
 from locvit.tracking.server import server_command
@@ -60,6 +60,7 @@ def server(tmp_path_factory):
         proc.wait(timeout=30)
 
 
+@pytest.mark.e2e
 def test_a_client_without_the_login_is_refused_and_told_what_to_set(server, monkeypatch):
     answer = requests.get(f"{server['uri']}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=10)
     assert answer.status_code == 401
@@ -76,6 +77,7 @@ def test_a_client_without_the_login_is_refused_and_told_what_to_set(server, monk
     check_reachable(server["uri"])  # the right login passes
 
 
+@pytest.mark.e2e
 def test_training_with_the_login_logs_a_run_the_server_lists(server, tiny_params, prepared, tmp_path):
     import mlflow
 
@@ -97,6 +99,7 @@ def test_training_with_the_login_logs_a_run_the_server_lists(server, tiny_params
     assert (server["study"] / "mlflow.db").is_file()  # the server alone writes the study's database
 
 
+@pytest.mark.e2e
 def test_the_password_is_in_no_file_and_not_on_the_command_line(server):
     cmdlines = [server["proc"].pid, *map(int, subprocess.run(["pgrep", "-g", str(server["proc"].pid)],
                                                               capture_output=True, text=True).stdout.split())]
@@ -142,8 +145,9 @@ def test_the_server_starts_on_databases_built_whole(tmp_path, monkeypatch):
         assert sqlite.revision(db, schema) == schema.head() and temporaries(db) == [], db
 
 
+@pytest.mark.e2e
 def test_a_login_database_whose_creation_was_killed_is_built_whole_next_time(tmp_path):
-    from conftest import create_and_die
+    from helpers import create_and_die
     from locvit.io import temporaries
     from locvit.tracking import sqlite
 

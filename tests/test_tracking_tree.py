@@ -39,6 +39,7 @@ def _parent_in_a_process(db, barrier, out):
     out.put(variant_parent(mlflow.MlflowClient(), exp, "tiny", "deit", lock_beside(db)))
 
 
+@pytest.mark.e2e  # four processes race (multiprocessing)
 def test_jobs_racing_for_the_parents_all_get_the_same_ones(backend):
     client, exp, db = backend
     ctx = multiprocessing.get_context("spawn")

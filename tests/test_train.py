@@ -173,6 +173,7 @@ def test_bf16_autocast_and_channels_last(prepared, tiny_params):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.e2e  # MLflow's git context runs git when the run logs its model
 def test_a_seeded_run_with_mixup_and_cutmix_repeats_bitwise(prepared, tiny_params, tmp_path):
     """MixUp/CutMix draw from the run's seeded generator, not numpy's global one that FFCV's loader
     thread shares: two runs of one seeded config end with the same weights, bit for bit."""
@@ -240,6 +241,7 @@ def test_set_deterministic_keeps_a_workspace_config_already_set(global_determini
     assert _determinism() == (True, True, False, ":16:8")
 
 
+@pytest.mark.e2e  # MLflow's git context runs git when the run logs its model
 def test_a_deterministic_run_trains_on_cpu_with_the_same_weights(prepared, tiny_params, tmp_path, global_determinism):
     """train.deterministic on: every op of a CPU training step has a deterministic kernel, and on
     CPU the switch changes no number (the weights equal those of a run with it off)."""
