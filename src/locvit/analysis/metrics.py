@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from locvit.models.family import ROW_STOCHASTIC, AttentionMap
+from locvit.models.family import AttentionMap, map_kind
 
 _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
 HEAD_FUSIONS = tuple(_FUSE)
@@ -95,7 +95,7 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
     Tokens the layer does not update (CaiT's patches in class attention) or does not see
     (a class token that joins later: CaiT, ConViT) keep an identity row.
     """
-    a = record.probs if record.kind in ROW_STOCHASTIC else record.probs.abs()  # (B, H, Tq, Tk)
+    a = record.probs if map_kind(record.kind).rows_sum_to_one else record.probs.abs()  # (B, H, Tq, Tk)
     a = _FUSE[head_fusion](a, dim=1)  # (B, Tq, Tk)
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
     b, tq, _ = a.shape
@@ -108,9 +108,11 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
 
 
 def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
-    """Whether the layers follow a class token over one patch grid (what rollout needs)."""
+    """Whether the layers follow a class token over one patch grid (what rollout needs): every map's keys
+    are the layer's own tokens, one map per image (not per window)."""
+    kinds = [map_kind(m.kind) for m in maps]
     return bool(maps) and max(m.num_prefix for m in maps) > 0 and len({m.grid for m in maps}) == 1 and \
-        not any(m.kind in ("shift", "block") for m in maps)
+        all(k.keys == "tokens" and not k.windows for k in kinds)
 
 
 def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:
