@@ -33,6 +33,13 @@ def small(name: str, **kwargs) -> tuple[torch.nn.Module, int]:
         return create_at_32(name, **kwargs), 32
     if name == "nest_tiny_cifar":
         return timm.create_model(name, img_size=32, **kwargs), 32
+    if name.startswith("swin_"):  # windows of 2 divide the 4 x 4 grid of 16 px in 4-px patches, then 2 x 2
+        return timm.create_model(name, img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=2,
+                                 **kwargs), 16
+    if name.startswith("twins_"):  # 16 px in 2-px patches: stages of 8, 4, 2 and windows of 4, 2, 2 dividing them
+        return timm.create_model(name, img_size=16, patch_size=2, embed_dims=(16, 32, 32), depths=(2, 2, 2),
+                                 num_heads=(1, 2, 2), mlp_ratios=(2, 2, 2), sr_ratios=(4, 2, 1), wss=(4, 2, 2),
+                                 **kwargs), 16
     return timm.create_model(name, img_size=32, patch_size=8, depth=3, **kwargs), 32
 
 

@@ -2,7 +2,8 @@
 over its ViTs: forward, backward, the default config's heads and sizes, forward_intermediates, torch.fx
 forward and backward, TorchScript, and torch.fx then TorchScript.
 
-Every entrypoint of every family (mait_*, lsa_*, ibit_*, nest_tiny_cifar) runs at a small size
+Every entrypoint of every family (mait_*, lsa_*, ibit_*, nest_tiny_cifar; a Swin and a Twins-SVT, the
+timm models the swin and twins families read) runs at a small size
 (test_models.small: its own architecture, fewer layers and pixels), and TorchScript also runs over the
 options whose forward takes another path (:data:`VARIANTS`). A model TorchScript cannot run without
 harm is named in :data:`NOT_SCRIPTABLE` with the reason; the TorchScript test asserts that exactly those
@@ -31,8 +32,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing:UserWarning"),
 ]
 
+# timm's own Swin and Twins, which locvit's swin and twins families claim: the models those families read.
+FAMILY_MODELS = {"swin_tiny_patch4_window7_224", "twins_svt_small"}
 ENTRYPOINTS = sorted({n for pattern in ("mait_*", "lsa_*", "ibit_*") for n in timm.list_models(pattern)}
-                     | {"nest_tiny_cifar"})
+                     | {"nest_tiny_cifar"} | FAMILY_MODELS)
 
 # The options whose forward takes a path no entrypoint's default takes: (timm name, keyword arguments).
 VARIANTS = {
@@ -101,7 +104,7 @@ def test_forward_in_eval_mode_with_and_without_gradient_checkpointing(name):
     with torch.no_grad():
         out = model(x)
         assert out.shape == (1, model.num_classes) and not torch.isnan(out).any()
-        if hasattr(model, "set_grad_checkpointing"):
+        if hasattr(model, "set_grad_checkpointing") and not name.startswith("twins_"):  # timm's Twins asserts it has none
             model.set_grad_checkpointing()
             torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
 
@@ -127,7 +130,8 @@ def test_default_config_heads_and_feature_sizes(name):
     with torch.no_grad():
         features = model.forward_features(x)
         pre_logits = model.forward_head(features, pre_logits=True)
-        assert features.shape[-1 if features.ndim == 3 else 1] == model.num_features
+        channels = -1 if features.ndim == 3 or getattr(model, "output_fmt", "NCHW") == "NHWC" else 1  # Swin: NHWC
+        assert features.shape[channels] == model.num_features
         assert pre_logits.shape == (1, model.head_hidden_size)
         model.reset_classifier(0)
         assert model.num_classes == 0 and model(x).shape == pre_logits.shape

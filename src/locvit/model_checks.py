@@ -94,10 +94,12 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
     problems = family_of(built).check(built)  # e.g. Swin's windows that do not divide a stage's grid
     if problems:
         return [f"variants.{name}.kwargs: {model} at img_size={image_size}: {p}" for p in problems]
-    # timm's patch embedding builds with any patch size and fails only at the first forward.
+    # timm's patch embedding builds with any patch size and fails only at the first forward. (Only its
+    # non-overlapping one, which has a grid: PVT v2's overlapping 7-px patches stride by 4.)
     embed = getattr(built, "patch_embed", None)
     patch = getattr(embed, "patch_size", None)
-    if isinstance(patch, tuple) and not getattr(embed, "dynamic_img_pad", False) and image_size % patch[0]:
+    if isinstance(patch, tuple) and hasattr(embed, "grid_size") and not getattr(embed, "dynamic_img_pad", False) \
+            and image_size % patch[0]:
         return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
                 f"choose a patch size that divides the image"]
     return []
