@@ -2,8 +2,9 @@
 torch.fx tracing through timm's feature-extraction helpers giving the eager outputs.
 
 One parametrised test over the registry (locvit's families: mait_*, lsa_*, ibit_*, nest_tiny_cifar;
-and the timm baselines they are compared with). Family-specific checks (sizes against the papers,
-masks, shifts) stay in test_mait.py, test_lsa.py, test_ibit.py and test_baselines.py.
+the baselines timm lacks: pvt_v1_*, wrn_*, pyramidnet*; and the timm baselines they are compared
+with). Family-specific checks (sizes against the papers, masks, shifts) stay in test_mait.py,
+test_lsa.py, test_ibit.py, test_baselines.py and test_paper_baselines.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import locvit.models  # noqa: F401  registers locvit's families
 from locvit.models.baselines import BASELINES, create_at_32
 from locvit.models.family import family_of
 
-FAMILIES = ("mait_*", "lsa_*", "ibit_*")
+FAMILIES = ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*")
 REGISTRY = sorted({n for pattern in FAMILIES for n in timm.list_models(pattern)} | {"nest_tiny_cifar"} | set(BASELINES))
 
 
@@ -40,6 +41,12 @@ def small(name: str, **kwargs) -> tuple[torch.nn.Module, int]:
         return timm.create_model(name, img_size=16, patch_size=2, embed_dims=(16, 32, 32), depths=(2, 2, 2),
                                  num_heads=(1, 2, 2), mlp_ratios=(2, 2, 2), sr_ratios=(4, 2, 1), wss=(4, 2, 2),
                                  **kwargs), 16
+    if name.startswith("pvt_v1_"):  # one block per stage; an 8 x 8 grid in stage 1, keys pooled to 1 x 1
+        return timm.create_model(name, img_size=32, depths=(1, 1, 1, 1), **kwargs), 32
+    if name.startswith("wrn_"):
+        return timm.create_model(name, depth=10, widen_factor=1, **kwargs), 32
+    if name.startswith("pyramidnet"):
+        return timm.create_model(name, depth=11, alpha=12, **kwargs), 32
     return timm.create_model(name, img_size=32, patch_size=8, depth=3, **kwargs), 32
 
 
@@ -71,6 +78,7 @@ TRACED = {
     "convit": ("convit_tiny", {}),
     "lsa": ("lsa_tiny_cifar", dict(shifts="axes9")),
     "nest": ("nest_tiny_cifar", {}),
+    "pvt_v1": ("pvt_v1_tiny", {}),
 }
 
 

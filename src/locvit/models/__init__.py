@@ -4,7 +4,8 @@ Every model is a timm model built by name, any timm classification model that bu
 data's image size included (:func:`create`). The families (MaiT, LSA, IBiT, Swin, Twins) live in
 their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
 with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
-``baselines``. Training, evaluation, analysis and profiling make models only through
+``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
+wide ResNets, ``pyramidnet``: PyramidNet). Training, evaluation, analysis and profiling make models only through
 :func:`create` (from a run config) and :func:`load` (from a checkpoint).
 """
 
@@ -21,6 +22,9 @@ from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
 from locvit.models import baselines  # noqa: F401  (registers nest_tiny_cifar)
 from locvit.models import swin  # noqa: F401  (the Swin family: timm's swin_*)
 from locvit.models import twins  # noqa: F401  (the Twins family: timm's twins_*)
+from locvit.models import pvt  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
+from locvit.models import wrn  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
+from locvit.models import pyramidnet  # noqa: F401  (registers pyramidnet164_a48)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -12,8 +12,8 @@ Blocks
     each stage's first block.
 Maps
     ``LocallyGroupedAttn``: one softmax map per window, ``(B * K, H, ws^2, ws^2)``, the ``block``
-    kind (NesT's, Swin's). ``GlobalSubSampleAttn``: ``(B, H, N, N / sr^2)``, the ``pooled`` kind
-    (keys on a pooled grid, the queries on the stage's grid); with ``sr`` 1 its keys are the
+    kind (NesT's, Swin's). ``GlobalSubSampleAttn``: ``(B, H, N, N / sr^2)``, the ``pooled_keys`` kind (PVT's
+    spatial reduction: keys on a pooled grid, the queries on the stage's grid); with ``sr`` 1 its keys are the
     queries' tokens and the map is ``softmax`` over the grid.
 
 At 32 x 32 (:data:`CIFAR_32`): 2-pixel patches give a 16 x 16 grid and stages of 16, 8, 4, 2, so
@@ -51,14 +51,14 @@ def read_grouped(attn: LocallyGroupedAttn, x: torch.Tensor, size: tuple[int, int
 
 
 def read_subsampled(attn: GlobalSubSampleAttn, x: torch.Tensor, size: tuple[int, int]):
-    """Each patch's query over the keys of the pooled grid: (B, heads, N, N / sr^2) (``pooled``), or over the
+    """Each patch's query over the keys of the pooled grid: (B, heads, N, N / sr^2) (``pooled_keys``), or over the
     grid itself where ``sr`` is 1 (``softmax``)."""
     b, n, c = x.shape
     q = attn.q(x).reshape(b, n, attn.num_heads, -1).transpose(1, 2)  # (B, heads, N, hd)
     if attn.sr is not None:
         x = attn.norm(attn.sr(x.transpose(1, 2).reshape(b, c, *size)).flatten(2).transpose(1, 2))
     k = attn.kv(x).reshape(b, -1, 2, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)[0]
-    return ("pooled" if attn.sr is not None else "softmax"), softmax_map(q, k, attn.scale)
+    return ("pooled_keys" if attn.sr is not None else "softmax"), softmax_map(q, k, attn.scale)
 
 
 READERS = {LocallyGroupedAttn: read_grouped, GlobalSubSampleAttn: read_subsampled}

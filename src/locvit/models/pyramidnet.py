@@ -1,0 +1,162 @@
+"""PyramidNet for CIFAR (Han, Kim and Kim, "Deep Pyramidal Residual Networks", CVPR 2017), which timm
+does not have.
+
+LSA's Table 3 compares with Pyramid-164-48 on CIFAR-10/100: depth 164, widening step alpha = 48,
+bottleneck blocks (1.7M parameters).
+
+Block
+    :class:`PyramidBottleneck`: BN-conv1x1-BN-ReLU-conv3x3(stride)-BN-ReLU-conv1x1(x4)-BN (the paper's
+    Fig. 6(d): no ReLU before the first conv or after the addition). The shortcut is the identity,
+    a 2 x 2 average pool where the block halves the map, and zero-padded channels where the block
+    widens (the paper's parameter-free shortcut).
+Model
+    :class:`PyramidNet`: a 3 x 3 conv to 16 channels, three groups of ``(depth - 2) / 9`` bottlenecks
+    (strides 1, 2, 2) whose width grows by ``alpha / (3 n)`` per block (rounded, as the authors' code
+    does), BN-ReLU, global average pool, linear head.
+
+=====================  ======================  ==============================
+entrypoint             size                    params (10 classes)
+=====================  ======================  ==============================
+pyramidnet164_a48      depth 164, alpha 48     1.69M (paper 1.7M)
+=====================  ======================  ==============================
+
+No attention: its family declares no attention layers.
+"""
+
+# No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
+# generates, and TorchScript cannot read them as strings (as in lsa.py).
+
+from typing import List, Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import ClassifierHead
+from timm.models import register_model
+from timm.models._builder import build_model_with_cfg
+from timm.models._features import feature_take_indices
+from timm.models._registry import generate_default_cfgs
+
+from locvit.errors import InputError, allowed
+from locvit.models.family import Family, register_family
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+class PyramidBottleneck(nn.Module):
+    """Bottleneck of width ``planes`` with ``4 * planes`` outputs; the shortcut pads ``in_chs`` with zeros."""
+
+    expansion = 4
+
+    def __init__(self, in_chs: int, planes: int, stride: int):
+        super().__init__()
+        out_chs = planes * self.expansion
+        if out_chs < in_chs:
+            raise InputError(f"a PyramidNet block cannot narrow ({in_chs} -> {out_chs} channels); use alpha >= 0")
+        self.bn1 = nn.BatchNorm2d(in_chs)
+        self.conv1 = nn.Conv2d(in_chs, planes, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out_chs, 1, bias=False)
+        self.bn4 = nn.BatchNorm2d(out_chs)
+        self.pool = nn.AvgPool2d(2, 2, ceil_mode=True) if stride != 1 else nn.Identity()
+        self.pad = out_chs - in_chs  # zero channels added to the shortcut (static: traceable and scriptable)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(self.bn1(x))
+        y = self.conv2(F.relu(self.bn2(y)))
+        y = self.bn4(self.conv3(F.relu(self.bn3(y))))
+        return y + F.pad(self.pool(x), [0, 0, 0, 0, 0, self.pad])  # (B, C, H, W): pad C at the end
+
+
+class PyramidNet(nn.Module):
+    """Bottleneck PyramidNet-``depth`` with widening step ``alpha`` for 32 x 32 images (module docstring)."""
+
+    def __init__(self, depth: int = 164, alpha: float = 48, num_classes: int = 10, in_chans: int = 3,
+                 global_pool: str = "avg", drop_rate: float = 0.0):
+        super().__init__()
+        if depth < 11 or (depth - 2) % 9:
+            raise InputError(f"depth: {depth} is not a bottleneck PyramidNet depth; use 9n + 2 with n >= 1 "
+                             "(11, 29, 110, 164, 272, ...)")
+        n = (depth - 2) // 9
+        step = alpha / (3 * n)
+        self.num_classes = num_classes
+        self.stem = nn.Sequential(nn.Conv2d(in_chans, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16))
+        width, chs, stages, self.feature_info, reduction = 16.0, 16, [], [], 1
+        for i, stride in enumerate((1, 2, 2)):
+            blocks = []
+            for j in range(n):
+                width += step
+                blocks.append(PyramidBottleneck(chs, int(round(width)), stride if j == 0 else 1))
+                chs = int(round(width)) * PyramidBottleneck.expansion
+            reduction *= stride
+            stages.append(nn.Sequential(*blocks))
+            self.feature_info.append(dict(num_chs=chs, reduction=reduction, module=f"stages.{i}"))
+        self.stages = nn.Sequential(*stages)
+        self.norm = nn.BatchNorm2d(chs)
+        self.num_features = self.head_hidden_size = chs
+        self.head = ClassifierHead(chs, num_classes, pool_type=global_pool, drop_rate=drop_rate)
+        for m in self.modules():  # the authors' code: He-normal convs (fan out), BN 1 and 0, zero linear bias
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes, global_pool)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) -> (B, C, H / 4, W / 4), after the final BN-ReLU."""
+        return F.relu(self.norm(self.stages(self.stem(x))))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False):
+        """timm's feature API: the outputs of the groups in ``indices`` and ``forward_features``'s output;
+        ``norm`` applies the final BN-ReLU to the last group's map."""
+        allowed("output_fmt", output_fmt, ("NCHW",))
+        take, last = feature_take_indices(len(self.stages), indices)
+        intermediates = []
+        x = self.stem(x)
+        for i, stage in enumerate(self.stages[:last + 1] if stop_early else self.stages):
+            x = stage(x)
+            if i in take:
+                intermediates.append(F.relu(self.norm(x)) if norm and i == len(self.stages) - 1 else x)
+        if intermediates_only:
+            return intermediates
+        return F.relu(self.norm(x)), intermediates
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+default_cfgs = generate_default_cfgs({"pyramidnet164_a48": dict(
+    url="", num_classes=10, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0, interpolation="bilinear",
+    mean=CIFAR_MEAN, std=CIFAR_STD, first_conv="stem.0", classifier="head.fc")})
+
+
+@register_model
+def pyramidnet164_a48(pretrained=False, **kwargs) -> PyramidNet:
+    """Bottleneck PyramidNet-164, alpha 48 (LSA Table 3's Pyramid-164-48: 1.7M)."""
+    if pretrained:
+        raise ValueError("pyramidnet164_a48: no pretrained weights; use pretrained=False")
+    return build_model_with_cfg(PyramidNet, "pyramidnet164_a48", pretrained=False,
+                                feature_cfg=dict(flatten_sequential=True), **dict(dict(depth=164, alpha=48), **kwargs))
+
+
+register_family(Family("pyramidnet", "PyramidNet", PyramidNet, "convolution: 3x3 kernels (no attention layers)",
+                       lambda m: [], lambda m: [], models=("pyramidnet",)))
+
+__all__ = ["PyramidNet", "PyramidBottleneck"]
