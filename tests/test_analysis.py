@@ -15,6 +15,7 @@ import locvit.models  # noqa: F401
 from locvit.analysis import (AttentionMap, map_kind, attention_locality_score, attention_rollout,
                              collect_attention, cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
 from locvit.analysis.analyse import _extras, distances, locality
+from locvit.analysis.metrics import pooled_distance
 from locvit.models.family import family_of, summary
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
@@ -443,3 +444,24 @@ def test_a_family_declares_its_own_extras_the_way_locvits_do(monkeypatch):
     assert values == {"spread": [[0.5, None, 1.5]] * 2} and arrays["maps"].shape == (2, 3, 4, 4)
     with pytest.raises(ValueError, match="shape 'table' is not one of values, images"):
         family.Extra("x", "table", lambda m: None, "X", "X")
+
+
+def test_the_distance_to_pooled_keys_is_to_their_cells_centres():
+    """PVT's and Twins' keys lie on the grid pooled by R: a key sits at its cell's centre. With R = 1 the distance is
+    the ordinary one; attention to the cell that holds the query is the query's distance to that centre."""
+    grid = (4, 4)
+    probs = torch.rand(2, 3, 16, 16).softmax(-1)
+    torch.testing.assert_close(pooled_distance(probs, grid, 2.0), mean_attention_distance(probs, grid, 0, 2.0))
+    own = torch.zeros(1, 1, 16, 4)  # R = 2: four 2 x 2 cells, centres half a patch from each of their patches
+    for q in range(16):
+        own[0, 0, q, (q // 4 // 2) * 2 + (q % 4) // 2] = 1.0
+    torch.testing.assert_close(pooled_distance(own, grid, 4.0), torch.tensor([[4.0 * math.sqrt(0.5)]]))
+    with pytest.raises(ValueError, match="do not have the 4x4 grid's patches as queries"):
+        pooled_distance(torch.rand(1, 1, 16, 3), grid)
+    # Twins' sub-sampled attention as the analysis sees it: a distance, no ALS (ALS needs the queries' grid as keys)
+    model = timm.create_model("twins_pcpvt_small", img_size=32, embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1),
+                              num_heads=(1, 2, 2, 2), num_classes=2)
+    _, maps = collect_attention(model, torch.randn(2, 3, 32, 32))
+    assert [m.kind for m in maps] == ["pooled_keys"] * 3 + ["softmax"]
+    als, _, _ = locality(maps, (3, 3))
+    assert als[:3] == [None] * 3 and all(d is not None and all(x > 0 for x in d) for d in distances(maps, 32, 2)[:3])

@@ -3,9 +3,9 @@
 The pipeline's builder (:func:`locvit.models.create`) gives ``img_size`` only to the models that take it, and
 ``locvit validate``'s build check (:func:`locvit.model_checks.check_model`) builds through it; one entrypoint of
 each of these timm modules builds at 32 px and runs forward: resnet, regnet, convnext, efficientnet,
-swin_transformer, twins, pvt_v2, vision_transformer. End to end, a tiny study with a CNN, a Swin and a
-family declared outside src/ with a kind of map of its own (linear attention) beside DeiT runs prepare ->
-report: every table and figure lists them, and "no attention layers" stands where that holds.
+swin_transformer, twins, pvt_v2, vision_transformer. End to end, a tiny study with a ResNet, a Swin, a
+WRN-16-2, a PVT v1 and a family declared outside src/ with a kind of map of its own (linear attention) beside
+DeiT runs prepare -> report: every table and figure lists them, and "no attention layers" stands where that holds.
 """
 
 from __future__ import annotations
@@ -88,8 +88,12 @@ VARIANTS = {
     "swin": {"model": "swin_tiny_patch4_window7_224", "kwargs": {"embed_dim": 16, "depths": [2, 2],
                                                                "num_heads": [1, 2], "window_size": 2}},
     "linear": {"model": "linear_vit", "kwargs": SHAPE},
+    "wrn": {"model": "wrn_16_2", "kwargs": {}},  # WRN-16-2, locvit's CIFAR wide ResNet at its smallest size
+    # PVT v1 in 2-px patches: stages of 8, 4, 2, 1 patches, keys pooled by 8, 4, 2 to one cell, then global
+    "pvt": {"model": "pvt_v1_tiny", "kwargs": {"patch_size": 2, "embed_dims": [16, 32, 32, 32], "depths": [1, 1, 1, 1],
+                                               "num_heads": [1, 2, 2, 2]}},
 }
-NO_ATTENTION = {"resnet"}
+NO_ATTENTION = {"resnet", "wrn"}
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +114,14 @@ def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(any_study
     layout, _ = any_study
     profiles = {v: json.loads(layout.profile_file(v).read_text()) for v in VARIANTS}
     assert {v: p["arch"]["family"] for v, p in profiles.items()} == {
-        "deit_a": "deit", "resnet": "resnet", "swin": "swin", "linear": "linear"}
+        "deit_a": "deit", "resnet": "resnet", "swin": "swin", "linear": "linear", "wrn": "wrn", "pvt": "pvt_v1"}
     assert all(p["params"] > 0 and p["gmacs"] > 0 for p in profiles.values())
     analyses = {v: json.loads(layout.analysis_file(v, 0).read_text()) for v in VARIANTS}
-    resnet = analyses["resnet"]
-    assert resnet["layers"] == [] and resnet["als_mean"] is None and resnet["unread_attention"] == []
+    for v in NO_ATTENTION:
+        assert analyses[v]["layers"] == [] and analyses[v]["als_mean"] is None and analyses[v]["mad"] == []
+        assert analyses[v]["unread_attention"] == []
+    assert [layer["kind"] for layer in analyses["pvt"]["layers"]] == ["pooled_keys"] * 3 + ["softmax"]
+    assert all(heads is not None for heads in analyses["pvt"]["mad"][:3])  # the distance to pooled keys
     assert [layer["kind"] for layer in analyses["swin"]["layers"]] == ["block"] * 4
     assert [layer["kind"] for layer in analyses["linear"]["layers"]] == ["linear", "linear"]
     for v in ("deit_a", "swin", "linear"):
@@ -130,19 +137,21 @@ def test_every_table_and_figure_lists_them_and_says_where_there_is_no_attention(
     assert set(rows) == set(VARIANTS) and all(float(r["test_top1_mean"]) >= 0 for r in rows.values())
     locality = {r["Variant"]: r for r in csv.DictReader((report / "tables" / "locality.csv").open())}
     assert set(locality) == set(VARIANTS)
-    assert locality["resnet"]["Family"] == "ResNet" and locality["resnet"]["ALS (3x3)"] == "no attention layers"
-    assert locality["resnet"]["Mean attention distance (px)"] == "no attention layers"
+    assert locality["resnet"]["Family"] == "ResNet" and locality["wrn"]["Family"] == "WRN"
+    for v in NO_ATTENTION:
+        assert locality[v]["ALS (3x3)"] == locality[v]["Mean attention distance (px)"] == "no attention layers"
     assert locality["swin"]["Family"] == "Swin" and locality["linear"]["Family"] == "LinearViT"
     record = json.loads((report / "report.json").read_text())
     caption = record["figures"]["attention_distance"]["caption"]
-    assert "No attention layers: resnet." in caption and "No analysis" not in caption
-    assert record["skipped"]["attention_resnet"] == "resnet: no attention layers"
+    assert "No attention layers: resnet, wrn." in caption and "No analysis" not in caption
+    for v in NO_ATTENTION:
+        assert record["skipped"][f"attention_{v}"] == f"{v}: no attention layers"
     per_variant = {fig["variant"] for fig in record["figures"].values()}
-    assert {"deit_a", "swin", "linear"} <= per_variant and "resnet" not in per_variant
+    assert {"deit_a", "swin", "linear", "pvt"} <= per_variant and not NO_ATTENTION & per_variant
     assert {"als_swin", "als_linear", "rollout_linear"} <= set(record["figures"])
     for name, table in record["tables"].items():  # every table that lists the study's variants lists them all
         text = (report / table["md"]).read_text()
         if "deit_a" in text:
             assert all(v in text for v in VARIANTS), f"{name} lists deit_a but not all of {sorted(VARIANTS)}"
     metrics = {v: json.loads((report / "metrics" / f"{v}.json").read_text()) for v in VARIANTS}
-    assert "als_mean" not in metrics["resnet"] and metrics["resnet"]["params_m"] > 0
+    assert all("als_mean" not in metrics[v] and metrics[v]["params_m"] > 0 for v in NO_ATTENTION)

@@ -19,10 +19,12 @@ them in evaluation) and writes
 Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
 here. What applies to a layer follows from its map kind's declared properties
 (:class:`locvit.models.family.MapKind`): ALS and distance to token-by-token maps over the patch
-grid whose keys are the queries' tokens; maps whose rows do not sum to one (IBiT's
-Frobenius-normalised maps, CaiT's talking-heads maps) enter as |A| normalised per row. A model
-without attention layers (a CNN) gets an empty ``layers`` list and null ALS and distance; its
-attention layers that no reader knows are named in ``unread_attention``.
+grid whose keys are the queries' tokens, distance also to maps whose keys lie on a pooled grid;
+maps whose rows do not sum to one (IBiT's Frobenius-normalised maps, CaiT's talking-heads maps)
+enter as |A| normalised per row. A model without attention layers (a CNN) gets an empty
+``layers`` list and null ALS and distance; attention layers that no reader knows are named in
+``unread_attention``.
+
 The profile (params, GMACs, the model's facts) is written once per variant, from the
 first checkpoint. The report step reads all three files. Speed is not measured here, beside
 other jobs, but by the study's one throughput job (:mod:`locvit.analysis.throughput`).
@@ -38,7 +40,7 @@ import torch
 from locvit import models
 from locvit.analysis import (attention_locality_score, attention_rollout, collect_attention, cross_layer_similarity,
                              mean_attention_distance, neighbourhood_mask)
-from locvit.analysis.metrics import rollout_applies
+from locvit.analysis.metrics import pooled_distance, rollout_applies
 from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
@@ -78,6 +80,9 @@ def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list
 def distances(maps: list, image_size: int, images: int) -> list:
     """Mean attention distance in pixels per layer and head (None for layers without a patch grid).
 
+    Maps over the grid whose keys are its tokens (:attr:`MapKind.spatial`) and maps whose keys lie on a
+    pooled grid (``keys: pooled``: PVT, Twins; :func:`locvit.analysis.metrics.pooled_distance`) have one.
+
     The pixels between neighbouring tokens are the image width over the layer's full grid:
     the patch size for a ViT, more at a pyramid's later levels; a windowed kind's maps (NesT's
     blocks, Swin's windows) hold ``images * K`` windows of one level, whose full grid is ``sqrt(K)``
@@ -86,6 +91,10 @@ def distances(maps: list, image_size: int, images: int) -> list:
     out = []
     for m in maps:
         kind = map_kind(m.kind)
+        if kind.grid and kind.keys == "pooled" and m.num_prefix == 0:  # PVT's, Twins' keys: pooled cells
+            out.append(pooled_distance(_row_mass(m.probs, m.kind), tuple(m.grid), image_size / m.grid[1])
+                       .mean(0).tolist())
+            continue
         if not kind.spatial:
             out.append(None)
             continue

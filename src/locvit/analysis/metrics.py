@@ -6,6 +6,7 @@
 * :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
   et al. 2021), the attention-weighted mean distance between a query patch and the patches
   it attends to: the locality measure of any family, read from the same maps.
+* :func:`pooled_distance`: the same distance for maps whose keys lie on a pooled grid (PVT, Twins).
 * :func:`cross_layer_similarity`: MaiT App. A.3 (DeepViT's metric), the cosine similarity
   of a head's attention rows in two layers, averaged over tokens.
 * :func:`attention_rollout`: Abnar & Zuidema (2020), as the IBiT paper's Fig. 5 uses it.
@@ -24,7 +25,7 @@ _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the h
 HEAD_FUSIONS = tuple(_FUSE)
 
 __all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "mean_attention_distance",
-           "patch_distances"]
+           "patch_distances", "pooled_distance"]
 
 
 def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
@@ -71,6 +72,33 @@ def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], num_prefi
     a = attn[..., num_prefix:, num_prefix:].double()  # (..., N, N): patch queries over patch keys
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
     dist = patch_distances(grid).to(a.device) * spacing
+    return (a * dist).sum(dim=-1).mean(dim=-1).to(attn.dtype)
+
+
+def pooled_distance(attn: torch.Tensor, grid: tuple[int, int], spacing: float = 1.0) -> torch.Tensor:
+    """Mean attention distance of maps whose keys lie on a pooled grid: (..., N, M) -> (...) in pixels.
+
+    The N queries are the patches of ``grid`` (gh, gw), row-major; the M keys the cells of that grid
+    pooled by R in each direction (PVT's spatial reduction, Twins' sub-sampling: a stride-R conv), so
+    ``M = (gh / R) * (gw / R)``; a key sits at its cell's centre. As :func:`mean_attention_distance`,
+    the attention-weighted Euclidean distance (times ``spacing``, the pixels between neighbouring
+    patches) averaged over the queries; with R = 1 the two agree.
+    """
+    gh, gw = grid
+    n, m = attn.shape[-2], attn.shape[-1]
+    r = round((n / m) ** 0.5) if m else 0
+    if n != gh * gw or m == 0 or gh % r or gw % r or m != (gh // r) * (gw // r):
+        raise ValueError(f"maps of shape {tuple(attn.shape)} do not have the {gh}x{gw} grid's patches as queries "
+                         f"and a pooled grid's cells as keys")
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                            indexing="ij")
+    queries = torch.stack([ys.flatten(), xs.flatten()], dim=-1)  # (N, 2), in patches
+    cy, cx = torch.meshgrid(torch.arange(gh // r, dtype=torch.float64), torch.arange(gw // r, dtype=torch.float64),
+                            indexing="ij")
+    keys = (torch.stack([cy.flatten(), cx.flatten()], dim=-1) + 0.5) * r - 0.5  # (M, 2): cell centres
+    a = attn.double()
+    a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    dist = torch.cdist(queries, keys).to(a.device) * spacing
     return (a * dist).sum(dim=-1).mean(dim=-1).to(attn.dtype)
 
 

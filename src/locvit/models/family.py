@@ -30,7 +30,33 @@ properties of its maps, from which the analyses decide what applies (:func:`map_
 heads, ``N = gh * gw`` patch tokens on ``grid``, ``P = num_prefix`` class/distillation tokens
 before them, ``T = P + N``. The kinds of locvit's families:
 
-=========  ===========  ====  =====  ======  ==================================================="""
+=========  ===========  ====  =====  ======  ==========================================================
+kind       shape        grid  rows   keys    what it is
+=========  ===========  ====  =====  ======  ==========================================================
+softmax    (B,H,T,T)    yes   sum 1  tokens  ``softmax(QK^T / sqrt(d))`` as the layer applies it (masked
+                                             heads included). DeiT, MaiT, the generic reader.
+frobenius  (B,H,T,T)    yes   no     tokens  IBiT: ``(M * QK^T / sqrt(d)) / ||.||_F`` per sample and head
+                                             (signed; each map has norm ~1).
+talking    (B,H,N,N)    yes   no     tokens  CaiT's talking heads after the post-softmax head mix: signed,
+                                             rows sum to ``sum_g W[h, g] + N b[h]``. P = 0.
+class      (B,H,1,1+N)  no    sum 1  tokens  CaiT's class attention: the class token's query over the class
+                                             token and the patches. P = 1.
+gpsa       (B,H,N,N)    yes   sum 1  tokens  ConViT's gated mix of content and positional softmaxes. P = 0.
+shift      (B,H,N,S)    no    sum 1  other   LSA's local block: each patch's weights over its own S shifted
+                                             variants. P = 0.
+block      (B*K,H,n,n)  yes   sum 1  tokens  NesT's blocks, Swin's and Twins' windows: attention inside each
+                                             of the K windows of a level (index ``b * K + k``, k row-major);
+                                             grid: one window's ``(s, s)``, n = s * s. P = 0.
+pooled_    (B,H,N,M)    yes   sum 1  pooled  PVT's spatial-reduction attention and Twins' global sub-sampled
+keys                                         attention: queries on the layer's grid, keys and values on that
+                                             grid pooled by a stride-R conv, (gh / R, gw / R), M = N / R^2.
+                                             P = 0.
+=========  ===========  ====  =====  ======  ==========================================================
+
+A model that no family claims gets :func:`generic_family`: its layers of timm's own ``Attention``
+(ViT-style, over ``patch_embed.grid_size``) and Swin's ``WindowAttention`` are read, and a
+model without them (a CNN) has no attention layers; the analyses say so.
+"""
 
 from __future__ import annotations
 

@@ -288,6 +288,8 @@ def _over_seeds(v: Variant, key: str):
     """``mean ± std`` over seeds of an analysis file's scalar (``als_mean``, ``mad_mean``), or Missing."""
     values = [a[key] for a in v.analyses.values() if a.get(key) is not None]
     if not values:
+        if v.analyses and not v.no_locality:  # analysed, with maps, none of which this measure applies to
+            return "not applicable to its maps"
         return v.no_locality or Missing(f"{v.name} analysis")
     mean = sum(values) / len(values)
     std = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
