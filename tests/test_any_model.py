@@ -23,7 +23,7 @@ import yaml
 from conftest import copy_workflow, snakemake
 from locvit import models
 from locvit.layout import StudyLayout
-from locvit.model_checks import _build_model
+from locvit.model_checks import check_model
 
 PLUGINS = Path(__file__).parent / "plugins"
 
@@ -46,7 +46,7 @@ AT_32 = {
 def test_one_entrypoint_of_each_timm_module_builds_at_32_px_through_the_pipeline(module):
     name, kwargs = AT_32[module]
     assert name in timm.list_models(module=module)
-    assert _build_model("v", {"model": name, "kwargs": kwargs}, 32, 10) == []  # locvit validate's build check
+    assert check_model("v", {"model": name, "kwargs": kwargs}, 32, 10) == []  # locvit validate's build check
     torch.manual_seed(0)
     model = models.create({"model": name, "model_kwargs": dict(kwargs, img_size=32, num_classes=10)}).eval()
     with torch.no_grad():
@@ -69,10 +69,10 @@ def test_img_size_goes_only_to_models_that_take_it():
 def test_windows_that_do_not_divide_a_stage_are_refused_by_name():
     """Swin's ImageNet window (7) does not divide the 8 x 8 grid of 32 px in 4-px patches; Twins' windows must
     divide each stage's grid too. timm would pad them; locvit validate names the stage and the fix."""
-    swin = _build_model("s", {"model": "swin_tiny_patch4_window7_224", "kwargs": {}}, 32, 10)
+    swin = check_model("s", {"model": "swin_tiny_patch4_window7_224", "kwargs": {}}, 32, 10)
     assert swin == ["variants.s.kwargs: swin_tiny_patch4_window7_224 at img_size=32: stage 0: window 7x7 does not "
                     "divide its 8x8 grid; choose kwargs.window_size dividing the first stage's grid (8x8), e.g. 4"]
-    twins = _build_model("t", {"model": "twins_svt_small", "kwargs": {"wss": [4, 4, 2, 2]}}, 32, 10)
+    twins = check_model("t", {"model": "twins_svt_small", "kwargs": {"wss": [4, 4, 2, 2]}}, 32, 10)
     assert len(twins) == 1 and "stage 3: window 2x2 does not divide its 1x1 grid" in twins[0]
     assert "kwargs.patch_size" in twins[0]
 
