@@ -61,7 +61,7 @@ sweep: install
 
 efficiency: install
 	$(BIN)/snakemake --cores all all --config params=presets/data_efficiency.yaml
-	$(call publish,data_efficiency,data_efficiency,figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
+	$(call publish,data_efficiency,data_efficiency/same_images,figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
 
 # $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
 # files named, Markdown without links to this machine's MLflow UI (benchmarks/publish.py)

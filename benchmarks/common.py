@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -16,23 +15,15 @@ from typing import Callable
 
 import torch
 
+from locvit.machine import describe
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "python": platform.python_version(),
-    }
+    """The machine every result file names: :func:`locvit.machine.describe` (the CPU, the instruction set
+    torch's kernels use, torch's build, the GPU with its CUDA, cuDNN and triton)."""
+    return describe()
 
 
 def alternate(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
@@ -57,11 +48,27 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def commit() -> str | None:
+    """The commit of the code that made a result: ``git rev-parse --short HEAD``, with ``+changes`` when
+    ``src/`` or ``benchmarks/`` differ from it; None outside a git checkout."""
+    import subprocess
+
+    root = RESULTS.parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
 def write_result(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"machine": machine(), "commit": commit(), **payload}, indent=2) + "\n")
     os.replace(tmp, path)
     return path
 

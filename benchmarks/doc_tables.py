@@ -9,9 +9,19 @@ A quoted table sits between two markers that name its file::
 ``results`` renders a results.csv as ``locvit results --csv`` does; ``efficiency`` renders a
 data-efficiency table (report/tables/data_efficiency.csv) one row per fraction and variant;
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
-time from a bench_pipeline.py result (pipeline.json).
-Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block of
-README.md and docs/*.md from its file; ``--check`` only lists the blocks that differ
+time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
+row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
+the commit that made it, "not recorded" where an older file lacks a field.
+A figure inside a sentence is a value span that names its file and where in it the figure is::
+
+    the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
+
+The key is a path of ``/``-separated steps: a JSON or YAML key or list index; in a CSV, ``column=value``
+keeps the rows whose column has that value and a plain step takes a column (a list of numbers); the last
+steps may be ``len``, ``min``, ``max``, ``sum``, ``mean``, ``pct`` (× 100) or ``minutes`` (÷ 60); after
+``:`` a format spec (``.1f``, ``,.0f``); a single CSV cell is a number where it parses as one.
+Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block and value of
+README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
 """
 
@@ -28,6 +38,9 @@ from locvit.report.tables import as_markdown, num, read_results_csv, summary_lin
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+VALUE = re.compile(r"(<!-- value (\S+) (\S+) -->)(.*?)(<!-- /value -->)", re.S)
+OPS = {"len": len, "min": min, "max": max, "sum": sum, "mean": lambda xs: sum(xs) / len(xs),
+       "pct": lambda x: 100 * x, "minutes": lambda x: x / 60}
 
 
 def efficiency_lines(rows: list[dict]) -> list[list[str]]:
@@ -82,16 +95,212 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+MACHINE_FIELDS = (("CPU", "cpu"), ("ISA", "cpu_capability"), ("cores", "cores"), ("torch", "torch"),
+                  ("Python", "python"), ("GPU", "gpu"))
+
+
+def machines_lines(folder: Path) -> list[list[str]]:
+    """Every result file of a folder with the machine and the commit it records."""
+    import json
+
+    lines = [["file", *(label for label, _ in MACHINE_FIELDS), "commit"]]
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        machine = data.get("machine") or {}
+        cells = [machine.get(key, "not recorded") for _, key in MACHINE_FIELDS]
+        commit = data.get("commit") or machine.get("commit") or "not recorded"
+        lines.append([f"`{path.name}`", *("–" if c is None else str(c) for c in cells), str(commit)])
+    return lines
+
+
 RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
-FILE_RENDER = {"pipeline": pipeline_lines}  # kinds that read the file themselves
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _allowed(spec: dict) -> str:
+    """A schema entry's type and range, as a reader wants it."""
+    if "enum" in spec:
+        return ", ".join(f"`{v}`" for v in spec["enum"])
+    kinds = spec.get("type", "object" if "properties" in spec else "")
+    kinds = "/".join(kinds) if isinstance(kinds, list) else kinds
+    bounds = [f"≥ {spec['minimum']}" if "minimum" in spec else "", f"> {spec['exclusiveMinimum']}" if "exclusiveMinimum" in spec else "",
+              f"≤ {spec['maximum']}" if "maximum" in spec else "", f"< {spec['exclusiveMaximum']}" if "exclusiveMaximum" in spec else ""]
+    return " ".join([kinds, ", ".join(b for b in bounds if b)]).strip()
+
+
+def params_lines(path: Path) -> list[list[str]]:
+    """The params reference: every key of the schema with its type and range, default and description."""
+    import json
+
+    import yaml
+
+    schema = yaml.safe_load(path.read_text())
+    defs = schema.get("$defs", {})
+
+    def resolved(spec: dict) -> dict:
+        if "$ref" in spec:
+            return {**defs[spec["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in spec.items() if k != "$ref"}}
+        return spec
+
+    lines = [["key", "type and range", "default", "description"]]
+
+    def walk(properties: dict, prefix: str) -> None:
+        for name, spec in properties.items():
+            spec = resolved(spec)
+            default = f"`{json.dumps(spec['default'])}`" if "default" in spec else "required" if name in required.get(prefix, ()) else ""
+            lines.append([f"`{prefix}{name}`", _cell(_allowed(spec)), default, _cell(spec.get("description", ""))])
+            if "properties" in spec:
+                required[f"{prefix}{name}."] = spec.get("required", ())
+                walk(spec["properties"], f"{prefix}{name}.")
+
+    required = {"": schema.get("required", ())}
+    walk(schema["properties"], "")
+    return lines
+
+
+def step_lines(path: Path) -> list[list[str]]:
+    """A bench_mait.py / bench_ibit.py result: per model size and variant, the training step time over the
+    baseline's with its fused and with its eager attention."""
+    import json
+
+    data = json.loads(path.read_text())
+    lines = [["model size (batch)", "variant", "step time / baseline (fused)", "/ baseline (eager)"]]
+    for size, r in data["results"].items():
+        for variant, ratio in r["ratios"].items():
+            lines.append([f"{size} ({r['batch']})", variant, f"{ratio:.3f}", f"{r['ratios_vs_eager_twin'][variant]:.3f}"])
+    return lines
+
+
+def _json_at(path: Path):
+    """A result file's JSON, or the part of it a ``file.json#key/key`` source names."""
+    import json
+
+    file, _, key = str(path).partition("#")
+    data = json.loads(Path(file).read_text())
+    for step in filter(None, key.split("/")):
+        data = data[step]
+    return data
+
+
+def _figure(x) -> str:
+    if isinstance(x, float):
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return str(x)
+
+
+def flat_lines(path: Path) -> list[list[str]]:
+    """Any part of a result file (``file.json#key``) as one row per leaf: its key path and its value."""
+    lines = [["key", "value"]]
+
+    def walk(x, prefix):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{prefix}/{k}" if prefix else str(k))
+        else:
+            lines.append([f"`{prefix}`", _figure(x)])
+
+    walk(_json_at(path), "")
+    return lines
+
+
+def augment_side_lines(path: Path) -> list[list[str]]:
+    """bench_augment.py's side_by_side: images/s of the tensor backend and timm's PIL path, and their ratios."""
+    lines = [["size (batch)", "threads", "tensor backend", "timm's PIL path", "ratio", "RandAugment alone: ratio"]]
+    for size, r in _json_at(Path(f"{path}#side_by_side")).items():
+        for threads, t in ((k, v) for k, v in r.items() if k.endswith(("_thread", "_threads"))):
+            ips = t["images_per_s"]
+            lines.append([f"{size} ({r['batch']})", threads.split("_")[0], f"{ips['tensor']:,.0f}", f"{ips['timm_pil']:,.0f}",
+                          f"{t['ratio_tensor_over_pil']:.2f}", f"{t['ratio_tensor_over_pil_randaugment_only']:.2f}"])
+    return lines
+
+
+def augment_ops_lines(path: Path) -> list[list[str]]:
+    """bench_augment.py's tensor_vs_pil_levels: per op, |tensor - PIL| in uint8 levels as mean / share of pixels
+    more than 2 levels apart / max, at each size on smooth images and on noise."""
+    levels = _json_at(Path(f"{path}#tensor_vs_pil_levels"))
+    cases = [(size, kind) for size in levels for kind in ("smooth", "noise")]
+    lines = [["op", *(f"{size} {kind}" for size, kind in cases)]]
+    for op in next(iter(levels.values())):
+        cells = []
+        for size, kind in cases:
+            d = levels[size][op][kind]
+            cells.append("0" if d["max"] == 0 else f"{d['mean']:.2f} / {100 * d['share_over_2']:.1f} % / {d['max']}")
+        lines.append([op, *cells])
+    return lines
+
+
+def dataloader_lines(path: Path) -> list[list[str]]:
+    """bench_dataloader.py: per data set and worker case, images/s of FFCV and torch, JIT on and off, and the
+    ratios; the first and a later epoch's seconds of FFCV with its JIT."""
+    data = _json_at(path)
+    lines = [["data set (batch, images an epoch)", "workers", "FFCV, JIT", "torch", "ratio", "FFCV, no JIT", "torch",
+              "ratio", "FFCV JIT: first / later epoch (s)"]]
+    for name, d in data["datasets"].items():
+        jit, plain = data["loaders"]["jit"][name], data["loaders"]["no_jit"][name]
+        for case, c in jit["cases"].items():
+            n = plain["cases"][case]
+            workers = case.replace("plain_w", "").replace("w", "") + (", no augmentation" if case.startswith("plain") else "")
+            lines.append([f"{name} ({d['batch']}, {jit['images_per_epoch']:,})", workers, f"{c['ffcv_images_per_s']:,.0f}",
+                          f"{c['torch_images_per_s']:,.0f}", f"{c['ratio_ffcv_over_torch']:.2f}", f"{n['ffcv_images_per_s']:,.0f}",
+                          f"{n['torch_images_per_s']:,.0f}", f"{n['ratio_ffcv_over_torch']:.2f}",
+                          f"{c['ffcv_first_epoch_s']:.2f} / {c['ffcv_later_epoch_s']:.2f}"])
+    return lines
+
+
+def feed_lines(path: Path) -> list[list[str]]:
+    """bench_feed.py: per size, feed capacity (images/s of every setting, the best-against-best ratio and its
+    range over rounds, FFCV's part alone) and training fed by each side (images/s, ratio and range)."""
+    results = _json_at(path)["results"]
+    lines = [["size", "what", "images/s", "ratio (rounds' range)"]]
+    for size, r in results.items():
+        cap, e2e = r["feed_capacity"], r["end_to_end"]
+        for setting, ips in cap["images_per_s"].items():
+            lines.append([size, f"feed: `{setting}`", f"{ips:,.0f}", ""])
+        rounds = cap["ratio_per_round"]
+        lines.append([size, f"feed: best locvit (`{cap['best_locvit']}`) over best torch (`{cap['best_timm']}`)", "",
+                      f"**{cap['ratio_best_over_best']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
+        lines.append([size, "feed: FFCV's part alone over best torch", "", f"{cap['ratio_ffcv_loader_only_over_best_timm']:.2f}"])
+        for setting, ips in e2e["images_per_s"].items():
+            lines.append([size, f"training: `{setting}`", f"{ips:,.1f}", ""])
+        rounds = e2e["ratio_per_round"]
+        lines.append([size, f"training: locvit-fed over timm-fed (batch {e2e['batch']})", "",
+                      f"**{e2e['ratio_ffcv_fed_over_timm_fed']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
+    return lines
+
+
+FILE_RENDER = {"dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+               "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
+def source_lines(path: Path) -> list[list[str]]:
+    """Where a quoted result comes from: the machine and the commit its record names (a folder's
+    ``source.json``, written by publish.py, or a result file's own fields); an older record that lacks
+    them says so."""
+    import json
+
+    record = path / "source.json" if path.is_dir() else path
+    data = json.loads(record.read_text()) if record.is_file() else {}
+    machine = data.get("machine") or {}
+    unknown = "not recorded (an earlier locvit)"
+    cells = [str(machine.get(key) or unknown) for _, key in MACHINE_FIELDS[:2]]
+    commit = data.get("commit") or unknown
+    return [["made on", "instruction set", "by commit"], [*cells, commit]]
+
+
+FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds that read a folder
 
 
 def render(kind: str, source: str) -> str:
     path = ROOT / source
-    if kind not in RENDER and kind not in FILE_RENDER:
+    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER:
         raise ValueError(f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
-                         f"{', '.join([*RENDER, *FILE_RENDER])}")
-    if not path.is_file():
+                         f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER])}")
+    if kind == "source" and path.is_file():
+        return as_markdown(source_lines(path))
+    if kind in FOLDER_RENDER:
+        if not path.is_dir():
+            raise FileNotFoundError(f"{source} (quoted by a '<!-- table: {kind} ... -->' marker) is not a folder")
+        return as_markdown(FOLDER_RENDER[kind](path))
+    if not Path(str(path).partition("#")[0]).is_file():
         raise FileNotFoundError(f"{source} (quoted by a '<!-- table: ... -->' marker) does not exist")
     if kind in FILE_RENDER:
         return as_markdown(FILE_RENDER[kind](path))
@@ -99,8 +308,54 @@ def render(kind: str, source: str) -> str:
     return as_markdown(RENDER[kind](rows))
 
 
+def _number(cell):
+    try:
+        return int(cell)
+    except ValueError:
+        try:
+            return float(cell)
+        except ValueError:
+            return cell
+
+
+def value(source: str, key: str) -> str:
+    """The text of a ``<!-- value source key -->`` span: the value at ``key`` in ``source``, formatted."""
+    import json
+
+    import yaml
+
+    path = ROOT / source
+    if not path.is_file():
+        raise FileNotFoundError(f"{source} (quoted by a '<!-- value ... -->' span) does not exist")
+    key, _, fmt = key.partition(":")
+    if path.suffix == ".csv":
+        data = list(csv.DictReader(path.open(newline="")))
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text())
+    else:
+        data = yaml.safe_load(path.read_text())
+    for step in key.split("/"):
+        if step in OPS and not (isinstance(data, dict) and step in data):
+            data = OPS[step](data)
+        elif isinstance(data, list) and "=" in step:  # CSV rows: keep those whose column has the value
+            column, wanted = step.split("=", 1)
+            data = [row for row in data if row.get(column) == wanted]
+        elif isinstance(data, list) and data and isinstance(data[0], dict) and step in data[0]:
+            data = [_number(row[step]) for row in data]  # a CSV column
+        elif isinstance(data, list) and step.lstrip("-").isdigit():
+            data = data[int(step)]
+        elif isinstance(data, dict) and step in data:
+            data = data[step]
+        else:
+            raise KeyError(f"{source}: no {step!r} in '{key}' (a '<!-- value ... -->' span)")
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    return format(data, fmt) if fmt else str(data)
+
+
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
+            ROOT / "tests" / "README.md"]
 
 
 def sync(check: bool) -> list[str]:
@@ -109,9 +364,12 @@ def sync(check: bool) -> list[str]:
     for doc in docs():
         text = doc.read_text()
         new = BLOCK.sub(lambda m: m.group(1) + render(m.group(2), m.group(3)) + m.group(5), text)
+        new = VALUE.sub(lambda m: m.group(1) + value(m.group(2), m.group(3)) + m.group(5), new)
         if new != text:
             stale += [f"{doc.relative_to(ROOT)}: {m.group(3)}" for m in BLOCK.finditer(text)
                       if m.group(4) != render(m.group(2), m.group(3))]
+            stale += [f"{doc.relative_to(ROOT)}: {m.group(2)} {m.group(3)}" for m in VALUE.finditer(text)
+                      if m.group(4) != value(m.group(2), m.group(3))]
             if not check:
                 write_text(doc, new)
     return stale

@@ -7,6 +7,8 @@ short id as text, the way the report writes runs its backend does not know.
     python benchmarks/publish.py results/<study>/report docs/<folder> results.md results.csv figures/curves.png ...
 
 (``make sweep`` and ``make efficiency`` call it; ``bench_pipeline.py --demo`` uses :func:`publish`.)
+Beside the copies it writes ``source.json``: the commit and the machine that made them (the study ran
+right before on this machine), which the docs render beside every table they quote from the folder.
 """
 
 from __future__ import annotations
@@ -40,7 +42,21 @@ def publish(src: Path, dest: Path, names: list[str]) -> list[Path]:
             with atomic_path(target) as tmp:  # a copy cut short leaves the previous file, never half of one
                 shutil.copyfile(source, tmp)
         copies.append(target)
+    write_source(dest)
     return copies
+
+
+def write_source(dest: Path) -> Path:
+    """``dest/source.json``: the commit and the machine the published files come from."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import commit, machine
+
+    path = dest / "source.json"
+    write_text(path, json.dumps({"commit": commit(), "machine": machine()}, indent=2) + "\n")
+    return path
 
 
 def main() -> None:

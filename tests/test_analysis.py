@@ -12,11 +12,12 @@ import torch
 import torch.nn as nn
 
 import locvit.models  # noqa: F401
-from locvit.analysis import (AttentionMap, map_kind, attention_locality_score, attention_rollout,
-                             collect_attention, cross_layer_similarity, mean_attention_distance, neighbourhood_mask)
+from locvit.analysis.attention import AttentionMap, collect_attention
+from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
+                                     mean_attention_distance, pooled_distance)
+from locvit.neighbourhood import neighbourhood_mask
 from locvit.analysis.analyse import _extras, distances, locality
-from locvit.analysis.metrics import pooled_distance
-from locvit.models.family import family_of, summary
+from locvit.models.family import family_of, map_kind, summary
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
 

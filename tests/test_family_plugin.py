@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from conftest import copy_workflow, snakemake
-from locvit.analysis import collect_attention
+from locvit.analysis.attention import collect_attention
 from locvit.analysis.analyse import distances, locality
 from locvit.analysis.metrics import attention_rollout, rollout_applies
 from locvit.layout import StudyLayout

@@ -2,7 +2,8 @@
 
 Up to ``train.max_bad_steps`` such steps are skipped and the run finishes; one more stops
 it with a message naming the key, its MLflow run marked FAILED and its last.pt, the last
-good epoch's, kept.
+good epoch's, kept. An epoch whose every step was skipped took no optimiser step: the run
+stops there, before any result.
 """
 
 from __future__ import annotations
@@ -72,6 +73,24 @@ def test_one_bad_step_too_many_stops_the_run_and_keeps_the_last_good_epoch(cfg, 
     (run,) = seed_runs(client, cfg["study"])
     assert run.info.status == "FAILED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_top1")] == [0]
+
+
+def test_an_epoch_without_an_optimiser_step_stops_the_run_before_any_result(cfg, prepared, tmp_path):
+    """Every step of the first epoch bad, within a budget that allows them all: not one optimiser step, so the
+    run stops with the reason (a user's error, one line) and writes no result (no metrics.json, no best.pt)."""
+    cfg = {**cfg, "train": {**cfg["train"], "max_bad_steps": 1000}}
+    n = steps_per_epoch(cfg, prepared)
+    proc = train(cfg, prepared, tmp_path / "run", tmp_path / "mlflow.db", nan_at=list(range(n)))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    message = proc.stderr.strip().splitlines()[-1]
+    assert f"an epoch took no optimiser step: all its {n} step(s) had a NaN or inf loss or gradient" in message
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists() and not (tmp_path / "run" / "best.pt").exists()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = seed_runs(client, cfg["study"])
+    assert run.info.status == "FAILED"
 
 
 def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params, tmp_path):

@@ -19,11 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
-from locvit.analysis.throughput import read_throughput
+from locvit.throughput_file import read_throughput
 from locvit.io import unpack_bits
 from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
@@ -105,6 +106,11 @@ def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout)
         assert tags["study"] == "tiny" and tags["dataset"] == "digits"
         assert tags["model"] == params["variants"][tags["variant"]]["model"]
         assert len(tags["data_hash"]) == 16 and tags["git_commit"]
+        # the machine that made the numbers: its CPU, the instruction set torch's kernels used, torch's build
+        assert tags["machine.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+        assert tags["machine.torch"] == torch.__version__ and tags["machine.cpu"]
+        record = json.loads(layout.run_files(tags["variant"], int(tags["seed"])).metrics.read_text())["machine"]
+        assert record["cpu_capability"] == tags["machine.cpu_capability"] and record["cpu"] == tags["machine.cpu"]
         assert json.loads(tags["run_config"]) == run_config(params, tags["variant"], int(tags["seed"]))
         inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}  # the UI's Datasets column
         assert set(inputs) == {"digits-train", "digits-val", "digits-test"}
@@ -171,6 +177,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
 
     import mlflow
 
+    from locvit.job_configs import report_config
     from locvit.run_config import run_config
     from locvit.report.build import build_report
 
@@ -180,7 +187,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
     exp = client.get_experiment_by_name("tiny").experiment_id
     before = {r.info.run_id: r for r in client.search_runs([exp])}
     served = "https://mlflow.example.org/ui"  # where the users of this study open the UI
-    report = build_report({**params, "tracking": {**params["tracking"], "ui_url": served}}, layout.root,
+    report = build_report({**report_config(params), "ui_url": served}, layout.root,
                           tmp_path / "report", tracking_db=db)
     after = {r.info.run_id: r for r in client.search_runs([exp])}
     assert set(after) == set(before)  # found by tags: nothing made twice
@@ -243,8 +250,11 @@ def test_results_table_matches_the_evaluations(study, params, layout):
         assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
         assert int(row["n_seeds"]) == 2 and row["missing_seeds"] == ""
         assert set(row["mlflow_run_ids"].split()) == {e["mlflow_run_id"] for e in evals}
+        test_split = json.loads(layout.data_files()["manifest"].read_text())["splits"]["test"]["content_sha256"]
         for e in evals:  # which test images each run got right: as many as its top-1 says
             assert unpack_bits(e["test_hits"], e["n"]).sum() == round(e["test_top1"] * e["n"])
+            # the split it scored (the report pairs on it) and the machine it was scored on
+            assert e["test_hash"] == test_split and e["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
         assert row["verdict"] in ("baseline", "better", "worse", "equivalent", "undecided")
         if row["verdict"] != "baseline":  # each verdict agrees with its interval
             low, high = float(row["delta_ci95_low"]), float(row["delta_ci95_high"])
@@ -354,6 +364,7 @@ def test_training_jobs_per_run_or_per_variant(repo, tmp_path, raw_tiny):
 
 def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_path):
     from locvit.config import load_params
+    from locvit.run_config import run_config
 
     params = load_params(repo / "presets" / "data_efficiency.yaml")
     work = copy_workflow(tmp_path)
@@ -366,15 +377,16 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
     assert "results/data_efficiency/data_25pct/train.beton" in job
     assert params["variants"]["deit_25pct"]["train_fraction"] == 0.25
     assert params["variants"]["deit"]["train_fraction"] == 1.0
-    # seed_budget {full_runs: 1, max_seeds: 10}: 10 % -> 10 seeds, 25 % -> 4, 50 % and 100 % -> the study's 3,
-    # each group of variants with the same seeds in its own rule, whose outputs list those seeds
-    assert job.startswith("train_4seeds:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(4))
-    assert params["variants"]["deit_10pct"]["seeds"] == list(range(10))
-    assert params["variants"]["deit_50pct"]["seeds"] == params["variants"]["deit"]["seeds"] == [0, 1, 2]
+    # fraction_protocol same_images: a fraction f trains 25 / f epochs, and seed_budget {full_runs: 3} gives every
+    # fraction the study's 3 seeds (each a full run's images), so one rule trains every variant
+    assert run_config(params, "deit_25pct", 0)["train"]["epochs"] == 100
+    assert run_config(params, "deit_10pct", 0)["train"]["epochs"] == 250
+    assert run_config(params, "deit", 0)["train"]["epochs"] == 25
+    assert job.startswith("train:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(3))
+    assert all(params["variants"][v]["seeds"] == [0, 1, 2] for v in params["variants"])
     planned = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
                if re.match(r"^(train|evaluate|analyse)\w* +\d+$", line)}
-    assert planned == {f"{rule}{suffix}": 5 * k for rule in ("train", "evaluate", "analyse")
-                       for suffix, k in (("", 2), ("_10seeds", 1), ("_4seeds", 1))}
+    assert planned == {rule: 20 for rule in ("train", "evaluate", "analyse")}
 
 
 def test_mask_search_follows_the_previous_rounds_als(study, params, layout):

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
-from locvit.io import pack_bits
+from locvit.io import JobConfig, pack_bits
+from locvit.job_configs import report_config
 from locvit.report import stats
 from locvit.report.build import build_report
 
@@ -65,6 +66,12 @@ def make_params(variants=VARIANTS, study="synth", **data) -> dict:
     return validate_params(raw, check_models=False)
 
 
+def config(params: dict) -> JobConfig:
+    """The report's job config of a study, as the command line reads it: a key the report reads that the
+    config lacks fails the test."""
+    return JobConfig(report_config(params), "report config")
+
+
 def write(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj))
@@ -88,6 +95,7 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
                     "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
                     "test_top1": top1[v][s], "test_loss": 1.0, "n": 360, "n_params": n_params,
                     "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16,
+                    "test_hash": "1" * 64,
                     **({"test_hits": pack_bits(hits[(v, s)])} if hits else {})})
             history = [{"epoch": e, "train_loss": 2.0 - 0.4 * e + 0.05 * s, "train_top1": 0.3 + 0.1 * e,
                         "train_images_per_s": 500.0, "val_loss": 1.5 - 0.2 * e, "val_top1": 0.4 + 0.1 * e}
@@ -152,7 +160,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     params = make_params()
     run_ids = make_study(root, params)
-    report = build_report(params, root, root / "report", log_to_mlflow=False)
+    report = build_report(config(params), root, root / "report", log_to_mlflow=False)
     return root, root / "report", report, run_ids
 
 
@@ -318,7 +326,7 @@ def test_every_verdict_with_its_interval(tmp_path):
     variants = {v: VARIANTS["deit"] for v in ks}
     params = {**make_params(variants), "seeds": [0, 1, 2]}
     make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2], hits=hits)
-    build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     rows = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
     assert {v: rows[v]["verdict"] for v in ks} == {"deit": "baseline", "far": "better", "low": "worse",
                                                    "same": "equivalent", "noisy": "undecided"}
@@ -340,7 +348,7 @@ def test_every_verdict_with_its_interval(tmp_path):
         for s in range(3):
             path = tmp_path / "eval" / v / f"seed{s}.json"
             path.write_text(json.dumps({k: x for k, x in json.loads(path.read_text()).items() if k != "test_hits"}))
-    build_report(params, tmp_path, tmp_path / "report2", log_to_mlflow=False)
+    build_report(config(params), tmp_path, tmp_path / "report2", log_to_mlflow=False)
     rows = {r["variant"]: r for r in read_csv(tmp_path / "report2" / "results.csv")}
     assert rows["same"]["verdict"] == "undecided" and rows["far"]["verdict"] == "better"
 
@@ -372,7 +380,7 @@ def test_absent_families_are_not_written_and_stale_tables_go(built, tmp_path):
     assert (out / "tables" / "lsa_table3.md").is_file() and (out / "figures" / "als_lsa.png").is_file()
     only_mait = make_params({v: VARIANTS[v] for v in ("deit", "mait_3x3", "mait_soft")})
     make_study(tmp_path, only_mait, analysed={})
-    report = build_report(only_mait, tmp_path, out, log_to_mlflow=False)
+    report = build_report(config(only_mait), tmp_path, out, log_to_mlflow=False)
     assert set(report["tables"]) == {"results", "mait_table2", "mait_table3", "mait_table4"}
     assert {"lsa_table3", "lsa_table5", "ibit_table3", "ibit_table4", "accuracy_vs_depth"} <= set(report["skipped"])
     assert not (out / "tables" / "lsa_table3.md").exists() and not (out / "figures" / "als_lsa.png").exists()
@@ -387,7 +395,7 @@ def test_fraction_figure_from_several_studies(built, tmp_path):
     for frac in (0.25, 0.5):
         params = make_params(variants, study=f"frac{int(100 * frac)}", train_fraction=frac)
         make_study(tmp_path / params["study"], params, analysed={})
-        studies.append((params, tmp_path / params["study"]))
+        studies.append((config(params), tmp_path / params["study"]))
     report = build_report(*studies[0], tmp_path / "report", log_to_mlflow=False, extra_studies=studies[1:])
     fig = report["figures"]["accuracy_vs_fraction"]
     assert (tmp_path / "report" / fig["pdf"]).read_bytes()[:4] == b"%PDF" and "frac25, frac50" in fig["caption"]
@@ -403,7 +411,7 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     assert list(params["variants"]) == ["deit", "deit_25pct", "lsa", "lsa_25pct"]
     top1 = {"deit": [0.90, 0.92], "deit_25pct": [0.50, 0.54], "lsa": [0.99, 0.98], "lsa_25pct": [0.90, 0.91]}
     make_study(tmp_path, params, top1=top1, analysed={})
-    report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     rows = {r["Variant"]: r for r in read_csv(tmp_path / "report" / "tables" / "data_efficiency.csv")}
     assert list(rows) == ["deit", "lsa"]
     assert float(rows["lsa"]["25% of train"]) == pytest.approx(90.5)
@@ -440,7 +448,7 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
     run_ids[("mait_3x3", 1)] = uuid.uuid4().hex  # a run the backend does not know (e.g. after dvc pull)
     make_study(tmp_path, params, run_ids=run_ids, analysed={"deit": [0], "mait_3x3": [0]})
     with caplog.at_level(logging.WARNING, logger="locvit"):
-        report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+        report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
     assert "1 MLflow run(s) not in the tracking backend" in caplog.text
     md = (tmp_path / "report" / "tables" / "mait_table2.md").read_text()
     link = f"http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]}?workflowType=machine_learning"
@@ -457,6 +465,6 @@ def test_no_mlflow_needed_without_logging(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     params = make_params({v: VARIANTS[v] for v in ("deit", "mait_3x3")})
     make_study(tmp_path, params, analysed={})
-    report = build_report(params, tmp_path, tmp_path / "report", log_to_mlflow=False)
+    report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     assert report["mlflow"] == {} and not (tmp_path / "mlflow.db").exists()
     assert "mait_table2" in report["tables"]

@@ -18,6 +18,8 @@ import yaml
 from conftest import REPO
 from locvit.analysis.throughput import COLUMNS, measure_throughput, read_throughput
 from locvit.config import ConfigError, validate_params
+from locvit.io import JobConfig
+from locvit.job_configs import throughput_config
 
 # The demo's sizes: patch 4 at 32x32 (8x8 grid + class token = 65 tokens), 48-d, 4 layers, 3 heads.
 DEMO = {"patch_size": 4, "embed_dim": 48, "depth": 4, "num_heads": 3}
@@ -46,7 +48,7 @@ def measured(tmp_path_factory) -> tuple[dict, Path]:
     # can cost more than the op (2 threads beside two training processes: 40 times slower).
     raw["analysis"] = {"profile_batch": 32, "profile_repeats": 16, "throughput_rounds": 5}
     out = tmp_path_factory.mktemp("throughput") / "report" / "throughput.csv"
-    rows = measure_throughput(validate_params(raw, check_models=False), out, threads=1)
+    rows = measure_throughput(JobConfig(throughput_config(validate_params(raw, check_models=False))), out, threads=1)
     return rows, out
 
 
@@ -102,7 +104,7 @@ def test_without_a_baseline_the_ratio_is_empty(tmp_path):
     params = validate_params(_tiny(deit_a="mait_tiny_patch16_224"), check_models=False)
     assert params["baseline"] is None  # no DeiT left to default to
     out, threads = tmp_path / "throughput.csv", torch.get_num_threads()
-    rows = measure_throughput(params, out, threads=threads + 1)
+    rows = measure_throughput(JobConfig(throughput_config(params)), out, threads=threads + 1)
     assert torch.get_num_threads() == threads  # the caller's thread count, back
     assert [r["ratio_vs_baseline"] for r in rows.values()] == [None, None]
     assert all(line.split(",")[4] == "" for line in out.read_text().splitlines()[1:])

@@ -22,18 +22,27 @@ import sys
 from pathlib import Path
 
 from locvit.config import ConfigError, load_params, validate_section
-from locvit.errors import InputError, LocvitError, MissingFileError
+from locvit.errors import EXIT_STOPPED, InputError, LocvitError, MissingFileError, Stopped
 from locvit import logs
-from locvit.io import read_json
+from locvit.io import JobConfig, read_json
 from locvit.layout import REPORT_FILES, StudyLayout, per_seed
 from locvit.run_config import run_config, validate_run_config, variant_seeds
-from locvit.train.stop import EXIT_STOPPED, Stopped
 
 
 def config_file(path: Path, option: str):
     """The JSON config file an option names (Snakemake writes them); an error naming the option and the file."""
     return read_json(path, f"{option} file", "Run the job through Snakemake, which writes it (locvit job-configs "
                                             "writes them all).")
+
+
+def job_config(args, option: str, build):
+    """A job's config: the file ``option`` names (Snakemake's), else built from ``--params`` by ``build`` (one
+    of :mod:`locvit.job_configs`' functions), read as a :class:`locvit.io.JobConfig`: the job reads nothing
+    else of the study's params, and a key it reads that the config lacks is an error naming it."""
+    path = getattr(args, option.lstrip("-").replace("-", "_"))
+    if path:
+        return JobConfig(config_file(path, option), f"{option} {path}")
+    return JobConfig(build(load_params(args.params, check_models=False)), f"{option.lstrip('-')} of {args.params}")
 
 
 def cmd_validate(args) -> None:
@@ -109,8 +118,10 @@ def cmd_analyse(args) -> None:
 
 def cmd_throughput(args) -> None:
     from locvit.analysis.throughput import measure_throughput
+    from locvit.job_configs import throughput_config
 
-    rows = measure_throughput(load_params(args.params, check_models=False), args.out, threads=args.threads)
+    rows = measure_throughput(job_config(args, "--throughput-config", throughput_config), args.out,
+                              threads=args.threads)
     for row in rows.values():
         ratio = "" if row["ratio_vs_baseline"] is None else f", {row['ratio_vs_baseline']:.3f} x the baseline"
         print(f"{row['variant']}: {row['img_s_median']:.1f} img/s (rounds {row['img_s_low']:.1f} to "
@@ -134,27 +145,31 @@ def cmd_search_spec(args) -> None:
 
 
 def cmd_search_table(args) -> None:
-    from locvit.analysis.search import search_table, table_markdown
+    from locvit.analysis.search import search_table
     from locvit.io import write_json, write_text
+    from locvit.job_configs import search_table_config
+    from locvit.report.search import table_markdown
 
-    params = load_params(args.params, check_models=False)
+    cfg = job_config(args, "--search-table-config", search_table_config)
     fix = "Re-run the mask search (snakemake --cores all search)."
     rows = search_table([read_json(f, "search spec", fix) for f in args.specs],
                         [read_json(f, "analysis file", fix) for f in args.analyses],
                         [read_json(f, "evaluation file", fix) for f in args.evals])
-    write_text(args.md, table_markdown(rows, params))
+    write_text(args.md, table_markdown(rows, cfg))
     write_json(args.json, {"rounds": rows, "searched_masked_heads": read_json(args.specs[-1], "search spec", fix)
                            ["masked_heads"]})
     print(f"mask search table: {args.md}")
 
 
 def cmd_report(args) -> None:
+    from locvit.job_configs import report_config
     from locvit.report.build import build_report
 
-    params = load_params(args.params, check_models=False)
-    extra = [(load_params(p, check_models=False), d) for p, d in zip(args.extra_params, args.extra_study_dir)]
-    report = build_report(params, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
-                          tracking_db=args.tracking_db, params_file=args.params)
+    cfg = job_config(args, "--report-config", report_config)
+    extra = [(JobConfig(report_config(load_params(p, check_models=False)), f"report config of {p}"), d)
+             for p, d in zip(args.extra_params, args.extra_study_dir)]
+    report = build_report(cfg, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
+                          tracking_db=args.tracking_db, params_file=args.params if args.params.is_file() else None)
     print(f"results table: {args.out_dir / REPORT_FILES['md']}; {len(report['tables']) - 1} paper table(s), "
           f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / REPORT_FILES['index']}")
     for name, why in report["skipped"].items():
@@ -167,7 +182,8 @@ def cmd_report(args) -> None:
 
 
 def cmd_sync_tracking(args) -> None:
-    from locvit.tracking import default_uri, safe_uri, sync_runs
+    from locvit.tracking import default_uri, safe_uri
+    from locvit.tracking.sync import sync_runs
 
     uri = safe_uri(default_uri(args.tracking_db))
     try:
@@ -346,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("throughput", cmd_throughput, "inference images/s of every variant of --params, measured side by side in "
                                           "one process in alternating rounds (random weights)")
+    p.add_argument("--throughput-config", type=Path,
+                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params")
     p.add_argument("--out", type=Path, required=True, help="output CSV (results/<study>/report/throughput.csv)")
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
@@ -357,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
 
     p = add("search-table", cmd_search_table, "the mask search's table: each round's masks, ALS and accuracy")
+    p.add_argument("--search-table-config", type=Path,
+                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params")
     p.add_argument("--specs", type=Path, nargs="+", required=True)
     p.add_argument("--analyses", type=Path, nargs="+", required=True)
     p.add_argument("--evals", type=Path, nargs="+", required=True)
@@ -364,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, required=True)
 
     p = add("report", cmd_report, "write the results table, the papers' tables and the figures of a study")
+    p.add_argument("--report-config", type=Path,
+                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params. "
+                        "With it, --params is not read: the file is logged to the study's MLflow run as it is")
     p.add_argument("--study-dir", type=Path, required=True, help="results/<study>: its eval/, runs/, analysis/, maps/")
     p.add_argument("--out-dir", type=Path, required=True, help="where the report goes (results/<study>/report)")
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)

@@ -1,6 +1,6 @@
 """The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
-``workflow/schemas/params.schema.yaml`` declares every key once (type, default,
+``src/locvit/schemas/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
 fills defaults (the default ``baseline`` from the family protocol), expands
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ import yaml
 from locvit.errors import LocvitError
 from locvit.model_checks import check_model, claiming_family
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "params.schema.yaml"
+#: The schema of params.yaml: package data, inside the installed package as in a checkout.
+SCHEMA = resources.files("locvit") / "schemas" / "params.schema.yaml"
 # Keys the pipeline sets itself from the data section; a variant may not override them.
 PIPELINE_KWARGS = ("img_size", "num_classes")
 
@@ -40,7 +41,7 @@ class ConfigError(LocvitError, ValueError):
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    return yaml.safe_load(SCHEMA.read_text())
 
 
 def _key(path) -> str:
@@ -131,14 +132,42 @@ def _expand_fractions(params: dict) -> list[str]:
     return problems
 
 
-def budget_seeds(seeds: list[int], fraction: float, budget: dict | None) -> list[int]:
+#: How a training fraction is trained (params' ``fraction_protocol``): the recipe's epochs, or ConViT's
+#: equal images seen (d'Ascoli et al., ICML 2021, arXiv 2103.10697: epochs x 1/f).
+FRACTION_PROTOCOLS = ("same_epochs", "same_images")
+
+
+def fraction_recipe(recipe: dict, fraction: float, protocol: str) -> dict:
+    """The recipe a run on ``fraction`` of the training split trains with under ``protocol``.
+
+    ``same_epochs``: the recipe as it is (f of a full run's images and optimiser steps). ``same_images``:
+    ``epochs / f`` rounded to a whole epoch (at least 1), and ``warmup_epochs`` scaled by the same factor
+    (the warm-up keeps its share of the schedule), so a run sees about as many images as a full one.
+    """
+    if protocol not in FRACTION_PROTOCOLS:
+        raise ConfigError([f"fraction_protocol: {protocol!r} is not allowed; allowed values: "
+                           f"{', '.join(map(repr, FRACTION_PROTOCOLS))}"])
+    if protocol == "same_epochs" or fraction >= 1:
+        return dict(recipe)
+    epochs = max(1, round(recipe["epochs"] / fraction))
+    factor = epochs / recipe["epochs"]
+    return {**recipe, "epochs": epochs, "warmup_epochs": round(recipe["warmup_epochs"] * factor, 6)}
+
+
+def seed_cost(fraction: float, protocol: str) -> float:
+    """What one seed on ``fraction`` of the training split costs, in full runs' images seen: f at the same
+    epochs, a whole run at the same images seen (:func:`fraction_recipe`)."""
+    return fraction if protocol == "same_epochs" else 1.0
+
+
+def budget_seeds(seeds: list[int], fraction: float, budget: dict | None, protocol: str = "same_epochs") -> list[int]:
     """The seeds of a variant trained on ``fraction`` of the training split under ``seed_budget``:
-    ``round(full_runs / fraction)`` of them (a run on f of the data costs about f of a full run, at the
-    same epochs), at least the study's ``seeds`` and at most ``max_seeds``; the extra ones count up
-    from the largest of ``seeds``."""
+    ``round(full_runs / cost)`` of them, with a seed's cost in full runs' images seen (:func:`seed_cost`:
+    f under ``same_epochs``, 1 under ``same_images``), at least the study's ``seeds`` and at most
+    ``max_seeds``; the extra ones count up from the largest of ``seeds``."""
     if not budget:
         return list(seeds)
-    wanted = min(budget["max_seeds"], round(budget["full_runs"] / fraction))
+    wanted = min(budget["max_seeds"], round(budget["full_runs"] / seed_cost(fraction, protocol)))
     extra = max(0, wanted - len(seeds))
     return list(seeds) + list(range(max(seeds) + 1, max(seeds) + 1 + extra))
 
@@ -149,7 +178,7 @@ def _budget_seeds(params: dict) -> None:
     if budget:
         for name, spec in params["variants"].items():
             fraction = spec.get("train_fraction", params["data"]["train_fraction"])  # a train_fractions copy's own
-            spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget))
+            spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget, params["fraction_protocol"]))
 
 
 def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
@@ -175,6 +204,21 @@ def _fill_defaults_section(section: dict, schema: dict) -> dict:
     return out
 
 
+def _check_fraction_epochs(params: dict) -> list[str]:
+    """Each run's epochs under fraction_protocol stay within what a run config may hold (the schema's maximum)."""
+    problems = []
+    most = load_schema()["$defs"]["recipe"]["properties"]["epochs"]["maximum"]  # what a run config may hold
+    for name, variant in params["variants"].items():  # the epochs a fraction's run gets (fraction_protocol)
+        recipe = {**params["train"], **variant["train"]}
+        fraction = variant.get("train_fraction", params["data"]["train_fraction"])
+        epochs = fraction_recipe(recipe, fraction, params["fraction_protocol"])["epochs"]
+        if epochs > most:
+            problems.append(f"variants.{name}: fraction_protocol same_images trains {recipe['epochs']} epochs / "
+                            f"{fraction} = {epochs} epochs, more than {most}; use fewer epochs, a larger "
+                            "fraction or fraction_protocol: same_epochs")
+    return problems
+
+
 def _check_semantics(params: dict) -> list[str]:
     """What the schema cannot say: recipe coherence and models that build."""
     from locvit.data.sources import get_source  # data sources know their class count
@@ -196,6 +240,7 @@ def _check_semantics(params: dict) -> list[str]:
         problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
                         "(a neighbourhood centred on the patch)")
     source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
+    problems.extend(_check_sizes(params, source))
     problems.extend(_check_search(params, source.num_classes))
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
@@ -205,6 +250,68 @@ def _check_semantics(params: dict) -> list[str]:
             problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes,
                                         params["model_modules"]))
     return problems
+
+
+def _check_sizes(params: dict, source) -> list[str]:
+    """Where the source knows its labels without its images (digits, CIFAR): each variant's training split
+    holds at least one batch and an image of every class, and the test split ``analysis.images``. The split
+    is the prepare step's own (:func:`locvit.data.splits.split_indices`); other sources are checked when
+    prepared and when trained (the loop refuses an epoch without an optimiser step)."""
+    known = source.known_labels()
+    if known is None:
+        return []
+    from locvit.data.splits import empty_classes, split_indices
+
+    labels, fixed_test = known
+    data, problems = params["data"], []
+    splits = {}
+    for name, variant in params["variants"].items():
+        fraction = variant.get("train_fraction", data["train_fraction"])
+        if fraction not in splits:
+            splits[fraction] = split_indices(labels, data["val_fraction"], data["test_fraction"], data["split_seed"],
+                                             fixed_test, fraction)
+        train = splits[fraction]["train"]
+        where = ("train_fractions" if params.get("train_fractions") else f"variants.{name}.train_fraction"
+                 if "train_fraction" in variant else "data.train_fraction")
+        batch_key = f"variants.{name}.train.batch_size" if "batch_size" in variant["train"] else "train.batch_size"
+        batch = {**params["train"], **variant["train"]}["batch_size"]
+        if len(train) < batch:
+            lead = (f"{where}: {fraction} leaves {len(train)} training image(s) of {source.name}, fewer than one "
+                    f"batch ({batch_key} {batch})" if fraction < 1 else
+                    f"{batch_key}: {batch} is more than the {len(train)} images of the training split of {source.name} "
+                    f"(data.val_fraction {data['val_fraction']}, data.test_fraction {data['test_fraction']})")
+            problems.append(f"{lead}: not one optimiser step per epoch (a partial batch is dropped); use a batch of at "
+                            f"most {len(train)}" + (" or a larger fraction" if fraction < 1 else ""))
+        empty = empty_classes(labels, train, source.num_classes)
+        if empty:
+            problems.append(f"{where}: {fraction} leaves {len(empty)} of the {source.num_classes} classes of "
+                            f"{source.name} with no training image ({len(train)} training image(s) in all); use a larger fraction")
+    test = len(next(iter(splits.values()))["test"])  # the same at every fraction
+    if params["analysis"]["images"] > test:
+        problems.append(f"analysis.images: {params['analysis']['images']} is more than the {test} images of "
+                        f"the test split of {source.name} (data.test_fraction {data['test_fraction']}), whose first "
+                        f"analysis.images are analysed; use at most {test}")
+    return list(dict.fromkeys(problems))  # one message per key and numbers, not one per variant
+
+
+def _check_tracking(params: dict) -> list[str]:
+    """``tracking.ui_url`` is an address the report's links can start with: no whitespace, a host."""
+    url = params["tracking"]["ui_url"]
+    if url is None:
+        return []
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() for c in url):
+        return [f"tracking.ui_url: {url!r} holds whitespace; every link of the report would be broken. Give the "
+                "address users open the MLflow UI at, e.g. http://mlflow.example.org:5000"]
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # port: a ValueError when it is not a number in range
+    except ValueError as err:
+        return [f"tracking.ui_url: {url!r} is not a valid address ({err}); e.g. http://mlflow.example.org:5000"]
+    if not host:
+        return [f"tracking.ui_url: {url!r} names no host; e.g. http://mlflow.example.org:5000"]
+    return []
 
 
 def _check_search(params: dict, num_classes: int) -> list[str]:
@@ -242,7 +349,8 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     if problems:
         raise ConfigError(problems, source)
     _budget_seeds(params)
-    problems = _check_baseline(params) + (_check_semantics(params) if check_models else [])
+    problems = (_check_baseline(params) + _check_fraction_epochs(params) + _check_tracking(params)
+                + (_check_semantics(params) if check_models else []))
     if problems:
         raise ConfigError(problems, source)
     return params

@@ -22,6 +22,17 @@ class MissingFileError(LocvitError, FileNotFoundError):
     """A file or folder a step needs is not there (named, with the step that makes it)."""
 
 
+#: ``locvit train``'s exit status after a stop on request (sysexits' EX_TEMPFAIL: try again).
+EXIT_STOPPED = 75
+
+
+class Stopped(Exception):
+    """A run stopped on request at a step boundary; last.pt holds that step (:mod:`locvit.train.stop`).
+
+    Not a mistake: the command line exits with :data:`EXIT_STOPPED`, and the job resumes when run again.
+    Here, beside the errors, so that the command line catches it without importing the trainer."""
+
+
 def allowed(name: str, value, choices) -> None:
     """Raise :class:`InputError` naming ``name``, ``value`` and the allowed values unless ``value`` is one."""
     choices = tuple(choices)

@@ -113,6 +113,32 @@ def read_json(path: str | os.PathLike, what: str = "file", fix: str = "") -> Any
         raise InputError(f"{what} {path} is not valid JSON ({err}). {fix}".strip()) from err
 
 
+class JobConfig(dict):
+    """A job's config (:mod:`locvit.job_configs`) that raises, naming the key, when the job reads a key it lacks.
+
+    A job config holds every key its job reads (a ``get`` with a default is a read too): a job that reads
+    one more than its config holds is a config gone out of step with its job, an error rather than a
+    silent default. Nested mappings are job configs too; the keys a job reads are recorded in ``read``.
+    """
+
+    def __init__(self, data: dict, name: str = "job config", read: set | None = None):
+        super().__init__({k: JobConfig(v, f"{name}.{k}", read) if isinstance(v, dict) else v for k, v in data.items()})
+        self.name, self.read = name, read if read is not None else set()
+
+    def __getitem__(self, key):
+        self.read.add(f"{self.name}.{key}")
+        if not super().__contains__(key):
+            raise InputError(f"{self.name}: no key {key!r}, which its job reads; it holds {', '.join(map(repr, self))}. "
+                             "Write the job configs again (locvit job-configs; Snakemake does at every start)")
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self[key]
+
+    def __reduce__(self):  # pickles (a DataLoader's workers, deepcopy) as the plain dict it holds
+        return dict, (dict(self),)
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()

@@ -8,9 +8,11 @@ past params), and DVC compares the file's hash (the ``configs`` stage writes the
 stages depend on their own). Like a source file under make, a param changed and changed back
 before its jobs ran still re-runs them.
 
-The training, data, analysis and mask-search jobs read their config file and nothing else of
-params.yaml; the report and the throughput job read params.yaml, and their files hold what
-they read of it.
+Every job reads its config file and nothing else of params.yaml: the training, data, analysis
+and mask-search jobs, the throughput job (:func:`throughput_config`), the report
+(:func:`report_config`) and the mask search's table (:func:`search_table_config`). The command
+line reads each file as a :class:`locvit.io.JobConfig`, so a job that reads a key its file lacks
+fails naming the key (``tests/test_job_configs.py`` runs each job on its exact config).
 """
 
 from __future__ import annotations
@@ -38,26 +40,59 @@ def job_configs(params: dict) -> dict[Path, object]:
     for (variant, seed), cfg in runs.items():
         configs[layout.train_config(variant, seed)] = cfg
     configs[layout.job_config("analyse")] = {k: v for k, v in params["analysis"].items() if k not in THROUGHPUT_KEYS}
-    # The throughput job measures every variant's model side by side: another model, device or baseline
-    # re-runs it, another recipe does not (the same model at random weights).
-    first = {v: runs[v, variant_seeds(params, v)[0]] for v in variants}
-    configs[layout.job_config("throughput")] = {
-        "analysis": {k: params["analysis"][k] for k in THROUGHPUT_KEYS},
-        "baseline": params["baseline"],
-        "models": {v: {"model": c["model"], "model_kwargs": c["model_kwargs"], "device": c["train"]["device"],
-                       "model_modules": c.get("model_modules", [])} for v, c in first.items()},
-    }
-    configs[layout.job_config("report")] = {
-        "study": params["study"], "baseline": params["baseline"],
-        "equivalence_margin": params["equivalence_margin"], "data": params["data"],
-        "variants": params["variants"], "seeds": {v: variant_seeds(params, v) for v in variants},
-        "profile_batch": params["analysis"]["profile_batch"], "ui_url": params["tracking"]["ui_url"],
-    }
+    configs[layout.job_config("throughput")] = throughput_config(params, runs)
+    configs[layout.job_config("report")] = report_config(params, runs)
     search = params.get("mask_search")
     if search:
         configs[layout.job_config("search")] = search
         configs[layout.job_config("search_train")] = run_config(params, search["variant"], search["seed"])
+        configs[layout.job_config("search_table")] = search_table_config(params)
     return configs
+
+
+def _first_runs(params: dict, runs: dict | None) -> dict[str, dict]:
+    """Each variant's run config of its first seed (the model, the recipe and the fraction do not depend on it)."""
+    return {v: (runs or {}).get((v, variant_seeds(params, v)[0])) or run_config(params, v, variant_seeds(params, v)[0])
+            for v in params["variants"]}
+
+
+def throughput_config(params: dict, runs: dict | None = None) -> dict:
+    """What the throughput job reads (:mod:`locvit.analysis.throughput`): its rounds, batch and repeats, the
+    baseline and each variant's model on its device. Another model, device or baseline re-runs it, another
+    recipe does not (the same model at random weights)."""
+    return {
+        "analysis": {k: params["analysis"][k] for k in THROUGHPUT_KEYS},
+        "baseline": params["baseline"],
+        "models": {v: {"model": c["model"], "model_kwargs": c["model_kwargs"], "device": c["train"]["device"],
+                       "model_modules": c.get("model_modules", [])} for v, c in _first_runs(params, runs).items()},
+    }
+
+
+#: The recipe keys the report reads of each variant (the IBiT tables' CutMix and MixUp columns).
+REPORT_RECIPE_KEYS = ("cutmix", "mixup")
+
+
+def report_config(params: dict, runs: dict | None = None) -> dict:
+    """What the report reads (:func:`locvit.report.study.load_study`): the study, the baseline and margin, the
+    dataset's name and fraction, the tracking UI's address, the batch the profiles were measured at, and per
+    variant its model, seeds, fraction and the recipe keys its tables show."""
+    return {
+        "study": params["study"], "baseline": params["baseline"], "equivalence_margin": params["equivalence_margin"],
+        "data": {"source": params["data"]["source"], "train_fraction": params["data"]["train_fraction"]},
+        "profile_batch": params["analysis"]["profile_batch"], "ui_url": params["tracking"]["ui_url"],
+        "fraction_protocol": params["fraction_protocol"],  # the captions say how the fractions trained
+        "variants": {v: {"model": c["model"], "description": params["variants"][v].get("description", ""),
+                         "seeds": variant_seeds(params, v), "train_fraction": c["data"]["train_fraction"],
+                         "base": params["variants"][v].get("base", v), "model_kwargs": c["model_kwargs"],
+                         "model_modules": c.get("model_modules", []),
+                         "recipe": {k: c["train"][k] for k in REPORT_RECIPE_KEYS}}
+                     for v, c in _first_runs(params, runs).items()},
+    }
+
+
+def search_table_config(params: dict) -> dict:
+    """What the mask search's table reads: the study's name and the search's section."""
+    return {"study": params["study"], "mask_search": params["mask_search"]}
 
 
 def encode(config: object) -> str:

@@ -3,7 +3,9 @@
 A run config (:func:`run_config`) is everything one training run needs of params.yaml, fully
 resolved: the model and its keyword arguments (with the data's image size and class count),
 the data section at the variant's training fraction, and the variant's recipe over the
-study's. It is what a training job takes as JSON (checked by :func:`validate_run_config`)
+study's, with the epochs and warm-up its fraction trains under params' ``fraction_protocol``
+(:func:`locvit.config.fraction_recipe`; the protocol itself is resolved away, like seed_budget:
+a run at the same epochs is the same run under either). It is what a training job takes as JSON (checked by :func:`validate_run_config`)
 and what MLflow records as params (:func:`flatten`). Reads params that
 :func:`locvit.config.load_params` validated.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from locvit.config import ConfigError, load_schema, schema_errors
+from locvit.config import ConfigError, fraction_recipe, load_schema, schema_errors
 
 RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
 OPTIONAL_RUN_CONFIG_KEYS = ("model_modules",)  # present only when params set them
@@ -56,7 +58,9 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "model": spec["model"],
         "model_kwargs": kwargs,
         "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
-        "train": {**params["train"], **spec["train"]},
+        # the variant's recipe over the study's, its epochs for its training fraction (fraction_protocol)
+        "train": fraction_recipe({**params["train"], **spec["train"]}, variant_fraction(params, variant),
+                                 params.get("fraction_protocol", "same_epochs")),
     }
 
 

@@ -58,7 +58,12 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
 # dvc.yaml, generated ----------------------------------------------------------------------------------
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast)."""
+    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast).
+
+    An import of ``locvit.a.b`` also counts the packages above it whose ``__init__`` Python runs first
+    (``locvit``, ``locvit.a``), except the importing module's own packages (they ran before it did) unless
+    it names one.
+    """
     files = {_module(path, package): path for path in package.rglob("*.py")}
     graph = {}
     for name, path in files.items():
@@ -68,8 +73,16 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {m for m in found if m in files} - {name}
+        found = {m for m in found if m in files}
+        ran = _parents(name) | ({name} if path.name == "__init__.py" else set())  # its own packages
+        graph[name] = (found | ({p for m in found for p in _parents(m)} - ran)) - {name}
     return graph
+
+
+def _parents(module: str) -> set[str]:
+    """The packages above a dotted module name: ``a.b.c`` -> ``{a, a.b}``."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
 def _module(path: Path, package: Path) -> str:
@@ -86,7 +99,8 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
     start = set()  # cli.py itself counts, not every command's imports in it
     for node in [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))] + list(ast.walk(function)):
         if isinstance(node, ast.ImportFrom) and node.module:
-            start |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
+            found = {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
+            start |= found | {p for m in found for p in _parents(m)}  # and the packages Python runs first
     seen, todo = set(), list(start)
     while todo:
         module = todo.pop()
@@ -96,12 +110,19 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
     return seen | {f"{package.name}.cli"}
 
 
+#: The package data each module reads (paths inside the package): a stage whose commands import the module
+#: depends on them as on its code.
+PACKAGE_DATA = {"locvit.config": ("schemas/params.schema.yaml",)}
+
+
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The source a DVC stage's jobs run, relative to the repository: each module its commands can import
-    (a package folder where they can import every module in it) and the workflow files of its rules."""
+    (a package folder where they can import every module in it), the package data those modules read
+    (:data:`PACKAGE_DATA`) and the workflow files of its rules."""
     modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
     files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
-    folders = sorted({path.parent for path in files if path.parent != package
+    files |= {package / data for module in modules for data in PACKAGE_DATA.get(module, ())}
+    folders = sorted({path.parent for path in files if path.parent != package and path.suffix == ".py"
                       and all(f in files for f in path.parent.rglob("*.py"))}, key=lambda f: (len(f.parts), f))
     kept = [f for i, f in enumerate(folders) if not any(f.is_relative_to(g) for g in folders[:i])]
     paths = kept + sorted(f for f in files if not any(f.is_relative_to(g) for g in kept))

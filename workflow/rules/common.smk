@@ -37,6 +37,7 @@ THROUGHPUT_CONFIG = str(LAYOUT.job_config("throughput"))
 REPORT_CONFIG = str(LAYOUT.job_config("report"))
 SEARCH_CONFIG = str(LAYOUT.job_config("search"))
 SEARCH_TRAIN_CONFIG = str(LAYOUT.job_config("search_train"))
+SEARCH_TABLE_CONFIG = str(LAYOUT.job_config("search_table"))
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = str(LAYOUT.tracking_db)
 # How often training samples MLflow's system metrics, handed to the jobs (local or sbatch) in the environment:

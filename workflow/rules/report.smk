@@ -23,7 +23,7 @@ rule report:
         metrics=directory(str(REPORT["metrics"])),  # one JSON per variant: dvc metrics show
     params:
         locvit=LOCVIT,
-        params_file=PARAMS_FILE,
+        params_file=PARAMS_FILE,  # not read: logged to the study's MLflow run as it is
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,
@@ -32,5 +32,5 @@ rule report:
     log:
         str(LAYOUT.log_file("report")),
     shell:
-        "{params.locvit} report --params {params.params_file:q} --study-dir {params.study_dir:q}"
+        "{params.locvit} report --report-config {input.config:q} --params {params.params_file:q} --study-dir {params.study_dir:q}"
         " --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} > {log:q} 2>&1"

@@ -82,17 +82,17 @@ rule search:
         specs=search_round_files("spec"),
         analyses=search_round_files("analysis"),
         evals=search_round_files("eval"),
+        config=SEARCH_TABLE_CONFIG,  # what it reads of params: the study's name and the search's section
     output:
         md=str(LAYOUT.search_table("md")),
         json=str(LAYOUT.search_table("json")),
     params:
         locvit=LOCVIT,
-        params_file=PARAMS_FILE,
     conda:
         ENV
     log:
         f"{LOG_DIR}/search/table.log",
     shell:
-        "{params.locvit} search-table --params {params.params_file:q} --specs {input.specs:q}"
+        "{params.locvit} search-table --search-table-config {input.config:q} --specs {input.specs:q}"
         " --analyses {input.analyses:q} --evals {input.evals:q} --md {output.md:q} --json {output.json:q}"
         " > {log:q} 2>&1"

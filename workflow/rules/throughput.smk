@@ -10,12 +10,11 @@ rule throughput:
         csv=THROUGHPUT_FILE,
     params:
         locvit=LOCVIT,
-        params_file=PARAMS_FILE,
     threads: every_core
     conda:
         ENV
     log:
         str(LAYOUT.log_file("throughput")),
     shell:
-        "{params.locvit} throughput --params {params.params_file:q} --out {output.csv:q}"
+        "{params.locvit} throughput --throughput-config {input.config:q} --out {output.csv:q}"
         " --threads {threads} > {log:q} 2>&1"

@@ -5,12 +5,10 @@ Record kinds, their shapes and properties (:class:`MapKind`, declared by the fam
 :mod:`locvit.models.family`; family-specific outputs (IBiT's
 learned masks, MaiT's soft-mask alphas) come from each family's declared ``extras``. The
 neighbourhood ALS scores against is :mod:`locvit.neighbourhood`'s, the one MaiT's masks keep.
+
+Modules: ``attention`` (:func:`~locvit.analysis.attention.collect_attention`), ``metrics`` (the
+scores), ``analyse`` (the analyse step), ``profile``, ``throughput`` (the throughput job), ``search``
+(the mask search's rounds, pure Python). The package imports none of them: a module that needs one
+imports it, so the mask search's training job runs no attention code (and its DVC stage does not
+depend on it, :func:`locvit.versioning.import_graph`).
 """
-
-from locvit.analysis.attention import AttentionMap, MapKind, collect_attention, map_kind
-from locvit.analysis.metrics import (HEAD_FUSIONS, attention_locality_score, attention_rollout,
-                                     cross_layer_similarity, mean_attention_distance)
-from locvit.neighbourhood import neighbourhood_mask
-
-__all__ = ["AttentionMap", "HEAD_FUSIONS", "MapKind", "attention_locality_score", "attention_rollout",
-           "collect_attention", "map_kind", "cross_layer_similarity", "mean_attention_distance", "neighbourhood_mask"]

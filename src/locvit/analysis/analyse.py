@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from locvit import models
-from locvit.analysis import (attention_locality_score, attention_rollout, collect_attention, cross_layer_similarity,
-                             mean_attention_distance, neighbourhood_mask)
-from locvit.analysis.metrics import pooled_distance, rollout_applies
+from locvit.analysis.attention import collect_attention
+from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
+                                     mean_attention_distance, pooled_distance, rollout_applies)
 from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
@@ -48,6 +48,7 @@ from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import family_of, map_kind
 from locvit.checkpoint import load_checkpoint
+from locvit.neighbourhood import neighbourhood_mask
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -139,7 +140,10 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         raise InputError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
                          "output(s): give one of each per checkpoint")
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
-    load_manifest(manifest_path, {"test": data})
+    manifest = load_manifest(manifest_path, {"test": data})
+    if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
+        raise InputError(f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
+                         f"the test split ({manifest_path}); use at most that many")
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     batch, _ = read_all(data, limit=images, jit=False)  # (B, H, W, 3) uint8
     if threads:

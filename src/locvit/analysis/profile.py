@@ -12,11 +12,11 @@ but by the study's one throughput job, every variant side by side and alone
 from __future__ import annotations
 
 import contextlib
-import platform
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from locvit import machine
 from locvit.models.family import summary
 
 
@@ -48,16 +48,12 @@ def gmacs(model: torch.nn.Module, image_size: int) -> float:
 
 
 def device_name(device: torch.device) -> str:
-    """The device as a measurement names it: the GPU's name, or the CPU's model and torch's threads."""
+    """The device as a measurement names it: the GPU's name, or the CPU's model, the instruction set torch's
+    kernels use and torch's threads (:mod:`locvit.machine`)."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{device.type} ({cpu}, {torch.get_num_threads()} threads)"
+    return f"{device.type} ({machine.cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, " \
+           f"{torch.get_num_threads()} threads)"
 
 
 def profile(model: torch.nn.Module, image_size: int) -> dict:

@@ -101,20 +101,3 @@ def search_table(specs: list[dict], analyses: list[dict], evals: list[dict]) -> 
             "change": "; ".join(r for r in spec["rule"] if not r.endswith("unchanged")) or "no change",
         })
     return rows
-
-
-def table_markdown(rows: list[dict], params: dict) -> str:
-    """The rounds as a table (locvit.report.render's model): one row per round, one seed each."""
-    from locvit.report.render import Table, to_markdown
-
-    search = params["mask_search"]
-    table = Table("mask_search", f"MaiT mask search: {params['study']}, variant {search['variant']}, "
-                  f"seed {search['seed']}",
-                  f"Thresholds: all heads at ALS >= {search['all_above']}, remove below {search['remove_below']} "
-                  "(MaiT Sec. 4.2). Accuracies in %, one run per round.",
-                  ["Round", "Masked heads per layer", "Masked heads", "Mean ALS of masked heads", "Val top-1",
-                   "Test top-1", "MLflow run", "What changed"],
-                  [[r["round"], str(r["masked_heads_per_layer"]), r["masked_heads"], r["mean_als_masked"],
-                    r["val_top1"], r["test_top1"], f"`{r['mlflow_run_id']}`", r["change"]] for r in rows],
-                  formats={3: ".3f"})
-    return to_markdown(table, level=1)

@@ -10,9 +10,9 @@ after all training; on a cluster, a node of its own.
 The choices:
 
 * **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
-  weights, so the job needs no checkpoint. Each variant is built from its run config
-  (:func:`locvit.run_config.run_config`, :func:`locvit.models.create`) at the study's image size
-  and class count, on its run's device (``train.device``).
+  weights, so the job needs no checkpoint. Each variant is built from its entry in the job's
+  config (:func:`locvit.job_configs.throughput_config`: model, keyword arguments at the study's
+  image size and class count, its run's device) by :func:`locvit.models.create`.
 * **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
   times every variant once. The order is rotated by one place every round, so no variant
   always runs first. A slow spell of the machine then lands on one round of every variant
@@ -26,14 +26,12 @@ The choices:
   the variant's images/s over the baseline's *in the same round* (the pairs ran moments
   apart, so the ratio cancels what the rounds share); empty when the study has no baseline.
 
-The CSV (:data:`COLUMNS`, one row per variant in the study's order) is read back by
-:func:`read_throughput`.
+The CSV (:data:`locvit.throughput_file.COLUMNS`, one row per variant in the study's order) is
+read back by :func:`locvit.throughput_file.read_throughput`, which needs no torch.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 import time
 from pathlib import Path
@@ -42,11 +40,8 @@ import torch
 
 from locvit import models
 from locvit.analysis.profile import device_name
-from locvit.errors import InputError, MissingFileError
-from locvit.io import write_text
-from locvit.run_config import run_config
+from locvit.throughput_file import COLUMNS, read_throughput, write_throughput  # noqa: F401  (the file's format)
 
-COLUMNS = ("variant", "img_s_median", "img_s_low", "img_s_high", "ratio_vs_baseline", "rounds", "device")
 WARMUP = 2  # untimed batches per variant and round
 
 
@@ -69,14 +64,12 @@ def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> floa
     return x.shape[0] / statistics.median(times)
 
 
-def _build(params: dict) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
-    """Every variant of the study, in eval mode on its device, with a batch of random images for it."""
-    batch = params["analysis"]["profile_batch"]
-    seed = params["seeds"][0]  # the model does not depend on it
+def _build(config: dict) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+    """Every variant of the job config, in eval mode on its device, with a batch of random images for it."""
+    batch = config["analysis"]["profile_batch"]
     built, inputs = {}, {}
-    for variant in params["variants"]:
-        cfg = run_config(params, variant, seed)
-        device = models.device_for(cfg["train"]["device"])
+    for variant, cfg in config["models"].items():
+        device = models.device_for(cfg["device"])
         size = int(cfg["model_kwargs"]["img_size"])
         if (device, size) not in inputs:  # one batch per device and size: every variant sees the same images
             gen = torch.Generator().manual_seed(0)
@@ -102,70 +95,27 @@ def _rounds(built: dict[str, tuple[torch.nn.Module, torch.Tensor]], rounds: int,
     return rates
 
 
-def _format(value: float | None) -> str:
-    return "" if value is None else f"{value:.6g}"
-
-
-def measure_throughput(params: dict, out: str | Path, threads: int | None = None) -> dict[str, dict]:
-    """Measure every variant of a validated study in one process and write the CSV ``out``.
+def measure_throughput(config: dict, out: str | Path, threads: int | None = None) -> dict[str, dict]:
+    """Measure every variant of the throughput job's config (:func:`locvit.job_configs.throughput_config`)
+    in one process and write the CSV ``out``.
 
     ``threads``: torch's CPU threads while it measures (give it every core the job holds).
-    Returns what the file holds: variant -> row (see :func:`read_throughput`).
+    Returns what the file holds: variant -> row (see :func:`locvit.throughput_file.read_throughput`).
     """
-    cfg, baseline, before = params["analysis"], params.get("baseline"), torch.get_num_threads()
+    cfg, baseline, before = config["analysis"], config["baseline"], torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        built = _build(params)
+        built = _build(config)
         rates = _rounds(built, cfg["throughput_rounds"], cfg["profile_repeats"])
         devices = {v: device_name(x.device) for v, (_, x) in built.items()}  # names the threads in use
     finally:
         torch.set_num_threads(before)
 
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    rows = []
     for variant, rate in rates.items():
         # the ratio per round, against the baseline's images/s of the same round
         ratio = statistics.median(a / b for a, b in zip(rate, rates[baseline])) if baseline else None
-        numbers = (statistics.median(rate), min(rate), max(rate), ratio)
-        writer.writerow([variant, *map(_format, numbers), len(rate), devices[variant]])
-    write_text(out, text.getvalue())
+        rows.append((variant, statistics.median(rate), min(rate), max(rate), ratio, len(rate), devices[variant]))
+    write_throughput(out, rows)
     return read_throughput(out)
-
-
-def read_throughput(path: str | Path) -> dict[str, dict]:
-    """The throughput CSV: variant -> row; images/s and the ratio as floats (the ratio None when empty),
-    ``rounds`` as int. A missing or corrupt file raises an error naming it."""
-    path = Path(path)
-    fix = "Delete it and run the throughput job again (snakemake --cores all all)."
-    if not path.is_file():
-        raise MissingFileError(f"throughput file {path} does not exist. {fix}")
-
-    def corrupt(why: str) -> InputError:
-        return InputError(f"throughput file {path} is corrupt ({why}). {fix}")
-
-    try:
-        lines = list(csv.reader(path.read_text().splitlines()))
-    except (UnicodeDecodeError, csv.Error) as err:
-        raise corrupt(str(err)) from err
-    if not lines or tuple(lines[0]) != COLUMNS:
-        raise corrupt(f"its header is {lines[0] if lines else 'missing'}, expected {list(COLUMNS)}")
-    if len(lines) == 1:
-        raise corrupt("it has no rows")
-    rows = {}
-    for n, line in enumerate(lines[1:], start=2):
-        if len(line) != len(COLUMNS):
-            raise corrupt(f"line {n} has {len(line)} fields, expected {len(COLUMNS)}")
-        row = dict(zip(COLUMNS, line))
-        try:
-            for key in COLUMNS[1:4]:
-                row[key] = float(row[key])
-            row["ratio_vs_baseline"] = float(row["ratio_vs_baseline"]) if row["ratio_vs_baseline"] else None
-            row["rounds"] = int(row["rounds"])
-        except ValueError as err:
-            raise corrupt(f"line {n}: {err}") from err
-        if row["variant"] in rows:
-            raise corrupt(f"line {n}: variant {row['variant']!r} appears twice")
-        rows[row["variant"]] = row
-    return rows

@@ -25,58 +25,11 @@ import numpy as np
 
 from locvit.data.ffcv_io import write_beton
 from locvit.data.sources import get_source
+from locvit.data.splits import empty_classes, fraction_subset, split_indices  # noqa: F401  (the split's home)
 from locvit.errors import InputError, MissingFileError
 from locvit.io import read_json, remove_temporaries, sha256_file, verified_sha256, write_json
 
 SPLITS = ("train", "val", "test")
-
-
-def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int,
-                  fixed_test: np.ndarray | None = None, train_fraction: float = 1.0) -> dict[str, np.ndarray]:
-    """Stratified train/val/test indices (sorted), reproducible for a given seed.
-
-    Without ``fixed_test`` the test split is ``test_fraction`` of everything and val is
-    ``val_fraction`` of everything. With an official test split, it is the test split
-    and val is ``val_fraction`` of the rest. ``train_fraction`` < 1 then keeps a
-    stratified subset of the training split (:func:`fraction_subset`); val and test do
-    not depend on it.
-    """
-    from sklearn.model_selection import train_test_split  # 4 s to import: only the prepare step needs it
-
-    idx = np.arange(len(labels))
-    if fixed_test is None:
-        rest, test = train_test_split(idx, test_size=test_fraction, stratify=labels, random_state=seed)
-        val_of_rest = val_fraction / (1.0 - test_fraction)
-    else:
-        test = np.asarray(fixed_test)
-        rest = np.setdiff1d(idx, test)
-        val_of_rest = val_fraction
-    train, val = train_test_split(rest, test_size=val_of_rest, stratify=labels[rest], random_state=seed + 1)
-    if train_fraction < 1.0:
-        train = fraction_subset(train, labels, train_fraction, seed + 2)
-    return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
-
-
-def fraction_subset(train: np.ndarray, labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """The first ``fraction`` of one seeded, class-interleaved order of ``train``.
-
-    Each class's images are shuffled and the k-th of a class of n gets the key
-    (k + 0.5) / n; sorting by key (random tie-break) interleaves the classes in
-    proportion, so any prefix is stratified: with balanced classes every class keeps
-    within one image of ``fraction`` of its images. The order does not depend on
-    ``fraction``, so smaller fractions are nested in larger ones (5% is a subset of 25%):
-    a data-fraction curve then differs only in how much data is added. The size is
-    ``fraction`` of the split rounded down (as scikit-learn's ``train_size``), at least 1.
-    """
-    rng = np.random.default_rng(seed)
-    y = labels[train]
-    keys = np.empty(len(train))
-    for c in np.unique(y):
-        members = np.flatnonzero(y == c)
-        keys[rng.permutation(members)] = (np.arange(len(members)) + 0.5) / len(members)
-    order = np.lexsort((rng.random(len(train)), keys))  # by key, ties at random
-    keep = max(1, int(np.floor(fraction * len(train) + 1e-9)))  # 1e-9: 0.3 x 10 is 2.99... in floating point
-    return train[order[:keep]]
 
 
 def content_hash(source, indices: np.ndarray) -> str:
@@ -100,6 +53,12 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     whole_train = max_resolution is not None and source.variable_size
     splits = split_indices(source.labels, data_cfg["val_fraction"], data_cfg["test_fraction"], data_cfg["split_seed"],
                            source.fixed_test, data_cfg["train_fraction"])
+    empty = empty_classes(source.labels, splits["train"], source.num_classes)
+    if empty:  # before any file is written: a model that never saw a class is no result
+        names = [source.class_names[c] if c < len(source.class_names) else str(c) for c in empty]
+        raise InputError(f"data.train_fraction: {data_cfg['train_fraction']} leaves {len(empty)} of the "
+                         f"{source.num_classes} classes of {source.name} with no training image ({', '.join(names)}; "
+                         f"{len(splits['train'])} training image(s) in all); use a larger data.train_fraction")
     manifest = {
         "source": source.name,
         "image_size": size,

@@ -58,6 +58,11 @@ class DatasetSource:
         """Indices of the dataset's official test split, or None (then the split is drawn)."""
         return None
 
+    def known_labels(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The labels and the official test split's indices as :meth:`load` will give them, known without
+        the images (so ``locvit validate`` can check the split's sizes), or None where only the files tell."""
+        return None
+
 
 class InMemorySource(DatasetSource):
     """A source whose ``load`` puts every image in memory: ``_images`` (N, S, S, 3), ``_labels`` (N,)."""
@@ -85,6 +90,11 @@ class DigitsSource(InMemorySource):
 
     def __init__(self):
         super().__init__("digits", 10, tuple(str(i) for i in range(10)))
+
+    def known_labels(self) -> tuple[np.ndarray, None]:
+        from sklearn.datasets import load_digits
+
+        return load_digits().target.astype(np.int64), None  # the bundled labels: no image decoded
 
     def load(self, image_size: int, max_resolution: int | None = None) -> None:
         import torch
@@ -228,6 +238,17 @@ class CifarSource(InMemorySource):
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    #: The published release's sizes: (training, test) images, every class equally often in each.
+    SIZES = (50_000, 10_000)
+
+    def known_labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """Balanced labels in the release's sizes, the test split after the training ones. The files' order
+        differs: the split's sizes, which the checks read, depend only on the counts (per class to within
+        an image)."""
+        train, test = self.SIZES
+        labels = np.concatenate([np.arange(train) % self.num_classes, np.arange(test) % self.num_classes])
+        return labels.astype(np.int64), np.arange(train, train + test)
 
     def load(self, image_size: int, max_resolution: int | None = None) -> None:
         _, train_files, test_files, label_key, meta_file, names_key, _ = self.release

@@ -1,8 +1,9 @@
 """IBiT: Utilizing inductive biases to create a more data efficient attention mechanism.
 
-Paper: ``shared/papers/002_6598e069e8997897.txt`` (its Sec. 3.2 and Appendix A are cut
-from the extraction; ``shared/REFERENCE_NOTES.md`` Sec. 4 fills them from the authors'
-public code, read for understanding only). Learned Mask Self-Attention (LMSA) multiplies
+Paper: "IBiT: Utilizing Inductive Biases to Create a More Data Efficient Attention
+Mechanism" (anonymous submission under double-blind review); where it is vague (the rank
+approximation and the roll of the mask), the authors' public code (github giriguy/ConvFormer,
+read for understanding only), with the choices listed in docs/models.md, IBiT. Learned Mask Self-Attention (LMSA) multiplies
 the attention logits by a learned, low-rank mask that starts as a radial kernel around
 each patch, so every head begins local and may learn to look further.
 

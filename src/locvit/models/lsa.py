@@ -1,8 +1,8 @@
 """LSA: Locally Shifted Attention With Early Global Integration.
 
-Paper: ``shared/papers/001_3b3d7441821d877e.txt``; the authors' code
-(github shellysheynin/Locally-SAG-Transformer) where the paper is vague
-(``shared/REFERENCE_NOTES.md`` §3). Each patch is seen in T shifted versions of the image;
+Paper: Sheynin, Benaim, Polyak and Wolf, "Locally Shifted Attention With Early Global
+Integration"; the authors' code (github shellysheynin/Locally-SAG-Transformer) where the paper
+is vague (the choices are listed in docs/models.md, LSA). Each patch is seen in T shifted versions of the image;
 a local attention lets the unshifted patch pick among its own T variants, then a pyramid
 of global attention levels mixes all patches, coarser at each level.
 

@@ -1,6 +1,7 @@
 """MaiT: Integrating spatial locality into image transformers with attention masks.
 
-Paper: ``shared/papers/000_5c63b9eb4eba7d92.txt`` (no public code). Attention masks
+Paper: "MaiT: Integrating Spatial Locality into Image Transformers with Attention Masks"
+(anonymous submission under double-blind review; no public code). Attention masks
 on some heads of DeiT (and CaiT) make those heads attend to each patch's spatial
 neighbours; the other heads stay global.
 

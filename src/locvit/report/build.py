@@ -41,26 +41,28 @@ log = logging.getLogger(__name__)
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default address
 
 
-def build_report(params: dict, study_dir: str | Path, out_dir: str | Path, log_to_mlflow: bool = True,
+def build_report(config: dict, study_dir: str | Path, out_dir: str | Path, log_to_mlflow: bool = True,
                  extra_studies: Sequence[tuple[dict, str | Path]] = (), tracking_db: str | Path | None = None,
                  ui_base: str | None = None, params_file: str | Path | None = None) -> dict:
     """Write the study's report; return what report.json records.
 
     Args:
-        params: the validated params of the study (config.load_params).
+        config: the report's job config (:func:`locvit.job_configs.report_config`), the one part of the
+            study's params it reads.
         study_dir: the study's folder (``<results_dir>/<study>``, :mod:`locvit.layout`).
         out_dir: where the report goes (``results/<study>/report/``).
         log_to_mlflow: link runs in the tables and log per-variant figures to their runs.
-        extra_studies: (params, study_dir) of other studies for the accuracy-against-training-
+        extra_studies: (report config, study_dir) of other studies for the accuracy-against-training-
             fraction figure, besides the study's own train_fractions; without either that
             figure is skipped and report.json says so.
         tracking_db: the SQLite backend (default: the study's ``mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
-        ui_base: the MLflow UI address the links point to (default: params' ``tracking.ui_url``).
-        params_file: the params file, logged to the study's MLflow run.
+        ui_base: the MLflow UI address the links point to (default: the config's ``ui_url``, params'
+            ``tracking.ui_url``).
+        params_file: a file logged to the study's MLflow run as it is (the study's params.yaml), unread.
     """
     study_dir, out_dir = Path(study_dir), Path(out_dir)
-    ui_base = ui_base or params.get("tracking", {}).get("ui_url") or DEFAULT_UI
-    study = load_study(params, study_dir)
+    ui_base = ui_base or config["ui_url"] or DEFAULT_UI
+    study = load_study(config, study_dir)
     started = time.perf_counter()
     client = _tracking_client(study, Path(tracking_db or StudyLayout(study_dir).tracking_db)) if log_to_mlflow else None
     link = _run_links(client, study, ui_base) if client else None
@@ -235,7 +237,7 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
             for run in tree.find(client, exp, {tree.ROLE: "variant", "study": study.name}):
                 if run.info.status == "RUNNING":  # a mask search's rounds: the report runs after all training
                     tracking.retry(client.set_terminated, run.info.run_id, status="FINISHED")
-            tracking.set_tags(study_id, {"baseline": study.params["baseline"], "variants": str(len(study.variants))})
+            tracking.set_tags(study_id, {"baseline": study.config["baseline"], "variants": str(len(study.variants))})
             files = [out_dir / name for name in STUDY_ARTIFACTS if (out_dir / name).is_file()]
             failed = tracking.log_files(client, study_id, files, "report")
             for sub in ("tables", "figures"):

@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Callable
 
 from locvit.report.render import Missing, Table
-from locvit.report.study import Acc, Study, Variant, missing_text
+from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, missing_text
 
 ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
             "difference of the mean to the study's baseline variant")
@@ -205,7 +205,7 @@ def lsa_table3(study: Study) -> Table | str:
         through = Missing(f"{v.name} in report/throughput.csv") if row is None else row["img_s_median"]
         ratio = Missing(f"{v.name} in report/throughput.csv") if row is None else row["ratio_vs_baseline"]
         rows.append([v.name, v.display, _params_m(v), through, ratio, study.acc(v)])
-    batch = study.params["analysis"]["profile_batch"]
+    batch = study.config["profile_batch"]
     head = f"Throughput (img/s, {devices[0]}, batch {batch})" if len(devices) == 1 else "Throughput (img/s)"
     caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
                "baselines of the study.")
@@ -276,8 +276,8 @@ def data_efficiency(study: Study) -> Table | str:
     bases = list(dict.fromkeys(v.base for v in study.variants.values()))
     rows = [[b] + [study.acc(cells[(b, f)]) if (b, f) in cells else None for f in fractions] for b in bases]
     ref = study.variants[study.baseline].base if study.baseline else None
-    caption = ("Test top-1 (%) of every variant at each fraction of the training split (the same epochs at every "
-               "fraction), compared with the baseline at the same fraction.")
+    caption = (f"Test top-1 (%) of every variant at each fraction of the training split ({PROTOCOL_TEXT[study.fraction_protocol]}), "
+               "compared with the baseline at the same fraction.")
     return Table("data_efficiency", f"Data efficiency on {study.dataset}: top-1 by training fraction", caption,
                  ["Variant"] + [f"{100 * f:g}% of train" for f in fractions], rows,
                  ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "

@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from locvit.io import atomic_path
 from locvit.report.papers import scheme_label
-from locvit.report.study import Study, Variant, missing_text
+from locvit.report.study import PROTOCOL_TEXT, Study, Variant, missing_text
 
 if TYPE_CHECKING:
     from locvit.models.family import Extra
@@ -361,9 +361,13 @@ def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | No
            title="Top-1 against training-set fraction", ylim=(0, 100))  # intervals of 3 seeds can pass 0 or 100
     ax.legend(fontsize=8, loc="lower right")
     names = ", ".join(s.name for s in studies)
+    kinds = {s.fraction_protocol for s in studies}  # how each study trained its fractions
+    how = PROTOCOL_TEXT[kinds.pop()] if len(kinds) == 1 else "; ".join(
+        f"{s.name}: {PROTOCOL_TEXT[s.fraction_protocol]}" for s in studies)
     caption = ("Test top-1 against the fraction of training images kept (IBiT Fig. 4), one line per variant: mean "
-               "over seeds with its 95 % Student-t interval as error bars (n = seeds; the axis stops at 0 and 100 %). Every fraction trains for the "
-               f"same epochs, so smaller fractions also take fewer optimiser steps. Studies: {names}.")
+               "over seeds with its 95 % Student-t interval as error bars (n = seeds; the axis stops at 0 and 100 %). "
+               f"{how[0].upper()}{how[1:]}. "
+               f"Studies: {names}.")
     return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)
 
 

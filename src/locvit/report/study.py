@@ -1,10 +1,14 @@
-"""What the report reads from one finished study, keyed by the params' variants and seeds.
+"""What the report reads from one finished study, keyed by its job config's variants and seeds.
+
+The report job's config (:func:`locvit.job_configs.report_config`, its part of params.yaml
+resolved) names the study, its baseline and margin, and per variant its model, seeds and
+fraction; the report reads nothing else of params.yaml.
 
 The files (where they are: :mod:`locvit.layout`): each run's test score (evaluate), its
 per-epoch history (train's metrics.json), its attention analysis and maps (analyse, per
 seed) and each variant's profile (params, GMACs, throughput, architecture).
 
-Only the variants and seeds of the params are read. A file the study defines but that
+Only the variants and seeds of the config are read. A file the study defines but that
 is absent is recorded as missing (it is never replaced by a number); a file that exists
 but is not valid JSON, or that names another run, is an error.
 """
@@ -18,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from locvit.analysis.throughput import read_throughput
 from locvit.errors import InputError
 from locvit.io import read_json, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
-from locvit.run_config import run_config, variant_seeds
+from locvit.throughput_file import read_throughput
 
 DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
 
@@ -85,6 +88,8 @@ class Acc:
     missing: list[int]         # seeds the study defines whose evaluation file is absent
     n_images: int | None = None          # test images each seed was scored on (None: unknown or unequal)
     hits: np.ndarray | None = None       # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
+    test_split: dict[str, str | None] = field(default_factory=dict)  # eval file -> the test_hash it records
+    unpaired: str | None = None    # why a comparison with per-image results on both sides is not paired
     reference: str | None = None   # the variant compared with
     test: stats.Comparison | None = None
     p_holm: float | None = None
@@ -114,16 +119,35 @@ class Acc:
 
     def against(self, base: Acc | None, margin: float) -> Acc:
         """This cell compared with ``base`` (none when either has no values): paired over the test images
-        when both have per-image results for the same images."""
-        test = None
+        when both have per-image results and every evaluation file of both records the same test split
+        (``test_hash``: its content in the order scored); else unpaired, with :attr:`unpaired` saying why."""
+        test, why = None, None
         if base is not None and base.n and self.n and base.variant != self.variant:
             same = self.n_images is not None and self.n_images == base.n_images
             hits = (self.hits, base.hits) if same and self.hits is not None and base.hits is not None else None
+            if hits is not None and (why := split_difference({**self.test_split, **base.test_split})):
+                why, hits = f"{self.variant} vs {base.variant}: not paired over the test images: {why}", None
             test = stats.compare([self.values[s] for s in sorted(self.values)],
                                  [base.values[s] for s in sorted(base.values)], margin,
                                  self.n_images if same else None, hits)
         return replace(self, reference=base.variant if test else None, test=test, p_holm=None,
-                       p_equivalent_holm=None, mde=None, verdict=None)
+                       p_equivalent_holm=None, mde=None, verdict=None, unpaired=why)
+
+
+def split_difference(files: dict[str, str | None]) -> str | None:
+    """None when every evaluation file (path -> its ``test_hash``) scored the same test split; else which
+    files differ (grouped by hash) or lack the record, as a sentence."""
+    groups: dict[str | None, list[str]] = {}
+    for path, digest in files.items():
+        groups.setdefault(digest, []).append(path)
+    if len(groups) == 1 and None not in groups:
+        return None
+    parts = [f"{', '.join(paths)} scored test split {digest[:12]}" for digest, paths in groups.items()
+             if digest is not None]
+    if None in groups:
+        parts.append(f"{', '.join(groups[None])} record no test split (test_hash; written by an older locvit: "
+                     "re-run the evaluation)")
+    return "; ".join(parts) + " (the unpaired form is used)"
 
 
 @dataclass
@@ -133,13 +157,14 @@ class Variant:
     name: str
     model: str
     description: str
-    recipe: dict                 # the resolved training recipe (run_config.run_config's "train")
+    recipe: dict                 # the training recipe's keys the tables show (job_configs.REPORT_RECIPE_KEYS)
     seeds: list[int]
     fraction: float = 1.0        # the fraction of the training split it trained on
     base: str = ""               # the variant it is a training-fraction copy of (itself when not)
-    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (run_config.run_config's)
+    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (its run config's)
     model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
+    eval_files: dict[int, str] = field(default_factory=dict)  # seed -> its evaluation file, relative to the study
     metrics: dict[int, dict] = field(default_factory=dict)
     analyses: dict[int, dict] = field(default_factory=dict)
     npz: dict[int, Path] = field(default_factory=dict)
@@ -192,7 +217,8 @@ class Variant:
             hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
         return Acc(self.name, {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
                    {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
-                   [s for s in self.seeds if s not in self.evals], n_images, hits)
+                   [s for s in self.seeds if s not in self.evals], n_images, hits,
+                   {self.eval_files.get(s, f"{self.name} seed {s}"): self.evals[s].get("test_hash") for s in seeds})
 
     def _hits(self, seed: int, n_images: int) -> np.ndarray:
         try:
@@ -222,19 +248,19 @@ class Variant:
 
 @dataclass
 class Study:
-    params: dict
+    config: dict  # the report's job config (locvit.job_configs.report_config)
     dir: Path
     variants: dict[str, Variant]
     throughput: dict[str, dict] | None = None  # report/throughput.csv by variant (the throughput job), if written
 
     @property
     def name(self) -> str:
-        return self.params["study"]
+        return self.config["study"]
 
     @property
     def baseline(self) -> str | None:
         """The variant the others are compared with (params' ``baseline``), if the study has it."""
-        name = self.params.get("baseline")
+        name = self.config["baseline"]
         return name if name in self.variants else None
 
     def reference(self, v: Variant) -> Variant | None:
@@ -249,7 +275,7 @@ class Study:
     @property
     def margin(self) -> float:
         """The equivalence margin in points (params' ``equivalence_margin``)."""
-        return float(self.params["equivalence_margin"])
+        return float(self.config["equivalence_margin"])
 
     def acc(self, v: Variant) -> Acc:
         """``v``'s test top-1, compared with its reference's (uncompared for the reference itself)."""
@@ -257,19 +283,32 @@ class Study:
         return v.acc().against(ref.acc() if ref else None, self.margin)
 
     @property
+    def fraction_protocol(self) -> str:
+        """How its training fractions were trained (params' ``fraction_protocol``)."""
+        return self.params.get("fraction_protocol", "same_epochs")
+
+    @property
     def fractions(self) -> list[float]:
         return sorted({v.fraction for v in self.variants.values()})
 
     @property
     def train_fraction(self) -> float:
-        return float(self.params["data"].get("train_fraction", 1.0))
+        return float(self.config["data"]["train_fraction"])
 
     @property
     def dataset(self) -> str:
         """The dataset as a table column names it, e.g. ``CIFAR10`` or ``ImageNet (25% train)``."""
-        source = self.params["data"]["source"]
+        source = self.config["data"]["source"]
         name = DATASET_NAMES.get(source, source)
         return name if self.train_fraction >= 1 else f"{name} ({100 * self.train_fraction:g}% train)"
+
+
+#: What each fraction_protocol means, as a caption says it.
+PROTOCOL_TEXT = {
+    "same_epochs": "every fraction trains the recipe's epochs, so smaller fractions also take fewer optimiser steps",
+    "same_images": "every fraction sees about as many images as a full run: epochs × 1/f with the warm-up scaled "
+                   "alike (ConViT's rule)",
+}
 
 
 def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dict | None:
@@ -282,20 +321,20 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
     return data
 
 
-def load_study(params: dict, study_dir: str | Path) -> Study:
-    """Read every result file of the study's variants and seeds that exists."""
+def load_study(config: dict, study_dir: str | Path) -> Study:
+    """Read every result file of the config's variants and seeds that exists (``config``: the report's job
+    config, :func:`locvit.job_configs.report_config`)."""
     study_dir = Path(study_dir)
     layout = StudyLayout(study_dir)
     variants = {}
-    for name, spec in params["variants"].items():
-        seeds = variant_seeds(params, name)
-        cfg = run_config(params, name, seeds[0])
-        v = Variant(name, spec["model"], spec.get("description", ""), cfg["train"], seeds,
-                    cfg["data"]["train_fraction"], spec.get("base", name), cfg["model_kwargs"],
-                    cfg.get("model_modules", []))
+    for name, spec in config["variants"].items():
+        seeds = list(spec["seeds"])
+        v = Variant(name, spec["model"], spec["description"], spec["recipe"], seeds, spec["train_fraction"],
+                    spec["base"], spec["model_kwargs"], spec["model_modules"])
         for seed in seeds:
             if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
                 v.evals[seed] = e
+                v.eval_files[seed] = layout.eval_file(name, seed).relative_to(study_dir).as_posix()
             metrics = layout.run_files(name, seed).metrics
             if (m := _read_run_file(metrics, "training metrics", name, seed)):
                 v.metrics[seed] = m
@@ -306,4 +345,4 @@ def load_study(params: dict, study_dir: str | Path) -> Study:
         v.profile = _read_run_file(layout.profile_file(name), "profile", name, None)
         variants[name] = v
     throughput = read_throughput(layout.throughput_file) if layout.throughput_file.is_file() else None
-    return Study(params, study_dir, variants, throughput)
+    return Study(config, study_dir, variants, throughput)

@@ -59,6 +59,7 @@ def results_table(study: Study) -> Table:
                   keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV)
     table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
         "No baseline (no DeiT/ViT variant and no `baseline` key in params): differences are not tested."] + table.notes
+    table.notes += [row[1].unpaired for row in table.rows if row[1].unpaired]  # the pairing check's finding
     return table
 
 

@@ -9,7 +9,8 @@
 - :mod:`~locvit.tracking.run`: a training run's MLflow run (its lifecycle, tags, params,
   SLURM provenance), test scores logged to it, and the loud notice when tracking fails;
 - :mod:`~locvit.tracking.sync`: ``locvit sync-tracking``, which uploads the records a run
-  kept while its backend was unreachable (the offline spool is the run's metrics.json);
+  kept while its backend was unreachable (the offline spool is the run's metrics.json); the
+  package does not import it, so training and evaluation do not depend on it;
 - :mod:`~locvit.tracking.ui`: ``locvit mlflow-ui`` on a study's database;
 - :mod:`~locvit.tracking.server`: ``locvit mlflow-server``, the study's database served to
   jobs on many nodes, with MLflow's basic-auth login.
@@ -24,10 +25,9 @@ from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TI
                                      setup, ui_link)
 from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
                                  slurm_provenance, sync_command)
-from locvit.tracking.sync import sync_runs
 
 __all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrackingAuthError", "TrackingUnreachable",
            "TrainingTracker", "bounded_http",
            "check_reachable", "compare_link", "confirm_finished", "connect", "log_metrics", "set_tags", "default_uri", "experiments_of", "failure_notice",
            "log_evaluation", "log_files", "ui_link",
-           "retry", "safe_uri", "setup", "slurm_provenance", "sync_command", "sync_runs"]
+           "retry", "safe_uri", "setup", "slurm_provenance", "sync_command"]

@@ -129,7 +129,8 @@ class TrainingTracker:
     @classmethod
     def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
                 n_params: int, world_size: int, run_id: str | None = None, slurm_job_ids: list[str] = (),
-                data: dict[str, Path] | None = None, system_metrics_s: float = 0.0) -> TrainingTracker:
+                data: dict[str, Path] | None = None, system_metrics_s: float = 0.0,
+                machine: dict | None = None) -> TrainingTracker:
         """The tracker of a training run (a :func:`locvit.run_config.run_config`) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
@@ -138,12 +139,15 @@ class TrainingTracker:
         model's size, the number of processes and the peak lr. ``data``: split -> FFCV file
         the run reads (``train``, ``val``), logged as the run's dataset inputs. ``system_metrics_s``:
         seconds between samples of MLflow's system metrics (CPU, memory, disk, network; GPU where
-        ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``).
+        ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``). ``machine``:
+        :func:`locvit.machine.describe` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
+        ``machine.cpu_capability``, ``machine.torch``, ``machine.gpu.name``, ...).
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))
         tags = {"study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
                 "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": git_commit(),
-                "device": device, "run_config": json.dumps(cfg, sort_keys=True, separators=(",", ":")), **provenance}
+                "device": device, "run_config": json.dumps(cfg, sort_keys=True, separators=(",", ":")), **provenance,
+                **{k: str(v) for k, v in flatten({"machine": machine}).items() if machine and v is not None}}
         params = {**flatten(cfg), "n_params": n_params, "world_size": world_size, "lr_peak": peak_lr(cfg["train"])}
         tracker = cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
                       run_id=run_id)

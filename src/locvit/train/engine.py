@@ -71,6 +71,18 @@ class NonFiniteLoss(LocvitError, FloatingPointError):
         self.step, self.bad_steps = step, bad_steps
 
 
+class NoOptimiserStep(LocvitError, RuntimeError):
+    """An epoch that took no optimiser step: its result would be the untrained model's."""
+
+    def __init__(self, batches: int, bad_steps: int):
+        why = ("the training split holds fewer images than one batch (train.batch_size; a partial batch is "
+               "dropped)" if batches == 0 else f"all its {batches} step(s) had a NaN or inf loss or gradient")
+        super().__init__(f"an epoch took no optimiser step: {why}. Training stopped; nothing is written as the run's "
+                         "result. Use a train.batch_size of at most the training split's size (the dataset manifest "
+                         "holds it) or a larger data.train_fraction")
+        self.batches, self.bad_steps = batches, bad_steps
+
+
 @dataclass(frozen=True)
 class StepRecipe:
     """The recipe's settings a step reads, and what the epoch checks between its steps.
@@ -180,7 +192,9 @@ def train_one_epoch(model: torch.nn.Module, batches: Iterable, optimizer: torch.
     the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
     (``start.bad_steps_before`` + this epoch's) exceeds ``recipe.max_bad_steps``,
     :class:`NonFiniteLoss` is raised, naming the step that exceeded it, before the epoch's
-    checkpoint: last.pt stays the last good epoch's. The decision reads the gradient norm after
+    checkpoint: last.pt stays the last good epoch's. An epoch that took no optimiser step (no
+    batch, or every step bad) raises :class:`NoOptimiserStep` there too: its result would be
+    the untrained model's. The decision reads the gradient norm after
     backward, which DDP has already averaged, so every process skips the same steps. A fused
     optimiser (``fused=True``, as on CUDA) skips on the device (its ``found_inf``) and the count
     is read every ``recipe.read_every`` steps, so the raise may come up to that many steps later;
@@ -234,6 +248,8 @@ def train_one_epoch(model: torch.nn.Module, batches: Iterable, optimizer: torch.
             progress.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", acc=f"{correct / max(seen, 1):.3f}",
                                  img_s=f"{seen / max(elapsed, 1e-9):.0f}")
     loss_sum, correct, seen, bad = tally.read()  # before the epoch's checkpoint
+    if trained - bad <= 0:  # every batch of the epoch (none, or all bad): the weights never moved
+        raise NoOptimiserStep(trained, bad)
     elapsed = time.perf_counter() - clock
     return {
         "partial": PartialEpoch(trained, loss_sum, correct, seen, bad, elapsed),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from locvit import models
+from locvit import machine, models
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
@@ -49,7 +49,11 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
             f"{split}_hits": pack_bits(scores["hits"].numpy()),
             "n_params": sum(p.numel() for p in model.parameters()), "checkpoint_epoch": state["epoch"],
             "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"],
-            "data_hash": manifest["data_hash"],
+            "data_hash": manifest["data_hash"],  # the whole prepared dataset (differs between training fractions)
+            # the split scored, in the order scored (the FFCV file's order, read sequentially): the report pairs
+            # two variants' per-image results only when this is equal (locvit.report.study.Acc.against)
+            f"{split}_hash": manifest["splits"][split]["content_sha256"],
+            "machine": machine.describe(device),
         }
         write_json(out, result)  # first: the result stands whatever the tracking backend does
         log_evaluation(cfg["study"], tracking_db, state, out, {f"{split}_top1": scores["top1"],

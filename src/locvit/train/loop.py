@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from locvit import models, toolchain
+from locvit import machine, models, toolchain
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
@@ -201,6 +201,11 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     dist = distributed.current()
     out_dir = Path(out_dir)
     manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
+    images, batch = manifest["splits"]["train"]["size"], cfg["train"]["batch_size"]
+    if images < batch:  # before any compute (locvit validate refuses it where the dataset's size is known)
+        raise InputError(f"train.batch_size: {batch} is more than the {images} images of the training split "
+                         f"({manifest_path}): not one optimiser step per epoch (a partial batch is dropped); use a "
+                         f"batch of at most {images} or a larger data.train_fraction")
     plan = plan_run(cfg, manifest["data_hash"], out_dir, keep_finished)
     distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
     if dist.main and plan.message:
@@ -343,6 +348,7 @@ def finish(run: Run, state: TrainState) -> dict:
         "train_time_s": state.train_time_s, "mlflow_run_id": state.run_id, "history": state.history,
         "run_key": run.key, "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
+        "machine": machine.describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
     }
     if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
         tracker = run.tracker
@@ -373,6 +379,7 @@ def open_tracking(run: Run, state: TrainState, manifest: dict, tracking_db: Path
     tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
                                       sum(t.numel() for t in state.model.parameters()), run.dist.world_size,
                                       run_id=state.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
-                                      data=data, system_metrics_s=system_metrics_s)
+                                      data=data, system_metrics_s=system_metrics_s,
+                                      machine=machine.describe(run.device))
     tracker.open(state.history, plan.stale_run_id, on_created=created)
     return tracker

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import signal
 
-#: ``locvit train``'s exit status after a stop on request (sysexits' EX_TEMPFAIL: try again).
-EXIT_STOPPED = 75
+from locvit.errors import EXIT_STOPPED, Stopped  # noqa: F401  (raised and exited with here; defined with the errors)
 
 #: The signals that ask a run to stop at its next step boundary. SLURM sends a job step's
 #: warning to every process of the step: Snakemake's inner process and the rule's shell
 #: too, which SIGUSR1 (default action: terminate) would kill and SIGURG (default: ignore)
 #: leaves alone. So the cluster profile asks for SIGURG; SIGUSR1 is for a plain ``kill``.
 STOP_SIGNALS = (signal.SIGURG, signal.SIGUSR1)
-
-
-class Stopped(Exception):
-    """A run stopped on request at a step boundary; last.pt holds that step."""
 
 
 class StopRequest:
