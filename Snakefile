@@ -6,6 +6,10 @@ The study config is params.yaml (another file: --config params=path/to/study.yam
 It is validated against locvit's schema (src/locvit/schemas/params.schema.yaml) before any job runs.
 """
 
+from snakemake.utils import min_version
+
+min_version("9.27.1")  # the Snakemake the test suite runs; an older one stops here, saying so
+
 from locvit.config import load_params
 
 

@@ -11,7 +11,9 @@ data-efficiency table (report/tables/data_efficiency.csv) one row per fraction a
 ``throughput`` a report/throughput.csv; ``pipeline`` the demo's wall time and per-rule job
 time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
-the commit that made it, "not recorded" where an older file lacks a field.
+the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
+every entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv); ``budgets`` the GPU
+check's sections, plans and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source).
 A figure inside a sentence is a value span that names its file and where in it the figure is::
 
     the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
@@ -28,6 +30,7 @@ README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import re
 import sys
@@ -113,7 +116,42 @@ def machines_lines(folder: Path) -> list[list[str]]:
     return lines
 
 
-RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines}
+def model_lines(rows: list[dict]) -> list[list[str]]:
+    """model_table.csv: one line per model, its keywords in code, params and GMACs beside the paper's."""
+    lines = [["entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
+              "paper GFLOPs"]]
+    for r in rows:
+        lines.append([f"`{r['entrypoint']}`", f"`{r['keywords']}`" if r["keywords"] else "", r["paper model"],
+                      r["input"], r["params (M)"], r["paper params (M)"], r["GMACs"], r["paper GFLOPs"]])
+    return lines
+
+
+def python_literals(path: Path, names: tuple[str, ...]) -> dict:
+    """The values of the module-level assignments ``names`` in the Python file ``path``, read from its source
+    (``ast.literal_eval``: no import, so no torch for gpu_check.py)."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", None) in names:
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found
+
+
+def budget_lines(path: Path) -> list[list[str]]:
+    """The GPU check's sections: plan, budget on one H100 (s) and how it was estimated; each plan's total
+    against its limit."""
+    found = python_literals(path, ("BUDGETS", "PLAN_LIMITS"))
+    budgets, limits = found["BUDGETS"], found["PLAN_LIMITS"]
+    lines = [["section", "plan", "budget (s)", "how estimated"]]
+    for plan, limit in limits.items():
+        rows = [(name, b) for name, (p, b, _) in budgets.items() if p == plan]
+        lines += [[f"`{name}`", plan, str(b), budgets[name][2]] for name, b in rows]
+        lines.append([f"**{plan}, in all**", plan, f"**{sum(b for _, b in rows)}**", f"of at most {limit} s "
+                                                                                    f"({limit / 60:g} min)"])
+    return lines
+
+
+RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines,
+          "models": model_lines}
 def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -269,7 +307,7 @@ def feed_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-FILE_RENDER = {"dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+FILE_RENDER = {"budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
 def source_lines(path: Path) -> list[list[str]]:
     """Where a quoted result comes from: the machine and the commit its record names (a folder's

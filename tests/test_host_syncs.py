@@ -275,3 +275,42 @@ def test_no_family_syncs_or_changes_a_buffer_in_training_so_ddp_need_not_broadca
         assert not buffers_change(model), name
         assert all(torch.equal(before[k], b) for k, b in model.named_buffers()), name
     assert buffers_change(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)))
+
+
+class _Ops(TorchDispatchMode):
+    """Every aten op (with its overload) dispatched while inside, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(f"{func.overloadpacket.__name__}.{func._overloadname}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_the_device_side_ema_update_is_three_multi_tensor_kernels_whatever_the_depth(depth):
+    """The EMA update of the fused path (``ok`` a device tensor): the float tensors move in three multi-tensor
+    ops (on CUDA one kernel launch each for up to a few hundred tensors), none per parameter, and none that
+    syncs. The weight is one () tensor (``_foreach_mul_.Tensor``), not a list of them (``_foreach_lerp_.List``,
+    a kernel per tensor on CUDA). It moves as timm's update does, and not at all on a skipped step."""
+    model = _mait(depth=depth, masked_heads=[1] * depth)
+    ema, reference = ModelEmaV3(model, decay=0.9), ModelEmaV3(model, decay=0.9)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    ops, ok = _Ops(), torch.tensor(True)  # the step's flag, on the device
+    with counting_syncs({"step": 0}) as syncs, ops:
+        update_ema(ema, model, step=5, ok=ok)
+    assert not syncs, syncs
+    foreach = [op for op in ops.seen if op.startswith("_foreach")]
+    assert foreach == ["_foreach_sub.List", "_foreach_mul_.Tensor", "_foreach_add_.List"], ops.seen
+    kernels = [op for op in ops.seen if not op.startswith("detach.")]  # state_dict()'s detach: no kernel
+    assert len(kernels) <= 6, kernels  # the weight's few () ops besides: not one op per tensor
+    reference.update(model, step=5)
+    for a, b in zip(ema.module.state_dict().values(), reference.module.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    before = weights_digest(ema.module.state_dict())
+    update_ema(ema, model, step=6, ok=torch.tensor(False))
+    assert weights_digest(ema.module.state_dict()) == before

@@ -3,7 +3,8 @@
 The Snakemake rules, the CLI, the report, tracking and the UI ask it; dvc.yaml spells
 the same folders with its own templating, checked here against the module. An end-to-end
 run with a non-default results_dir: tests/test_pipeline.py (Snakemake) and
-tests/test_dvc.py (dvc repro).
+tests/test_dvc.py (dvc repro). Also what the workflow's files declare beside the layout: each job's code
+digest and the Snakefile's minimum Snakemake.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from locvit.layout import REPORT_FILES, ROUND_FILES, SEARCH_TABLE, RunFiles, StudyLayout, per_seed, seed_name
-from locvit.versioning import STAGE_COMMANDS, dvc_yaml, stage_code
+from locvit.versioning import STAGE_COMMANDS, code_digest, dvc_yaml, stage_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +68,32 @@ def test_each_stage_depends_on_the_code_its_commands_import():
     assert all({"src/locvit/cli.py", "src/locvit/config.py"} <= c for c in code.values())
     for stage, paths in code.items():
         assert all((ROOT / p).exists() for p in paths), stage
+
+
+def test_a_jobs_code_digest_follows_the_source_not_its_place(tmp_path):
+    """A rule's `code` param (locvit.versioning.code_digest): the same source elsewhere gives the same digest;
+    a change to a module only the report imports changes the report's and no other command's."""
+    import shutil
+
+    commands = ("prepare", "train", "evaluate", "analyse", "throughput", "report", "search-spec", "search-table")
+    here = {c: code_digest(c) for c in commands}
+    copy = tmp_path / "elsewhere" / "locvit"
+    shutil.copytree(ROOT / "src" / "locvit", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert {c: code_digest(c, package=copy) for c in commands} == here
+    tables = copy / "report" / "tables.py"
+    tables.write_text(tables.read_text() + "\nEDITED = True\n")
+    changed = {c for c in commands if code_digest(c, package=copy) != here[c]}
+    assert changed == {"report"}
+
+
+def test_the_snakefile_asks_for_the_snakemake_the_suite_runs():
+    """min_version at the Snakefile's top: an older Snakemake stops with a message before anything runs."""
+    from importlib.metadata import version
+
+    lines = (ROOT / "Snakefile").read_text().splitlines()  # Snakemake's syntax: read as lines
+    calls = [(i, m.group(1)) for i, line in enumerate(lines) if (m := re.match(r'min_version\("([^"]+)"\)', line))]
+    assert [v for _, v in calls] == [version("snakemake")]
+    assert calls[0][0] < next(i for i, line in enumerate(lines) if line.startswith("from locvit"))
 
 
 @pytest.mark.parametrize("module", ["cli", "tracking/ui", "tracking/backend", "tracking/run", "tracking/sync",

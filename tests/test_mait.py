@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import timm
 import torch
@@ -248,3 +250,49 @@ def test_restrict_through_flex_attention_equals_dense_restrict(masked_heads):
                              depth=2).blocks[0].attn.restrict_kernel == "auto"
     with pytest.raises(ValueError, match="restrict_kernel: 'sparse' is not allowed; allowed values: auto, flex"):
         timm.create_model("mait_tiny_patch16_224", restrict_kernel="sparse", img_size=32, patch_size=8, depth=2)
+
+
+def test_a_compiled_maits_flex_attention_stays_compiled_for_later_eager_calls(monkeypatch):
+    """torch.compile of a restrict MaiT traces through FlexAttention (Dynamo takes an inner torch.compile as a
+    no-op): the module's cached compiled FlexAttention is left alone, so a later eager call (an evaluation of a
+    ``compile: true`` run) compiles and uses its own, never FlexAttention's unfused reference. Compiled
+    FlexAttention is CUDA's path; on the CPU it compiles too, for inference, which this test uses by making
+    ``_flex_compiles`` say yes. A batch of another size (the last, partial one) recompiles once, not per size."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from locvit.models import mait
+
+    monkeypatch.setattr(mait, "_flex_compiles", lambda device: True)
+    monkeypatch.setattr(mait, "_COMPILED_FLEX", None)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3,
+                              num_classes=10, masked_heads="all", mask_mode="restrict", mask_type="hard",
+                              restrict_kernel="flex").eval()
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+    import torch.nn.attention.flex_attention as flex_module
+
+    def eager_warnings(fn, *args, **kwargs) -> list[str]:
+        # FlexAttention warns once per process (its _WARNINGS_SHOWN): forget an earlier test's warning
+        monkeypatch.setattr(flex_module, "_WARNINGS_SHOWN", set())
+        with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+            warnings.simplefilter("always")
+            fn(*args, **kwargs)
+        return [str(w.message) for w in seen if "without torch.compile" in str(w.message)]
+
+    q = torch.randn(1, 1, 16, 8)
+    assert eager_warnings(flex_attention, q, q, q)  # the raw function says so: what the test looks for
+    with torch.no_grad():
+        compiled_out = torch.compile(model)(x)
+    assert mait._COMPILED_FLEX is None  # the compiled model neither wrote nor read it
+    assert eager_warnings(model, x) == []  # the eager call compiled FlexAttention for itself
+    assert mait._COMPILED_FLEX is not None and mait._COMPILED_FLEX is not flex_attention
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), compiled_out, atol=1e-5, rtol=1e-4)
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for batch in (3, 2, 5, 4):  # a partial batch, then others: one recompile (a symbolic batch) in all
+            model(torch.randn(batch, 3, 32, 32))
+    assert counters["stats"]["unique_graphs"] - graphs <= 1

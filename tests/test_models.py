@@ -2,7 +2,7 @@
 torch.fx tracing through timm's feature-extraction helpers giving the eager outputs.
 
 One parametrised test over the registry (locvit's families: mait_*, lsa_*, ibit_*, nest_tiny_cifar;
-the baselines timm lacks: pvt_v1_*, wrn_*, pyramidnet*; and the timm baselines they are compared
+the baselines timm lacks: pvt_v1_*, wrn_*, pyramidnet*, localvit_*; and the timm baselines they are compared
 with). Family-specific checks (sizes against the papers, masks, shifts) stay in test_mait.py,
 test_lsa.py, test_ibit.py, test_baselines.py and test_paper_baselines.py.
 """
@@ -18,7 +18,7 @@ import locvit.models  # noqa: F401  registers locvit's families
 from locvit.models.baselines import BASELINES, create_at_32
 from locvit.models.family import family_of
 
-FAMILIES = ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*")
+FAMILIES = ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*", "localvit_*")
 REGISTRY = sorted({n for pattern in FAMILIES for n in timm.list_models(pattern)} | {"nest_tiny_cifar"} | set(BASELINES))
 
 
@@ -79,6 +79,7 @@ TRACED = {
     "lsa": ("lsa_tiny_cifar", dict(shifts="axes9")),
     "nest": ("nest_tiny_cifar", {}),
     "pvt_v1": ("pvt_v1_tiny", {}),
+    "localvit": ("localvit_tiny_patch16_224", {}),
 }
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
+from locvit.io import JobConfig
+from locvit.job_configs import report_config
 from locvit.io import pack_bits
 from locvit.report import stats
 from locvit.report.study import load_study, split_difference
@@ -56,7 +58,7 @@ def expected(paired: bool) -> stats.Comparison:
 
 
 def comparison(root: Path):
-    study = load_study(params(), root)
+    study = load_study(JobConfig(report_config(params()), "report config"), root)
     table = results_table(study)
     lsa = next(row[1] for row in table.rows if row[1].variant == "lsa")
     return lsa, table.notes

@@ -1,4 +1,4 @@
-"""The papers' baselines that timm lacks (PVT v1, CIFAR WRN, PyramidNet): their sizes against the papers'
+"""The papers' baselines that timm lacks (PVT v1, CIFAR WRN, PyramidNet, LocalViT): their sizes against the papers'
 on the meta device (no memory, no compute), and PVT's spatial-reduction maps against the layer's output."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ PAPER_SIZES = [
     ("pvt_v1_small", {}, 24.5, "MaiT Table 4 / LSA Table 4, PVT-S"),
     ("pvt_v1_medium", {}, 44.2, "MaiT Table 4, PVT-M"),
     ("pvt_v1_large", {}, 61.4, "the PVT paper's PVT-L"),
+    ("localvit_tiny_patch16_224", {}, 5.9, "MaiT Table 4, LocalViT-T"),
+    ("localvit_small_patch16_224", {}, 22.4, "MaiT Table 4, LocalViT-S"),
     # LSA Table 3's CIFAR PVTs at the study's 32 px with 10 classes (pvt.py's docstring: the CIFAR setting)
     ("pvt_v1_tiny", dict(img_size=32, num_classes=10, **CIFAR), 12.8, "LSA Table 3, PVT-T"),
     ("pvt_v1_small", dict(img_size=32, num_classes=10, **CIFAR), 24.1, "LSA Table 3, PVT-S"),
@@ -87,7 +89,24 @@ def test_pvt_reads_the_weights_its_attention_applies():
 
 
 def test_every_new_model_has_a_family():
-    names = {"wrn_16_2": "wrn", "pyramidnet164_a48": "pyramidnet", "pvt_v1_tiny": "pvt_v1"}
+    names = {"wrn_16_2": "wrn", "pyramidnet164_a48": "pyramidnet", "pvt_v1_tiny": "pvt_v1",
+             "localvit_tiny_patch16_224": "localvit"}
     for name, family in names.items():
         with torch.device("meta"):
             assert family_of(timm.create_model(name)).name == family
+
+
+def test_localvit_runs_its_feed_forward_on_the_patch_grid_and_leaves_the_class_token():
+    """LocalViT's locality is a depth-wise conv over the grid: a patch's FFN output moves only with its 3 x 3
+    neighbourhood (two 1x1 convs around one 3x3), and the class token passes the FFN unchanged."""
+    torch.manual_seed(0)
+    model = timm.create_model("localvit_tiny_patch16_224", img_size=32, patch_size=4, depth=1).eval()
+    ffn = model.blocks[0].mlp
+    x = torch.randn(1, 1 + 64, 192)
+    y = x.clone()
+    y[:, 1 + 0] += 1.0  # patch (0, 0)
+    moved = (ffn(y) - ffn(x)).abs().sum(-1)[0, 1:].reshape(8, 8) > 1e-6
+    assert moved[:2, :2].all() and moved.sum() == 4  # its 3 x 3 neighbourhood, clipped at the corner
+    torch.testing.assert_close(ffn(x)[:, 0], x[:, 0])
+    with pytest.raises(ValueError, match="init_values"):
+        timm.create_model("localvit_tiny_patch16_224", init_values=1e-5)

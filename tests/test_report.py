@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 from locvit.config import validate_params
 from locvit.io import JobConfig, pack_bits
@@ -199,8 +200,10 @@ def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
     header = next(csv.reader((out / "tables" / "mait_table3.csv").open()))
     cols = [h for h in header if not h.endswith((" std", " n", " ci95_low", " ci95_high", " reference", " delta", " p",
                                                  " p_holm", " p_equivalence_holm", " mde80", " verdict", " delta_ci95_low",
-                                                 " delta_ci95_high",
-                                                 " mlflow_run_ids", " missing"))]
+                                                 " delta_ci95_high", " mlflow_run_ids", " missing", " delta_ci90_low",
+                                                 " delta_ci90_high", " min_margin", " p_improvement",
+                                                 " p_improvement_ci95_low", " p_improvement_ci95_high",
+                                                 " within_margin", " holm_family"))]
     assert cols == ["Model size", "DeiT", "MaiT(Sch.1)", "MaiT(Sch.1, 5x5)", "MaiT(all heads, soft)"]
     row = read_csv(out / "tables" / "mait_table3.csv")[0]
     assert float(row["MaiT(Sch.1, 5x5) delta"]) == pytest.approx(expected("mait_5x5")[0] - expected("deit")[0])
@@ -296,19 +299,89 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
             assert float(row["p_vs_baseline"]) == pytest.approx(c.p)
     # Holm over exactly the variants that could be tested (one family: all against deit); MDE at alpha / m
     m = len(tested)
+    assert header[16:25] == ["missing_seeds", "delta_ci90_low", "delta_ci90_high", "equivalence_margin_min",
+                             "p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "within_margin",
+                             "holm_family"]
     for (name, c), p in zip(tested.items(), stats.holm([c.p for c in tested.values()])):
-        assert float(rows[name]["p_holm"]) == pytest.approx(p)
-        assert float(rows[name]["mde80"]) == pytest.approx(stats.mde(c.se, c.df, stats.ALPHA / m))
+        row = rows[name]
+        assert float(row["p_holm"]) == pytest.approx(p)
+        assert float(row["mde80"]) == pytest.approx(stats.mde(c.se, c.df, stats.ALPHA / m))
+        assert float(row["equivalence_margin_min"]) == pytest.approx(abs(c.delta) + sps.t.ppf(1 - 0.05 / m, c.df) * c.se)
+        assert (float(row["delta_ci90_low"]), float(row["delta_ci90_high"])) == (pytest.approx(c.ci90_low),
+                                                                               pytest.approx(c.ci90_high))
+        assert c.ci_low < c.ci90_low < c.delta < c.ci90_high < c.ci_high
+        values = [100 * t for t in TOP1[name] if t is not None]
+        wins = sum((x > y) + (x == y) / 2 for x in values for y in base) / (len(values) * len(base))
+        assert float(row["p_improvement"]) == pytest.approx(wins)
+        assert 0 <= float(row["p_improvement_ci95_low"]) <= wins <= float(row["p_improvement_ci95_high"]) <= 1
+        assert row["holm_family"] == "against deit" and row["within_margin"] in ("yes", "no")
+    for row in rows.values():  # no accuracy interval leaves [0, 100]
+        if row["test_top1_ci95_low"]:
+            assert 0 <= float(row["test_top1_ci95_low"]) <= float(row["test_top1_mean"]) <= \
+                float(row["test_top1_ci95_high"]) <= 100
     seeds = read_csv(out / "results_seeds.csv")
     assert [(r["variant"], int(r["seed"])) for r in seeds] == [
         (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None]
     assert float(seeds[0]["test_top1"]) == pytest.approx(100 * TOP1["deit"][0])
     md = (out / "results.md").read_text()
-    assert "| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | Δ 95% CI | p (Holm) | MDE | verdict |" in md
+    assert ("| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | Δ 95% CI | Δ 90% CI (TOST) | p (Holm) | MDE | "
+            "min. margin | P(>ref) [95% CI] | verdict | Holm family |") in md
     assert "deit is the baseline." in md and "lsa vs deit: +10.00 points [" in md
     assert "mait_soft vs deit:" in md and "not tested (needs at least 2 seeds on both sides)" in md
-    assert f"Holm families (one per reference): {m} against deit." in md
+    assert f"over the whole study): deit ({m} comparisons)." in md
     assert r"$\Delta$ vs deit" in (out / "results.tex").read_text()
+
+
+COMPARISON_FIELDS = ("delta", "delta_ci95_low", "delta_ci95_high", "p_holm", "p_equivalence_holm", "mde80", "verdict",
+                     "delta_ci90_low", "delta_ci90_high", "min_margin", "p_improvement", "holm_family")
+RESULTS_NAMES = {"delta": "delta_vs_baseline", "min_margin": "equivalence_margin_min"}
+
+
+def test_one_number_per_comparison_in_every_table(built):
+    """A comparison (variant, reference) is computed once per study: every table that shows it repeats the
+    results table's numbers and names the same Holm family (lsa vs deit: results, MaiT Table 4, LSA Tables 3 and
+    5, locality; mait_3x3 vs deit: results, MaiT Tables 2, 3 and 4)."""
+    _, out, _, _ = built
+    results = {r["variant"]: r for r in read_csv(out / "results.csv")}
+    # table -> (the column naming the variant, or the variant itself; the accuracy column)
+    cells = [("mait_table2", "mait_3x3", "MaiT(3x3)"), ("mait_table3", "mait_3x3", "MaiT(Sch.1)"),
+             ("mait_table4", "Model", "Top-1 (%)"), ("lsa_table3", "Method", "Digits (%)"),
+             ("lsa_table5", "Variant", "Digits (%)"), ("locality", "Variant", "Top-1 (%)")]
+    seen = {"lsa": [], "mait_3x3": []}
+    for table, key, column in cells:
+        for row in read_csv(out / "tables" / f"{table}.csv"):
+            name = row.get(key, key)
+            if name not in seen:
+                continue
+            want = results[name]
+            assert row[f"{column} reference"] == want["reference"] == "deit"
+            for f in COMPARISON_FIELDS:
+                assert row[f"{column} {f}"] == want[RESULTS_NAMES.get(f, f)], (table, name, f)
+            seen[name].append(table)
+    assert seen == {"lsa": ["mait_table4", "lsa_table3", "lsa_table5", "locality"],
+                    "mait_3x3": ["mait_table2", "mait_table3", "mait_table4", "lsa_table3", "locality"]}
+    for table in ("mait_table2", "lsa_table5", "results"):  # each table names the family
+        path = out / ("results.md" if table == "results" else f"tables/{table}.md")
+        assert "Holm families (the comparisons against one reference, over the whole study): deit (8 comparisons)" in \
+            path.read_text()
+
+
+def test_a_difference_shown_inside_the_margin_says_so(tmp_path):
+    """6 images more right on every seed, seeds identical: +1.67 points, shown (p 0.01) and, with a margin of 3
+    points, also shown inside it by two one-sided tests: ``better (within ±3)``, its 90 % interval beside."""
+    ks = {"ref": [300] * 3, "gain": [306] * 3}
+    top1 = {v: [k / 360 for k in ks[v]] for v in ks}
+    hits = {(v, s): prefix_hits(ks[v][s]) for v in ks for s in range(3)}
+    params = {**make_params({v: VARIANTS["deit"] for v in ks}), "seeds": [0, 1, 2], "equivalence_margin": 3.0}
+    make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2], hits=hits)
+    build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
+    row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["gain"]
+    assert row["verdict"] == "better" and row["within_margin"] == "yes"
+    low, high = float(row["delta_ci90_low"]), float(row["delta_ci90_high"])
+    assert 0 < low and high < 3 and float(row["equivalence_margin_min"]) == pytest.approx(high, rel=0.05)
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "| better (within ±3) |" in md and f"[{low:+.2f}, {high:+.2f}]" in md
+    assert "better (Holm-adjusted p = " in md and ") and within ± 3 points (two one-sided tests, 90 % interval" in md
 
 
 def prefix_hits(k: int, n: int = 360) -> np.ndarray:
@@ -336,13 +409,16 @@ def test_every_verdict_with_its_interval(tmp_path):
         verdict = rows[v]["verdict"]
         assert (verdict != "better" or low > 0) and (verdict != "worse" or high < 0)
         assert verdict != "equivalent" or (abs(delta) < 1.0 and float(rows[v]["p_equivalence_holm"]) < 0.05)
+        low90, high90 = float(rows[v]["delta_ci90_low"]), float(rows[v]["delta_ci90_high"])
+        assert low < low90 < delta < high90 < high
+        assert verdict != "equivalent" or -1.0 < low90 < high90 < 1.0  # TOST reads the 90 % interval
     # the undecided row says what the study could have seen
     mde = float(rows["noisy"]["mde80"])
     assert mde > abs(float(rows["noisy"]["delta_vs_baseline"]))
     md = (tmp_path / "report" / "results.md").read_text()
     assert f"could detect a difference of {mde:.2f} points or more (80 % power)" in md
     assert "far vs deit: +27.78 points [" in md and "], better (Holm-adjusted p = " in md
-    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (" in md
+    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (two one-sided tests, 90 % interval [" in md
     # without the per-image results (older evaluation files) the same tie cannot be shown
     for v in ks:
         for s in range(3):
@@ -425,11 +501,11 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     for name, table in (("lsa_25pct", results), ("lsa", results)):
         assert float(table[name]["p_holm"]) == pytest.approx(float(table[name]["p_vs_baseline"]))
     assert float(rows["lsa"]["25% of train p_holm"]) == pytest.approx(float(rows["lsa"]["25% of train p"]))
-    assert "Holm families (one per reference): 1 against deit_25pct; 1 against deit." in \
+    assert "over the whole study): deit_25pct (1 comparison); deit (1 comparison)." in \
         (tmp_path / "report" / "tables" / "data_efficiency.md").read_text()
     fig = report["figures"]["accuracy_vs_fraction"]
     assert (tmp_path / "report" / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "95 % Student-t interval" in fig["caption"]
+    assert "95 % interval as error bars" in fig["caption"]
 
 
 def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
@@ -459,6 +535,32 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
     assert {"report/als_deit.png", "report/als_deit.pdf", "report/rollout_deit.png"} <= logged
     assert report["mlflow"]["failed"] and all("mait_3x3 seed 1" in f for f in report["mlflow"]["failed"])
     assert (tmp_path / "report" / "figures" / "als_mait_3x3.png").is_file()  # kept on disk regardless
+
+
+def test_variant_runs_carry_the_comparison(tmp_path, monkeypatch):
+    """publish_tree logs a variant's results.csv row to its MLflow run: every numeric column arrives as a
+    metric (the probability of improvement with its interval, the 90 % interval, the smallest margin), the
+    Holm family and within-margin flag as tags."""
+    import mlflow
+
+    from locvit import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    variants = {v: VARIANTS[v] for v in ("deit", "mait_3x3")}
+    params = make_params(variants)
+    exp = tracking.setup(params["study"], tmp_path / "mlflow.db")
+    client = mlflow.MlflowClient()
+    run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
+    make_study(tmp_path, params, run_ids=run_ids, analysed={})
+    report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+    row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["mait_3x3"]
+    assert "variant_runs" in report["mlflow"]["tree"], report["mlflow"]["tree"]
+    run = client.get_run(report["mlflow"]["tree"]["variant_runs"]["mait_3x3"])
+    for key in ("p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "delta_ci90_low",
+                "delta_ci90_high", "equivalence_margin_min", "mde80", "p_holm"):
+        assert run.data.metrics[key] == pytest.approx(float(row[key])), key
+    assert run.data.tags["holm_family"] == "against deit" and run.data.tags["within_margin"] == row["within_margin"]
 
 
 def test_no_mlflow_needed_without_logging(tmp_path, monkeypatch):

@@ -130,3 +130,24 @@ def test_fewer_than_three_rounds_is_refused():
     raw["analysis"] = {"throughput_rounds": 2}
     with pytest.raises(ConfigError, match="analysis.throughput_rounds: 2 is less than the minimum of 3"):
         validate_params(raw, check_models=False)
+
+
+def test_each_variant_is_timed_under_its_runs_precision_and_memory_format(tmp_path, monkeypatch):
+    """A variant whose run trains with ``amp: bf16`` and ``channels_last`` is timed under bf16 autocast on an
+    NHWC batch; one with ``amp: off``, in float32 (on the CPU ``auto`` is off, as in training)."""
+    from locvit.analysis import throughput
+
+    raw = _raw()
+    raw["variants"] = {"deit_bf16": {"model": "deit_tiny_patch16_224", "kwargs": DEMO,
+                                     "train": {"amp": "bf16", "channels_last": True}},
+                       "deit_fp32": {"model": "deit_tiny_patch16_224", "kwargs": DEMO, "train": {"amp": "off"}}}
+    raw["analysis"] = {"profile_batch": 4, "profile_repeats": 1, "throughput_rounds": 3}
+    seen = {}
+    config = throughput_config(validate_params(raw, check_models=False))
+    built = throughput._build(config)
+    for variant, b in built.items():
+        b.model.register_forward_hook(lambda m, args, out, v=variant: seen.setdefault(v, (
+            torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+    monkeypatch.setattr(throughput, "_build", lambda params: built)
+    measure_throughput(config, tmp_path / "t.csv", threads=1)
+    assert seen == {"deit_bf16": (True, True, torch.bfloat16), "deit_fp32": (False, False, torch.float32)}

@@ -3,8 +3,8 @@ over its ViTs: forward, backward, the default config's heads and sizes, forward_
 forward and backward, TorchScript, and torch.fx then TorchScript.
 
 Every entrypoint of every family (mait_*, lsa_*, ibit_*, nest_tiny_cifar, and the baselines timm lacks:
-pvt_v1_*, wrn_*, pyramidnet*; a Swin and a Twins-SVT, the timm models the swin and twins families read) runs
-at a small size
+pvt_v1_*, wrn_*, pyramidnet*, localvit_*; a Swin and a Twins-SVT, the timm models the swin and twins families
+read) runs at a small size
 (test_models.small: its own architecture, fewer layers and pixels), and TorchScript also runs over the
 options whose forward takes another path (:data:`VARIANTS`). A model TorchScript cannot run without
 harm is named in :data:`NOT_SCRIPTABLE` with the reason; the TorchScript test asserts that exactly those
@@ -35,7 +35,7 @@ pytestmark = [
 
 # timm's own Swin and Twins, which locvit's swin and twins families claim: the models those families read.
 FAMILY_MODELS = {"swin_tiny_patch4_window7_224", "twins_svt_small"}
-ENTRYPOINTS = sorted({n for pattern in ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*")
+ENTRYPOINTS = sorted({n for pattern in ("mait_*", "lsa_*", "ibit_*", "pvt_v1_*", "wrn_*", "pyramidnet*", "localvit_*")
                       for n in timm.list_models(pattern)}
                      | {"nest_tiny_cifar"} | FAMILY_MODELS)
 

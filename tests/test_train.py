@@ -270,3 +270,24 @@ def test_the_epoch_step_reads_like_deits_engine():
     assert len(params) <= 12, list(params)
     assert not {"done", "stop", "skip", "show_progress"} & set(params)
     assert {"start", "stop"} <= set(inspect.signature(EpochBatches).parameters)
+
+
+def test_a_checkpoint_is_scored_under_its_runs_precision():
+    """Evaluation (engine.evaluate, with the run's Compute.of, as locvit evaluate scores a checkpoint) runs the
+    forward pass under the run's bf16 autocast on NHWC inputs; a run with amp off, in float32."""
+    cpu = torch.device("cpu")
+    assert Compute.of({"amp": "bf16", "channels_last": True}, cpu) == Compute(torch.bfloat16, True)
+    assert Compute.of({"amp": "auto", "channels_last": False}, cpu) == Compute(None, False)  # auto: off on the CPU
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=3,
+                              num_classes=10)
+    images = [((torch.rand(4, 3, 16, 16) * 255).to(torch.uint8), torch.arange(4))]
+    for recipe, expected in (({"amp": "bf16", "channels_last": True}, (True, True, torch.bfloat16)),
+                             ({"amp": "off"}, (False, False, torch.float32))):
+        seen = []
+        hook = model.register_forward_hook(lambda m, args, out: seen.append(
+            (torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last)
+             and not args[0].is_contiguous(), out.dtype)))
+        evaluate(model, images, (0.5,) * 3, (0.5,) * 3, Compute.of(recipe, cpu))
+        hook.remove()
+        assert seen == [expected]

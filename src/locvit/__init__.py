@@ -8,7 +8,8 @@ layer or of a lower one, never of a higher one, and no two packages import each 
 (``tests/test_imports.py`` reads the import graph, :func:`locvit.versioning.import_graph`):
 
 1. the core: ``errors``, ``io``, ``logs``, ``layout``, ``toolchain``, ``neighbourhood``,
-   ``model_modules``, ``checkpoint``, ``throughput_file``: no torch model, no config;
+   ``model_modules``, ``checkpoint``, ``throughput_file``, ``machine``, ``precision``: no torch model, no
+   config;
 2. the data and the models: ``data``, ``models``;
 3. the config: ``model_checks``, ``config``, ``run_config``, ``job_configs``, ``versioning``;
 4. ``tracking`` (MLflow);
@@ -26,7 +27,7 @@ __version__ = "0.1.0"
 #: The layers of :mod:`locvit`'s top-level modules and packages, lowest first (see above).
 LAYERS = (
     ("errors", "io", "logs", "layout", "toolchain", "neighbourhood", "model_modules", "checkpoint",
-     "throughput_file"),
+     "throughput_file", "machine", "precision"),
     ("data", "models"),
     ("model_checks", "config", "run_config", "job_configs", "versioning"),
     ("tracking",),

@@ -58,12 +58,14 @@ def _first_runs(params: dict, runs: dict | None) -> dict[str, dict]:
 
 def throughput_config(params: dict, runs: dict | None = None) -> dict:
     """What the throughput job reads (:mod:`locvit.analysis.throughput`): its rounds, batch and repeats, the
-    baseline and each variant's model on its device. Another model, device or baseline re-runs it, another
-    recipe does not (the same model at random weights)."""
+    baseline and each variant's model on its device, with its run's precision and memory format. Another
+    model, device, precision or baseline re-runs it, another recipe otherwise does not (the same model at
+    random weights)."""
     return {
         "analysis": {k: params["analysis"][k] for k in THROUGHPUT_KEYS},
         "baseline": params["baseline"],
         "models": {v: {"model": c["model"], "model_kwargs": c["model_kwargs"], "device": c["train"]["device"],
+                       "amp": c["train"]["amp"], "channels_last": c["train"]["channels_last"],
                        "model_modules": c.get("model_modules", [])} for v, c in _first_runs(params, runs).items()},
     }
 

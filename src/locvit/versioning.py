@@ -13,6 +13,8 @@ made and ``dvc status`` is clean; inside ``dvc repro`` the stages pass ``dvc_com
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -57,6 +59,7 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
 
 # dvc.yaml, generated ----------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=4)  # read once per process: every rule of the Snakefile asks
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast).
 
@@ -113,6 +116,20 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
 #: The package data each module reads (paths inside the package): a stage whose commands import the module
 #: depends on them as on its code.
 PACKAGE_DATA = {"locvit.config": ("schemas/params.schema.yaml",)}
+
+
+def code_digest(*commands: str, package: Path = PACKAGE) -> str:
+    """A digest of the source ``locvit <command>`` runs (:func:`command_modules`), from the modules'
+    names and contents only: the same code gives the same digest wherever it is installed or checked
+    out. A rule's ``code`` param (workflow/rules/common.smk), so Snakemake re-runs the jobs whose code
+    changed, as DVC does from each stage's code dependencies."""
+    modules = set().union(*(command_modules(c, package) for c in commands))
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py"), key=lambda f: _module(f, package)):
+        name = _module(path, package)
+        if name in modules:
+            digest.update(f"{name}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:

@@ -17,10 +17,9 @@ for name, seeds, variants in seed_set_rules("analyse"):
             npz=expand(MAPS_FILE, seed=seeds, allow_missing=True),
             profile=PROFILE_FILE,
         params:
+            code=code_digest("analyse"),  # the source its command runs (locvit.versioning)
             locvit=LOCVIT,
         threads: 1
-        conda:
-            ENV
         log:
             str(LAYOUT.log_file("analyse", "{variant}")),
         shell:

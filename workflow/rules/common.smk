@@ -8,7 +8,8 @@ from locvit.run_config import seed_sets, train_resources, variant_fraction, vari
 from locvit.job_configs import write_job_configs
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
-from locvit.train import launch
+from locvit.train import gpus, launch
+from locvit.versioning import code_digest
 
 # Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
 LAYOUT = StudyLayout.of(P)
@@ -51,9 +52,12 @@ SEED_SETS = seed_sets(P)
 DATA_FRACTIONS = {LAYOUT.data_name(f): f for f in {variant_fraction(P, v) for v in VARIANTS}}
 SEARCH = P.get("mask_search")  # None: the study runs no mask search
 SEARCH_ROUNDS = list(range(SEARCH["rounds"])) if SEARCH else []
-# The same interpreter that runs Snakemake runs the jobs (works without an activated venv).
-LOCVIT = f"{shlex.quote(sys.executable)} -m locvit"
-ENV = "../envs/locvit.yaml"
+# The same interpreter that runs Snakemake runs the jobs (works without an activated venv), named in the
+# environment, not in a rule: what Snakemake records of a job (params, inputs, outputs, its command) holds
+# no path of this machine's, so another path to the interpreter, a moved checkout or another venv re-run
+# nothing. A job's code is its `code` param instead: a digest of the source its command runs.
+os.environ[launch.PYTHON_ENV] = sys.executable
+LOCVIT = f"{launch.PYTHON} -m locvit"
 
 
 wildcard_constraints:
@@ -159,15 +163,62 @@ def search_round_files(role):
     return expand(ROUND[role], round=SEARCH_ROUNDS)
 
 
-# What a training job asks SLURM for: its variant's resources in params (locvit.run_config.train_resources)
-# as the SLURM executor's resources (locvit.train.launch.slurm_resources); None leaves one unset.
+# What a training job asks for: under the cluster profile, its variant's resources in params
+# (locvit.run_config.train_resources) as the SLURM executor's resources (locvit.train.launch.slurm_resources);
+# in a local run, the same cut to this machine's CPUs, memory and GPUs (locvit.train.gpus.local_resources),
+# with as many training jobs at once as it has GPUs. None leaves one unset.
 def job_variant(wildcards):
     """The variant a training job trains (a mask-search round trains the search's variant)."""
     return wildcards.get("variant") or SEARCH["variant"]
 
 
+def cluster_run():
+    """Whether the jobs go to a cluster: the SLURM executor (--profile cluster) submits them, or this is
+    the Snakemake inside a cluster job (the job step's, and the one it starts for the job itself, which
+    evaluates the job's resources again: it must size the job as the submitter did), dry runs and --touch
+    of a cluster run included. Known once Snakemake executes (resources are evaluated then); without an
+    executor (--lint, --summary) a local run."""
+    if workflow.remote_exec:
+        return True
+    plugin = workflow.executor_plugin
+    if plugin is None:
+        return False
+    if not plugin.common_settings.local_exec:
+        return True
+    # -n and --touch run a stand-in executor; Snakemake uses threads for the one asked for when it is remote
+    return (workflow.dryrun or workflow.touch) and workflow.execution_settings.use_threads
+
+
+def local_main_run():
+    """Whether this Snakemake runs the jobs here itself (no --jobs: a local run or its dry run); known when
+    the Snakefile is read, unlike the executor."""
+    return workflow.is_main_process and workflow.resource_settings.nodes is None
+
+
+# This machine's sizes (locvit.train.gpus.machine), said once; in a local run the `gpu` resource is limited to
+# its GPUs (unless --resources gpu=N says otherwise): one training job per GPU at a time.
+MACHINE = gpus.machine() if local_main_run() else None
+# There a training job takes GPUs no other job holds (locvit.train.gpus: the rules' `claim` param, the same
+# text in every run; this variable turns it on).
+os.environ.pop(gpus.CLAIM_ENV, None)
+if MACHINE and MACHINE["gpus"]:
+    os.environ[gpus.CLAIM_ENV] = "1"
+if MACHINE:
+    workflow.global_resources.setdefault("gpu", MACHINE["gpus"])
+    at_once = workflow.global_resources["gpu"].value
+    print(f"locvit: local sizes: this machine's {MACHINE['cpus']} CPUs, {MACHINE['mem_mb']} MB, "
+          f"{MACHINE['gpus']} GPU(s); " + (f"training jobs on GPUs at once: {at_once} (--resources gpu=N)"
+                                           if MACHINE["gpus"] else "training on the CPU, within --cores") +
+          "; params' cluster sizes apply under --profile cluster", file=sys.stderr)
+
+
+def job_resources(wildcards):
+    sizes = train_resources(P, job_variant(wildcards))
+    return launch.slurm_resources(sizes) if cluster_run() else gpus.local_resources(sizes, MACHINE or gpus.machine())
+
+
 def train_resource(key):
-    return lambda wildcards: launch.slurm_resources(train_resources(P, job_variant(wildcards)))[key]
+    return lambda wildcards: job_resources(wildcards)[key]
 
 
 TRAIN_RESOURCES = {key: train_resource(key) for key in launch.SLURM_KEYS}  # rules train, search_train

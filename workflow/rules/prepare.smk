@@ -7,9 +7,8 @@ rule prepare:
         test=DATA_FILES["test"],
         manifest=DATA_FILES["manifest"],
     params:
+        code=code_digest("prepare"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
-    conda:
-        ENV
     log:
         str(LAYOUT.log_file("prepare", "{datadir}")),
     shell:

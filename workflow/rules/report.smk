@@ -22,13 +22,12 @@ rule report:
         pdf=directory(str(REPORT["pdf"])),
         metrics=directory(str(REPORT["metrics"])),  # one JSON per variant: dvc metrics show
     params:
+        code=code_digest("report"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
         params_file=PARAMS_FILE,  # not read: logged to the study's MLflow run as it is
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,
-    conda:
-        ENV
     log:
         str(LAYOUT.log_file("report")),
     shell:

@@ -10,10 +10,9 @@ checkpoint search_spec:
     output:
         spec=ROUND["spec"],
     params:
+        code=code_digest("search-spec"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
         previous=search_previous_args,
-    conda:
-        ENV
     log:
         f"{LOG_DIR}/search/round{{round}}_spec.log",
     shell:
@@ -33,6 +32,8 @@ rule search_train:
         best=str(ROUND_RUN.best),
         metrics=str(ROUND_RUN.metrics),
     params:
+        code=code_digest("train"),  # the source its command runs (locvit.versioning)
+        claim=gpus.CLAIM,  # a local run on GPUs: the job's own GPUs
         launch=train_launcher,
         out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
@@ -41,12 +42,10 @@ rule search_train:
     threads: 1
     resources:
         **TRAIN_RESOURCES,
-    conda:
-        ENV
     log:
         f"{LOG_DIR}/search/round{{round}}_train.log",
     shell:
-        "{params.launch} train --run-config {input.config:q} --search-spec {input.spec:q} --train-data {input.train:q}"
+        "{params.claim} {params.launch} train --run-config {input.config:q} --search-spec {input.spec:q} --train-data {input.train:q}"
         " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q}"
         " --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
 
@@ -87,9 +86,8 @@ rule search:
         md=str(LAYOUT.search_table("md")),
         json=str(LAYOUT.search_table("json")),
     params:
+        code=code_digest("search-table"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
-    conda:
-        ENV
     log:
         f"{LOG_DIR}/search/table.log",
     shell:

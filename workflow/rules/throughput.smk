@@ -9,10 +9,9 @@ rule throughput:
     output:
         csv=THROUGHPUT_FILE,
     params:
+        code=code_digest("throughput"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
     threads: every_core
-    conda:
-        ENV
     log:
         str(LAYOUT.log_file("throughput")),
     shell:

@@ -16,6 +16,8 @@ for name, seeds, variants in seed_set_rules("train"):
             best=train_outputs("best", seeds),
             metrics=train_outputs("metrics", seeds),
         params:
+            code=code_digest("train"),  # the source its command runs (locvit.versioning)
+            claim=gpus.CLAIM,  # a local run on GPUs: the job's own GPUs
             launch=train_launcher,
             out_dirs=run_dirs,
             keep=keep_finished,
@@ -25,12 +27,10 @@ for name, seeds, variants in seed_set_rules("train"):
         threads: 1
         resources:
             **TRAIN_RESOURCES,
-        conda:
-            ENV
         log:
             f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
         shell:
-            "{params.launch} train --run-config {input.configs:q} --train-data {input.train:q}"
+            "{params.claim} {params.launch} train --run-config {input.configs:q} --train-data {input.train:q}"
             " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
 
 
@@ -48,11 +48,10 @@ for name, seeds, variants in seed_set_rules("evaluate"):
         output:
             expand(EVAL_FILE, seed=seeds, allow_missing=True),
         params:
+            code=code_digest("evaluate"),  # the source its command runs (locvit.versioning)
             locvit=LOCVIT,
             tracking_db=TRACKING_DB,
         threads: 1
-        conda:
-            ENV
         log:
             str(LAYOUT.log_file("evaluate", "{variant}")),
         shell:

@@ -12,7 +12,10 @@ The choices:
 * **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
   weights, so the job needs no checkpoint. Each variant is built from its entry in the job's
   config (:func:`locvit.job_configs.throughput_config`: model, keyword arguments at the study's
-  image size and class count, its run's device) by :func:`locvit.models.create`.
+  image size and class count, its run's device, precision and memory format) by
+  :func:`locvit.models.create`, and timed under its run's precision (``train.amp``: bf16 autocast,
+  TF32 on CUDA; :mod:`locvit.precision`) and memory format (``train.channels_last``), cuDNN's
+  autotuner on (the batch's shape is fixed).
 * **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
   times every variant once. The order is rotated by one place every round, so no variant
   always runs first. A slow spell of the machine then lands on one round of every variant
@@ -35,11 +38,13 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from locvit import models
 from locvit.analysis.profile import device_name
+from locvit.precision import amp_dtype, set_backends
 from locvit.throughput_file import COLUMNS, read_throughput, write_throughput  # noqa: F401  (the file's format)
 
 WARMUP = 2  # untimed batches per variant and round
@@ -50,10 +55,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
-    """One round's images/s of ``model`` on the batch ``x`` (see the module docstring)."""
+class Built(NamedTuple):
+    """A variant ready to time: its model, its batch and its run's autocast dtype (None: float32)."""
+
+    model: torch.nn.Module
+    x: torch.Tensor
+    dtype: torch.dtype | None
+
+
+def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int, dtype: torch.dtype | None = None) -> float:
+    """One round's images/s of ``model`` on the batch ``x`` under autocast to ``dtype`` (see the module docstring)."""
     times = []
-    with torch.no_grad():
+    set_backends(x.device, dtype)  # per variant: TF32 follows its amp
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         for i in range(WARMUP + repeats):
             _sync(x.device)
             start = time.perf_counter()
@@ -64,8 +78,9 @@ def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> floa
     return x.shape[0] / statistics.median(times)
 
 
-def _build(config: dict) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
-    """Every variant of the job config, in eval mode on its device, with a batch of random images for it."""
+def _build(config: dict) -> dict[str, Built]:
+    """Every variant of the job config, in eval mode on its device, with a batch of random images for it and its
+    run's autocast dtype; channels_last where its run trains so."""
     batch = config["analysis"]["profile_batch"]
     built, inputs = {}, {}
     for variant, cfg in config["models"].items():
@@ -77,21 +92,24 @@ def _build(config: dict) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
         with torch.random.fork_rng(devices=[]):  # repeatable weights, and the caller's generator untouched
             torch.manual_seed(0)
             model = models.create(cfg)
-        built[variant] = (model.to(device).eval(), inputs[device, size])
+        model, x = model.to(device).eval(), inputs[device, size]
+        if cfg["channels_last"]:
+            model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+        built[variant] = Built(model, x, amp_dtype(cfg["amp"], device))
     return built
 
 
-def _rounds(built: dict[str, tuple[torch.nn.Module, torch.Tensor]], rounds: int, repeats: int) -> dict[str, list]:
+def _rounds(built: dict[str, Built], rounds: int, repeats: int) -> dict[str, list]:
     """Each variant's images/s in each round, the order rotated by one every round."""
     names = list(built)
-    for model, x in built.values():  # the process's first forward passes (thread pool, kernels), untimed
-        _images_per_s(model, x, 1)
+    for b in built.values():  # the process's first forward passes (thread pool, kernels), untimed
+        _images_per_s(b.model, b.x, 1, b.dtype)
     rates: dict[str, list[float]] = {v: [] for v in names}
     for r in range(rounds):
         shift = r % len(names)
         for variant in names[shift:] + names[:shift]:  # a different variant first each round
-            model, x = built[variant]
-            rates[variant].append(_images_per_s(model, x, repeats))
+            b = built[variant]
+            rates[variant].append(_images_per_s(b.model, b.x, repeats, b.dtype))
     return rates
 
 
@@ -108,7 +126,7 @@ def measure_throughput(config: dict, out: str | Path, threads: int | None = None
     try:
         built = _build(config)
         rates = _rounds(built, cfg["throughput_rounds"], cfg["profile_repeats"])
-        devices = {v: device_name(x.device) for v, (_, x) in built.items()}  # names the threads in use
+        devices = {v: device_name(b.x.device) for v, b in built.items()}  # names the threads in use
     finally:
         torch.set_num_threads(before)
 

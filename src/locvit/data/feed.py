@@ -14,6 +14,14 @@ a pool of ``workers`` threads, which prepare different batches at once (torch's 
 release Python's GIL, so on a CPU with cores to spare they run side by side). With
 ``ahead`` = 0 every batch is prepared in the training thread, just before its step.
 
+FFCV reuses a ring of ``batches_ahead + 2`` pinned host buffers and queues each batch's copy to
+the device without waiting for it; a CPU write into a slot whose copy the device has not run yet
+would hand the model pixels of another batch. The training step never waits for the device (no
+host sync per step), so the taking of batches is bounded (:func:`bounded`): a CUDA event is
+recorded after each batch is consumed (its kernels queued), and before the next batch is taken
+the host waits on the event of the batch ring size - 1 batches back. The device may lag at most
+that far behind the loader, and on a device that keeps up the waits cost nothing.
+
 A batch's draws depend only on (seed, rank, step) (:class:`locvit.data.augment.TrainAugment`),
 so preparing it early or late, in one thread or another, gives the same tensor: a seeded
 run repeats bitwise and a resumed run continues as the uninterrupted one would, whatever
@@ -22,14 +30,54 @@ run repeats bitwise and a resumed run continues as the uninterrupted one would, 
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 _DONE = object()  # the end of the loader's epoch
+FFCV_BATCHES_AHEAD = 3  # FFCV Loader's default batches_ahead
+
+
+def ring_size(loader: Any) -> int:
+    """The number of buffers FFCV's loader cycles through (``batches_ahead + 2``), found on ``loader`` or on the
+    loader it wraps (``.loader``); FFCV's default where neither says."""
+    while loader is not None:
+        if hasattr(loader, "batches_ahead"):
+            return int(loader.batches_ahead) + 2
+        loader = getattr(loader, "loader", None)
+    return FFCV_BATCHES_AHEAD + 2
+
+
+def bounded(loader: Iterable, ring: int | None = None, new_event: Callable[[], Any] | None = None) -> Iterator:
+    """``loader``'s batches, taken no further ahead of the device than its buffer ring allows.
+
+    After the consumer is done with a batch (it asks for the next: the batch's kernels are queued) an event
+    (``new_event()``, recorded on the current stream) marks it; before batch k is taken, the host waits on batch
+    k - (ring - 1)'s (``event.synchronize()``). ``new_event`` None: ``torch.cuda.Event`` where the batches are on
+    CUDA, else no events (on the CPU a batch is consumed when the consumer returns). ``ring``: :func:`ring_size`.
+    """
+    lag = (ring or ring_size(loader)) - 1
+    events: collections.deque = collections.deque()
+    batches = iter(loader)
+    while True:
+        if len(events) >= lag:
+            events.popleft().synchronize()  # batch k - lag's kernels (its copy before them) have run
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        if new_event is None:
+            images = batch[0] if isinstance(batch, (tuple, list)) else batch
+            new_event = torch.cuda.Event if getattr(images, "is_cuda", False) else (lambda: None)
+        yield batch
+        event = new_event()
+        if event is not None:
+            event.record()
+            events.append(event)
 
 
 class TrainFeed:
@@ -42,7 +90,7 @@ class TrainFeed:
     """
 
     def __init__(self, loader: Iterable, augment: Any, compute: Any, mean, std, first_step: int, ahead: int = 2,
-                 workers: int = 1):
+                 workers: int = 1, new_event: Callable[[], Any] | None = None):
         if ahead < 0:
             raise ValueError(f"train.feed_ahead must be 0 or more batches, not {ahead}")
         if workers < 1:
@@ -50,6 +98,10 @@ class TrainFeed:
         self.loader, self.augment, self.compute = loader, augment, compute
         self.mean, self.std, self.first_step = mean, std, int(first_step)
         self.ahead, self.workers = int(ahead), int(workers)
+        self.new_event = new_event  # :func:`bounded`'s (None: CUDA events where the batches are on CUDA)
+
+    def _batches(self) -> Iterator:
+        return bounded(self.loader, ring_size(self.loader), self.new_event)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -65,7 +117,7 @@ class TrainFeed:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.ahead == 0:
-            for step, (images, labels) in enumerate(self.loader, self.first_step):
+            for step, (images, labels) in enumerate(self._batches(), self.first_step):
                 yield self.prepare(images, step), labels
             return
         yield from self._ahead()
@@ -99,7 +151,7 @@ class TrainFeed:
         def work() -> None:
             adopt()
             try:
-                for step, (images, labels) in enumerate(self.loader, self.first_step):
+                for step, (images, labels) in enumerate(self._batches(), self.first_step):
                     # FFCV reuses its batch buffers a few batches later: keep no reference to them.
                     # prepare() makes new tensors (a pool's batch is copied first, as it waits); labels are copied.
                     if pool is not None:

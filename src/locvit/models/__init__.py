@@ -5,7 +5,7 @@ data's image size included (:func:`create`). The families (MaiT, LSA, IBiT, Swin
 their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
 with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
 ``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
-wide ResNets, ``pyramidnet``: PyramidNet). Training, evaluation, analysis and profiling make models only through
+wide ResNets, ``pyramidnet``: PyramidNet, ``localvit``: LocalViT). Training, evaluation, analysis and profiling make models only through
 :func:`create` (from a run config) and :func:`load` (from a checkpoint).
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from locvit.errors import LocvitError
 from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
 from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
@@ -25,6 +26,7 @@ from locvit.models import twins  # noqa: F401  (the Twins family: timm's twins_*
 from locvit.models import pvt  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
 from locvit.models import wrn  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
 from locvit.models import pyramidnet  # noqa: F401  (registers pyramidnet164_a48)
+from locvit.models import localvit  # noqa: F401  (registers localvit_*: LocalViT, not in timm)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -79,12 +81,58 @@ def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | N
 
 
 def device_for(name: str, local_rank: int = 0) -> torch.device:
-    """The device of ``train.device`` (``auto``: CUDA when there is one); ``local_rank`` picks the GPU."""
+    """The device of ``train.device`` (``auto``: CUDA when there is one); ``local_rank`` picks the GPU.
+
+    ``auto`` on a machine whose ``nvidia-smi`` lists GPUs that torch cannot use (a driver too old for this
+    torch's CUDA, a CPU-only torch) stops with :class:`CudaUnusable` saying what to install, instead of
+    training on the CPU without a word."""
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     if name == "auto":
+        if not torch.cuda.is_available() and (smi := nvidia_smi()) is not None:
+            raise CudaUnusable(smi)
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+
+
+class CudaUnusable(LocvitError):
+    """``train.device: auto`` where nvidia-smi sees GPUs and torch cannot use them."""
+
+    def __init__(self, smi: dict):
+        try:
+            torch.cuda.init()
+            why = ""
+        except Exception as err:  # torch's own reason: no driver found, a driver too old, a CPU-only build
+            why = f" ({str(err).strip().splitlines()[0]})"
+        built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA: a CPU-only build"
+        super().__init__(
+            f"train.device: auto: nvidia-smi lists {len(smi['gpus'])} GPU(s) ({smi['gpus'][0]}) with driver "
+            f"{smi['driver'] or '?'} (CUDA {smi['cuda'] or '?'} at most), but torch {torch.__version__} ({built}) "
+            f"cannot use them{why}. Install a torch built for a CUDA this driver supports (pytorch.org/get-started: "
+            f"pip install torch --index-url https://download.pytorch.org/whl/cuXYZ, XYZ at most the driver's CUDA), "
+            f"or a newer NVIDIA driver; train.device: cpu trains on the CPU on purpose")
+
+
+def nvidia_smi() -> dict | None:
+    """What ``nvidia-smi`` reports: ``gpus`` (its ``-L`` lines), ``driver`` and ``cuda`` (the newest CUDA the
+    driver supports); None where there is no nvidia-smi, it fails or lists no GPU."""
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        listed = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+        header = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [line.strip() for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+    if listed.returncode != 0 or not gpus:
+        return None
+    driver, cuda = (re.search(rf"{key} Version:\s*(\S+)", header) for key in ("Driver", "CUDA"))
+    return {"gpus": gpus, "driver": driver and driver.group(1), "cuda": cuda and cuda.group(1)}
 
 
 def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:

@@ -405,14 +405,22 @@ def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> boo
 
 
 def _flex_attention(device: torch.device):
-    """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (a reference, for tests)."""
+    """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (a reference, for tests).
+
+    Inside a compiled model (``torch.compile`` of MaiT) Dynamo puts FlexAttention into the model's own
+    graph and treats a ``torch.compile`` made here as a no-op: the raw function is returned and the cached
+    compiled one is neither read nor written, so later eager calls (an evaluation of a ``compile: true``
+    run) still find the compiled kernel, not the raw function (FlexAttention's unfused reference, which
+    materialises the whole score matrix). Compiled with automatic dynamic shapes: the first batch size is
+    specialised, another one (an evaluation's last, partial batch) recompiles once with a symbolic batch.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
-    global _COMPILED_FLEX
-    if not _flex_compiles(device):
+    if not _flex_compiles(device) or torch.compiler.is_compiling():
         return flex_attention
+    global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=None)
     return _COMPILED_FLEX
 
 

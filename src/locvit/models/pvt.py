@@ -36,7 +36,7 @@ stage-1 patch decide the size; we choose 10 classes and pixel tokens in stage 1
 (:data:`CIFAR`: ``patch_size=1``, a 32 x 32 grid, then 16, 8 and 4; stage 1's reduction 8 pools
 the keys to a 4 x 4 grid), as NesT's CIFAR models embed pixels: the only 32-px setting within
 3 % of all three sizes (``patch_size=4``, an 8 x 8 grid with keys pooled to 1 x 1, gives 12.34M,
--3.6 %). ``tests/test_pvt.py`` checks both columns on the meta device.
+-3.6 %). ``tests/test_paper_baselines.py`` checks both columns on the meta device.
 
 Attention maps (:mod:`locvit.models.family`): the stages with ``R > 1`` give ``pooled_keys``
 records (queries on the stage's token grid, keys on the grid pooled by ``R``), stage 4 gives
@@ -120,8 +120,8 @@ class PyramidVisionTransformer(nn.Module):
     """PVT v1 (module docstring). ``global_pool``: ``token`` (the class token, PVT v1's) or ``avg``
     (the mean of stage 4's patch tokens)."""
 
-    def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 4, in_chans: int = 3, num_classes: int = 1000,
-                 global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
+    def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 4, in_chans: int = 3,
+                 num_classes: int = 1000, global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
                  num_heads: Sequence[int] = (1, 2, 5, 8), mlp_ratios: Sequence[float] = (8, 8, 4, 4),
                  depths: Sequence[int] = (2, 2, 2, 2), sr_ratios: Sequence[int] = (8, 4, 2, 1), qkv_bias: bool = True,
                  drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
@@ -230,7 +230,8 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTr
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights for PVT v1 in locvit; use pretrained=False")
     return build_model_with_cfg(PyramidVisionTransformer, variant, pretrained=False,
-                                feature_cfg=dict(flatten_sequential=True), **dict(dict(depths=SIZES[variant]), **kwargs))
+                                feature_cfg=dict(flatten_sequential=True),
+                                **dict(dict(depths=SIZES[variant]), **kwargs))
 
 
 @register_model

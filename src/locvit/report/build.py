@@ -231,7 +231,8 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
                 for epoch, means in _mean_history(study.variants[row["variant"]]).items():  # the compare view's curves
                     tracking.log_metrics(run_id, means, step=epoch)
                 tracking.set_tags(run_id, {"verdict": row["verdict"], "reference": row["reference"] or "–",
-                                           "model": row["model"]})
+                                           "model": row["model"], "holm_family": row.get("holm_family") or "–",
+                                           "within_margin": row.get("within_margin") or "–"})
                 tracking.retry(client.set_terminated, run_id, status="FINISHED")
             study_id = ids[""]
             for run in tree.find(client, exp, {tree.ROLE: "variant", "study": study.name}):
@@ -271,7 +272,8 @@ def _mean_history(variant) -> dict[int, dict[str, float]]:
 
 
 #: results.csv's columns that are not numbers (tags, or not for MLflow).
-RESULT_TEXT = {"variant", "reference", "verdict", "mlflow_run_ids", "missing_seeds", "model"}
+RESULT_TEXT = {"variant", "reference", "verdict", "mlflow_run_ids", "missing_seeds", "model", "within_margin",
+               "holm_family"}
 
 
 def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:

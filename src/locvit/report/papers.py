@@ -14,6 +14,11 @@ need only the family (IBiT's) fall back to the model name.
 - LSA Table 5: the ablation: shifts, shift mode, positional embedding, local block.
 - IBiT Table 3: IBiT vs DeiT vs ConViT; IBiT Table 4: learned masks x CutMix.
 - Data efficiency: top-1 by training fraction (IBiT's data-fraction runs), from train_fractions.
+
+MaiT Table 4 and LSA Table 3 also show the paper's own numbers beside every variant that is a model
+of the paper's table on the paper's dataset (:mod:`locvit.report.reported`): after the table's
+columns, the paper's row, and per number the paper gives (top-1, params, GFLOPs, throughput) its
+value and ours minus it.
 """
 
 from __future__ import annotations
@@ -22,16 +27,13 @@ from collections import defaultdict
 from typing import Callable
 
 from locvit.report.render import Missing, Table
-from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, missing_text
+from locvit.report.reported import QUANTITIES, paper_cells, paper_columns, paper_formats, paper_row
+from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, masked, missing_text, size_key
 
 ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
             "difference of the mean to the study's baseline variant")
 SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
 SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
-
-
-def _size_key(arch: dict) -> tuple:
-    return arch["embed_dim"], arch["depth"], arch["num_heads"], arch.get("patch_size")
 
 
 def _size_labels(keys) -> dict[tuple, str]:
@@ -59,8 +61,7 @@ def _why(reason: str, notes: list[str]) -> str:
 
 
 def _mask(v: Variant) -> dict | None:
-    mask = v.arch.get("mask")
-    return mask if mask and sum(mask["heads_per_layer"]) > 0 else None
+    return v.arch["mask"] if masked(v.arch) else None
 
 
 def _kernel(mask: dict) -> str:
@@ -68,7 +69,8 @@ def _kernel(mask: dict) -> str:
 
 
 def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple], notes: list[str]) -> Table:
-    """Rows = model sizes, columns = DeiT then MaiT kinds; each cell an Acc with Δ vs DeiT.
+    """Rows = model sizes, columns = DeiT then MaiT kinds; each MaiT cell the study's comparison with DeiT of
+    its size (:meth:`Study.size_reference`).
 
     ``entries``: (size key, column label, column sort key, variant). Two variants that land
     in one cell get a column each, labelled with their names.
@@ -90,17 +92,16 @@ def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple
     labels = _size_labels(keys)
     rows, sources = [], []
     for key in keys:
-        base_col = next((c for c in cols if c.startswith("DeiT") and (key, c) in placed), None)
-        base = placed[(key, base_col)].acc() if base_col else None
         row = [labels[key]]
         for col in cols:
             v = placed.get((key, col))
-            row.append(None if v is None else v.acc() if col.startswith("DeiT") else v.acc().against(base, study.margin))
+            ref = study.size_reference(v) if v is not None and not col.startswith("DeiT") else None
+            row.append(None if v is None else study.compared(v, ref) if ref else v.acc())
             if v is not None:
                 sources.append(f"{labels[key]} / {col}: {v.name}")
         rows.append(row)
     notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
-             "difference to DeiT of the same size (one Holm family per size).", "Cells: " + "; ".join(sources)] + notes
+             "difference to DeiT of the same size (the study's comparison: its Holm family is named below).", "Cells: " + "; ".join(sources)] + notes
     return Table(name, title, caption, ["Model size"] + cols, rows, notes)
 
 
@@ -113,9 +114,9 @@ def _mait_rows(study: Study, keep: Callable[[dict], tuple | None]) -> tuple[list
         mask = _mask(v)
         kind = keep(mask) if mask else None
         if kind:
-            entries.append((_size_key(v.arch), kind[0], (1, kind[1]), v))
+            entries.append((size_key(v.arch), kind[0], (1, kind[1]), v))
     sizes = {e[0] for e in entries}
-    entries += [(_size_key(v.arch), "DeiT", (0, ()), v) for v in deit if _size_key(v.arch) in sizes]
+    entries += [(size_key(v.arch), "DeiT", (0, ()), v) for v in deit if size_key(v.arch) in sizes]
     return entries, notes + deit_notes, sum(1 for e in entries if e[1] != "DeiT")
 
 
@@ -175,7 +176,8 @@ def mait_table4(study: Study) -> Table | str:
     if not any(v.family in ("mait", "mait_cait") for v in variants) or len(variants) < 2:
         return "needs a MaiT (or masked CaiT) variant and a second variant"
     rows, notes = [], [f"{ACC_NOTE}."]
-    for v in sorted(variants, key=lambda v: (v.n_params() is None, v.n_params() or 0)):
+    ordered = sorted(variants, key=lambda v: (v.n_params() is None, v.n_params() or 0))
+    for v in ordered:
         star = "*" if v.arch and v.family.startswith("mait") and v.arch.get("layer_scale") else ""
         profile = v.profile
         rows.append([v.name + star, v.display,
@@ -188,9 +190,30 @@ def mait_table4(study: Study) -> Table | str:
     notes.append(f"GMACs: multiply-accumulates for one image of {shape}, attention matmuls included (the MaiT "
                  "paper's 'GFLOPs' are these MACs, as timm counts them).")
     caption = "Layers (attention blocks), parameters, compute and top-1 of every variant of the study, by size."
-    return Table("mait_table4", "MaiT Table 4: layers, params, GMACs, top-1", caption,
-                 ["Model", "Family", "Layers", "Params (M)", "GMACs", "Top-1 (%)"], rows, notes,
-                 {3: ".3f", 4: ".3f"})
+    header, formats = ["Model", "Family", "Layers", "Params (M)", "GMACs", "Top-1 (%)"], {3: ".3f", 4: ".3f"}
+    header, formats = _beside_the_paper(study, "MaiT", ordered, rows, header, formats, notes,
+                                        lambda v, row: dict(top1=row[5].mean, params_m=row[3], gflops=row[4]))
+    return Table("mait_table4", "MaiT Table 4: layers, params, GMACs, top-1", caption, header, rows, notes, formats)
+
+
+def _beside_the_paper(study: Study, paper: str, variants: list[Variant], rows: list[list], header: list[str],
+                      formats: dict[int, str], notes: list[str], ours: Callable[[Variant, list], dict]):
+    """Append ``paper``'s columns to ``rows`` (one per variant, in order) where a variant is a model of the
+    paper's tables on the study's dataset (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``:
+    our value of each quantity. Returns the new header and formats; nothing changes when no variant matches."""
+    found = [paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction)
+             for v in variants]
+    if not any(found):
+        return header, formats
+    quantities = tuple(q for q, _, _ in QUANTITIES if any(r is not None and r.get(q) is not None for r in found))
+    for v, row, match in zip(variants, rows, found):
+        mine = ours(v, row)
+        row += paper_cells(match, {q: mine.get(q) for q in quantities})
+    notes.append(f"Paper columns: what the {paper} paper reports for the variant's model on {study.dataset} "
+                 "(src/locvit/report/papers_reported.yaml names each value's table and row); Δ = ours minus the "
+                 "paper's (top-1 in points, from the mean over seeds). The paper measured throughput on its own GPU; "
+                 "its GFLOPs are multiply-accumulates, as our GMACs. '–': not in the paper's table, or not given.")
+    return header + paper_columns(quantities), {**formats, **paper_formats(len(header), quantities)}
 
 
 def lsa_table3(study: Study) -> Table | str:
@@ -200,7 +223,8 @@ def lsa_table3(study: Study) -> Table | str:
     measured = study.throughput or {}
     devices = sorted({row["device"] for row in measured.values()})
     rows = []
-    for v in sorted(variants, key=lambda v: v.family == "lsa"):  # baselines first, as the paper lists them
+    ordered = sorted(variants, key=lambda v: v.family == "lsa")  # baselines first, as the paper lists them
+    for v in ordered:
         row = measured.get(v.name)
         through = Missing(f"{v.name} in report/throughput.csv") if row is None else row["img_s_median"]
         ratio = Missing(f"{v.name} in report/throughput.csv") if row is None else row["ratio_vs_baseline"]
@@ -215,9 +239,13 @@ def lsa_table3(study: Study) -> Table | str:
             f"the baseline ({study.baseline or 'none'}) is the median of the rounds' ratios "
             "(report/throughput.csv has each variant's lowest and highest round).") if measured else \
         "Throughput: report/throughput.csv is missing (the throughput job has not run)."
-    return Table("lsa_table3", f"LSA Table 3: accuracy on {study.dataset}", caption,
-                 ["Method", "Family", "#Params (M)", head, "× baseline", f"{study.dataset} (%)"], rows,
-                 [f"{ACC_NOTE}.", note], {2: ".3f", 3: ".1f", 4: ".3f"})
+    notes = [f"{ACC_NOTE}.", note]
+    header, formats = _beside_the_paper(
+        study, "LSA", ordered, rows, ["Method", "Family", "#Params (M)", head, "× baseline", f"{study.dataset} (%)"],
+        {2: ".3f", 3: ".1f", 4: ".3f"}, notes,
+        lambda v, row: dict(top1=row[5].mean, params_m=row[2], throughput=row[3],
+                            gflops=v.profile["gmacs"] if v.profile else None))
+    return Table("lsa_table3", f"LSA Table 3: accuracy on {study.dataset}", caption, header, rows, notes, formats)
 
 
 def lsa_table5(study: Study) -> Table | str:

@@ -354,18 +354,19 @@ def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | No
     ax = fig.subplots()
     for name, pts in series.items():
         summaries = [a.summary for _, a in pts]
-        err = [(s.ci_high - s.mean) if s.ci_high is not None else 0.0 for s in summaries]
+        err = [[s.mean - s.ci_low if s.ci_low is not None else 0.0 for s in summaries],  # Wilson's: asymmetric
+               [s.ci_high - s.mean if s.ci_high is not None else 0.0 for s in summaries]]
         ax.errorbar([x for x, _ in pts], [s.mean for s in summaries], yerr=err, marker="o", capsize=3,
                     label=f"{name} (n={min(s.n for s in summaries)})")
     ax.set(xlabel="training images (% of the training split)", ylabel="test top-1 (%)",
-           title="Top-1 against training-set fraction", ylim=(0, 100))  # intervals of 3 seeds can pass 0 or 100
+           title="Top-1 against training-set fraction", ylim=(0, 100))
     ax.legend(fontsize=8, loc="lower right")
     names = ", ".join(s.name for s in studies)
     kinds = {s.fraction_protocol for s in studies}  # how each study trained its fractions
     how = PROTOCOL_TEXT[kinds.pop()] if len(kinds) == 1 else "; ".join(
         f"{s.name}: {PROTOCOL_TEXT[s.fraction_protocol]}" for s in studies)
     caption = ("Test top-1 against the fraction of training images kept (IBiT Fig. 4), one line per variant: mean "
-               "over seeds with its 95 % Student-t interval as error bars (n = seeds; the axis stops at 0 and 100 %). "
+               "over seeds with its 95 % interval as error bars (n = seeds; inside 0-100 %, docs/statistics.md). "
                f"{how[0].upper()}{how[1:]}. "
                f"Studies: {names}.")
     return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)

@@ -5,17 +5,18 @@ the mask search's rounds; the Snakemake HTML report shows the same CSVs.
 
 A cell is text, a number, a bool (✓/✗), ``None`` (not applicable: "–"), a
 :class:`Missing` (a file the study defines is absent) or an :class:`~locvit.report.study.Acc`
-(test top-1 over seeds, possibly compared with a reference variant). When a table is built
-it corrects its comparisons with Holm's method, one family per reference variant: the
-variants against the baseline in the results table, each training fraction's column in the
-data-efficiency table, each model size's row in MaiT's grids. Each compared cell then gets
-its minimum detectable effect and its verdict (:mod:`locvit.report.stats`).
+(test top-1 over seeds, possibly compared with a reference variant). A compared cell arrives
+with its numbers already set by the study (:attr:`locvit.report.study.Study.comparisons`: one
+Holm family per reference over the whole study), so a comparison reads the same in every
+table; a table names the families its cells belong to.
 
-An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20 [-0.50, +2.90], undecided)``)
-or, in a ``detail`` table such as the results table, as columns: n, mean ± std, 95 % interval,
-difference to the reference, its 95 % interval, Holm's p, the minimum detectable effect and
-the verdict. In the CSV it always becomes numeric columns (:func:`acc_csv_names`), so the
-numbers can be read back without parsing.
+An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20 [-0.50, +2.90], undecided)``,
+with the 90 % interval that two one-sided tests read where the verdict rests on it) or, in a
+``detail`` table such as the results table, as columns: n, mean ± std, 95 % interval,
+difference to the reference, its 95 % and 90 % intervals, Holm's p, the minimum detectable
+effect, the smallest margin it could show equivalence within, the probability of
+improvement and the verdict. In the CSV it always becomes numeric columns
+(:func:`acc_csv_names`), so the numbers can be read back without parsing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ RunLink = Callable[[str], "str | None"]
 # What an accuracy cell holds, in the CSV order of the papers' tables (their names: acc_csv_names).
 ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "delta_ci95_low",
               "delta_ci95_high", "p_vs_baseline", "p_holm", "p_equivalence_holm", "mde80", "verdict",
-              "mlflow_run_ids", "missing_seeds")
+              "mlflow_run_ids", "missing_seeds", "delta_ci90_low", "delta_ci90_high", "equivalence_margin_min",
+              "p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "within_margin", "holm_family")
 
 
 def points(x: float) -> str:
@@ -42,13 +44,18 @@ def points(x: float) -> str:
 
 
 def verdicts_note(families: dict[str, int], margin: float | None) -> str:
-    """What the verdicts mean and which comparisons Holm corrected together."""
-    groups = "; ".join(f"{m} against {ref}" for ref, m in families.items())
-    equivalent = f"within ± {points(margin)} by two one-sided tests" if margin is not None else "by two one-sided tests"
-    return (f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images); "
-            f"verdict: better/worse = Welch's test below {stats.ALPHA:g} after Holm's correction, equivalent = "
-            f"{equivalent} after Holm's, else undecided; MDE: the smallest difference the comparison could detect "
-            f"with 80 % power at Holm's strictest level. Holm families (one per reference): {groups}.")
+    """What the verdicts mean and which Holm families the table's comparisons belong to."""
+    groups = "; ".join(f"{ref} ({m} comparison{'s' if m != 1 else ''})" for ref, m in families.items())
+    within = f"± {points(margin)}" if margin is not None else "± the margin"
+    return (f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images, "
+            f"each counted once); verdict: better/worse = the t-test below {stats.ALPHA:g} after Holm's correction, "
+            f"equivalent = within {within} by two one-sided tests after Holm's (they read the 90 % interval, shown "
+            f"as 90 %: an equivalent row's lies inside {within}), else undecided; "
+            f"'(within {within})' marks a difference shown that is also inside the margin. MDE: the smallest "
+            "difference the comparison could detect with 80 % power at Holm's strictest level; min. margin: the "
+            "smallest margin it could show equivalence within; P(>ref): the share of seed pairs in which the "
+            "variant beats the reference (ties ½) with its bootstrap 95 % interval. Holm families (the comparisons "
+            f"against one reference, over the whole study): {groups}.")
 
 
 @dataclass
@@ -76,31 +83,20 @@ class Table:
     acc_csv: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        """Holm's correction per family (the comparisons against one reference), then each compared
-        cell's minimum detectable effect (at Holm's strictest level, alpha / m) and verdict."""
+        """Name the Holm families of the table's compared cells (their numbers come from the study), and
+        mark an uncompared cell whose variant is the reference of another ``baseline``."""
         self.rows = [list(row) for row in self.rows]
-        cells = [(r, c) for r, row in enumerate(self.rows) for c, cell in enumerate(row)
-                 if isinstance(cell, Acc) and cell.test is not None]
-        families: dict[str, list[tuple[int, int]]] = {}
-        for r, c in cells:
-            families.setdefault(self.rows[r][c].reference, []).append((r, c))
-        tested: dict[str, int] = {}  # reference -> comparisons with a p-value (the family's size m)
-        for ref, family in families.items():
-            tests = [self.rows[r][c].test for r, c in family]
-            p_holm = stats.holm([t.p for t in tests])
-            p_eq = stats.holm([t.p_equivalent for t in tests])
-            m = tested[ref] = sum(t.p is not None for t in tests)
-            for (r, c), t, p, q in zip(family, tests, p_holm, p_eq):
-                detectable = stats.mde(t.se, t.df, stats.ALPHA / m) if t.p is not None else None
-                self.rows[r][c] = replace(self.rows[r][c], p_holm=p, p_equivalent_holm=q, mde=detectable,
-                                          verdict=stats.verdict(t.delta, p, q))
+        compared = [cell for row in self.rows for cell in row if isinstance(cell, Acc) and cell.test is not None]
+        families: dict[str, int] = {}
+        for cell in compared:
+            families.setdefault(cell.reference, cell.family_size or 0)
         for r, row in enumerate(self.rows):
             for c, cell in enumerate(row):
                 if isinstance(cell, Acc) and cell.test is None and cell.variant in families:
                     self.rows[r][c] = replace(cell, verdict="baseline")
         if families:
-            margins = {self.rows[r][c].test.margin for r, c in cells} - {None}
-            note = verdicts_note(tested, margins.pop() if len(margins) == 1 else None)
+            margins = {cell.test.margin for cell in compared} - {None}
+            note = verdicts_note(families, margins.pop() if len(margins) == 1 else None)
             self.notes = [*[n for n in self.notes if not n.startswith("Δ: difference")], note]
 
     @property
@@ -123,14 +119,32 @@ def delta_ci_text(acc: Acc) -> str:
     return "–" if t is None or t.ci_low is None else f"[{t.ci_low:+.2f}, {t.ci_high:+.2f}]"
 
 
+def delta_ci90_text(acc: Acc) -> str:
+    """``[-0.30, +0.70]``: the 90 % interval of the difference (the one two one-sided tests read)."""
+    t = acc.test
+    return "–" if t is None or t.ci90_low is None else f"[{t.ci90_low:+.2f}, {t.ci90_high:+.2f}]"
+
+
+def verdict_text(acc: Acc) -> str:
+    """``better``, or ``better (within ±1)`` for a difference shown that is also inside the margin."""
+    if not acc.verdict:
+        return "–"
+    if acc.within_margin and acc.test is not None and acc.test.margin is not None:
+        return f"{acc.verdict} (within ±{acc.test.margin:g})"
+    return acc.verdict
+
+
 def comparison_text(acc: Acc) -> str:
-    """``+1.20 [-0.50, +2.90], undecided``: difference, interval and verdict."""
+    """``+1.20 [-0.50, +2.90], undecided``: difference, interval and verdict; an equivalent (or within the
+    margin) one adds its 90 % interval: ``+0.10 [-0.60, +0.80], 90 % [-0.45, +0.65], equivalent``."""
     if acc.test is None:
         return ""
     text = delta_text(acc)
     if acc.test.ci_low is not None:
         text += " " + delta_ci_text(acc)
-    return text + (f", {acc.verdict}" if acc.verdict else "")
+        if acc.verdict == "equivalent" or acc.within_margin:
+            text += ", 90 % " + delta_ci90_text(acc)
+    return text + (f", {verdict_text(acc)}" if acc.verdict else "")
 
 
 def acc_text(acc: Acc, pm: str = "±") -> str:
@@ -145,11 +159,25 @@ def acc_text(acc: Acc, pm: str = "±") -> str:
     return text
 
 
-DETAIL_COLUMNS = 8
+DETAIL_COLUMNS = 12
 
 
 def _detail_header(name: str, reference: str) -> list[str]:
-    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "Δ 95% CI", "p (Holm)", "MDE", "verdict"]
+    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "Δ 95% CI", "Δ 90% CI (TOST)", "p (Holm)",
+            "MDE", "min. margin", "P(>ref) [95% CI]", "verdict", "Holm family"]
+
+
+def _number(x: float | None, fmt: str = ".2f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def improvement_text(acc: Acc) -> str:
+    """``0.89 [0.56, 1.00]``: the probability of improvement and its bootstrap interval."""
+    t = acc.test
+    if t is None or t.p_improvement is None:
+        return "–"
+    interval = "" if t.p_improvement_low is None else f" [{t.p_improvement_low:.2f}, {t.p_improvement_high:.2f}]"
+    return f"{t.p_improvement:.2f}{interval}"
 
 
 def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
@@ -160,8 +188,9 @@ def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
     if acc.missing:
         mean += f"; {missing_text(acc.variant, acc.missing)}"
     ci = "–" if s.ci_low is None else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
-    mde = "–" if acc.mde is None else f"{acc.mde:.2f}"
-    return [str(s.n), mean, ci, delta_text(acc), delta_ci_text(acc), _p(acc.p_holm), mde, acc.verdict or "–"]
+    family = f"{acc.family} ({acc.family_size})" if acc.family else "–"
+    return [str(s.n), mean, ci, delta_text(acc), delta_ci_text(acc), delta_ci90_text(acc), _p(acc.p_holm),
+            _number(acc.mde), _number(acc.equivalence_bound), improvement_text(acc), verdict_text(acc), family]
 
 
 def _plain(cell, fmt: str) -> str:
@@ -206,7 +235,7 @@ def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tup
     for i, name in enumerate(table.header):
         if table.detail and i in accs:
             header += _detail_header(name, _reference(table, i)) + (["MLflow runs"] if runs else [])
-            align += [True] * (DETAIL_COLUMNS - 1) + [False] + ([False] if runs else [])
+            align += [True] * (DETAIL_COLUMNS - 2) + [False, False] + ([False] if runs else [])
         else:
             header.append(name)
             align.append(right[i])
@@ -244,13 +273,18 @@ def acc_csv_names(table: Table, column: int) -> dict[str, str]:
     """ACC_FIELDS -> CSV column of an accuracy column, in CSV order: the table's ``acc_csv`` where it
     gives one (the results table's contract), else ``<key>`` (the mean), then ``<key> std``,
     ``<key> n``, ``<key> ci95_low``, ``<key> ci95_high``, ``<key> reference``, ``<key> delta``,
-    ``<key> p``, ``<key> p_holm``, ``<key> mlflow_run_ids`` and ``<key> missing``."""
+    ``<key> delta_ci95_low``, ``<key> delta_ci95_high``, ``<key> p``, ``<key> p_holm``,
+    ``<key> p_equivalence_holm``, ``<key> mde80``, ``<key> verdict``, ``<key> mlflow_run_ids``,
+    ``<key> missing``, ``<key> delta_ci90_low``, ``<key> delta_ci90_high``, ``<key> min_margin``,
+    ``<key> p_improvement``, ``<key> p_improvement_ci95_low``, ``<key> p_improvement_ci95_high``,
+    ``<key> within_margin`` and ``<key> holm_family``."""
     if table.acc_csv:
         return dict(table.acc_csv)
     key = (table.keys or table.header)[column]
     suffixes = ("", " std", " n", " ci95_low", " ci95_high", " reference", " delta", " delta_ci95_low",
                 " delta_ci95_high", " p", " p_holm", " p_equivalence_holm", " mde80", " verdict", " mlflow_run_ids",
-                " missing")
+                " missing", " delta_ci90_low", " delta_ci90_high", " min_margin", " p_improvement",
+                " p_improvement_ci95_low", " p_improvement_ci95_high", " within_margin", " holm_family")
     return {field: key + suffix for field, suffix in zip(ACC_FIELDS, suffixes)}
 
 
@@ -266,7 +300,13 @@ def _acc_csv_values(acc: Acc | None, order) -> list:
               "delta_ci95_high": t.ci_high if t else None, "p_vs_baseline": t.p if t else None, "p_holm": acc.p_holm,
               "p_equivalence_holm": acc.p_equivalent_holm, "mde80": acc.mde, "verdict": acc.verdict,
               "mlflow_run_ids": " ".join(acc.run_ids[k] for k in sorted(acc.run_ids)),
-              "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else ""}
+              "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else "",
+              "delta_ci90_low": t.ci90_low if t else None, "delta_ci90_high": t.ci90_high if t else None,
+              "equivalence_margin_min": acc.equivalence_bound, "p_improvement": t.p_improvement if t else None,
+              "p_improvement_ci95_low": t.p_improvement_low if t else None,
+              "p_improvement_ci95_high": t.p_improvement_high if t else None,
+              "within_margin": ("yes" if acc.within_margin else "no") if t and t.p is not None else None,
+              "holm_family": acc.family}
     return [values[f] for f in order]
 
 

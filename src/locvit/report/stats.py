@@ -1,36 +1,42 @@
 """Statistics for comparing variants trained over a few seeds and scored on one finite test set.
 
-A variant's test top-1 has two sources of error, and every interval here carries both:
+A variant's test top-1 has two sources of error, and every interval here carries both: the seeds
+(initial weights, data order) and the test set (N images are a sample too). Each run's per-image
+results (``test_hits``, an (images, seeds) 0/1 array per variant) form a crossed seeds x images
+design, and the variance of a mean over it is that of a two-way random-effects model (Searle,
+Casella and McCulloch, *Variance Components*, 1992, ch. 4; Owen, "The pigeonhole bootstrap",
+Ann. Appl. Stat. 2007): an image part sigma2_image / N, a seed part sigma2_seed / n and an
+interaction part sigma2_inter / (N n), each counted once. :func:`crossed` estimates them with
+the ANOVA mean squares (unbiased, no normality needed) and gives the degrees of freedom of their
+sum by Satterthwaite's rule, which allows the negative coefficient of the interaction's mean
+square; tests/test_stats.py measures the coverage of the resulting interval of a difference on a
+simulated crossed logistic model.
 
-- **seeds**: the spread of the seeds' accuracies (a t-part with n - 1 degrees of freedom);
-- **the test set**: N images are a sample too. A variant's interval adds the binomial error of
-  its pooled accuracy (Agresti-Coull's, never zero: seeds that agree still get an interval);
-  a difference between two variants scored on the same images adds the error of the mean of
-  the per-image differences instead (paired, as McNemar's test pairs them), which is smaller
-  when both get the same images right.
-
-The parts' squared standard errors add, and the degrees of freedom of their sum are
-Welch-Satterthwaite's, as in Welch's test (with no test-set part every number below equals
-Welch's test: tests/test_stats.py checks it against scipy's ``ttest_ind`` and statsmodels'
-``ttost_ind``). Adding the seed part (which already holds the test set's noise of each seed)
-to the test-set part counts that noise twice, a small and conservative excess.
+Without per-image results (an evaluation file of an older locvit) a variant's test-set part is the
+binomial error of its pooled accuracy (Agresti-Coull's), which also holds the interaction the
+seeds' spread already carries: wider than the crossed estimate, never narrower.
 
 For each comparison against a reference:
 
-- :func:`compare`: the difference of means, its 95 % interval, Welch's two-sided p, and
-  the p of two one-sided tests (TOST) that it lies within ``± margin`` points;
-- :func:`mde`: the smallest difference the comparison detects with 80 % power at a given
-  level (statsmodels' noncentral-t power, ``ttest_power``, inverted with scipy's brentq);
-- :func:`holm`: Holm's step-down correction (statsmodels' ``multipletests``) over one
-  family of comparisons: those against one reference (the table decides, see
-  :class:`locvit.report.render.Table`);
-- :func:`verdict`: ``better`` / ``worse`` (Holm-adjusted Welch p < 0.05), else
-  ``equivalent`` (Holm-adjusted TOST p < 0.05), else ``undecided``.
+- :func:`compare`: the difference of means, its 95 % interval and the 90 % one that two one-sided
+  tests (TOST) at 5 % decide on, Welch-Satterthwaite's two-sided p, the TOST p that it lies within
+  ``± margin`` points, and the probability of improvement with its bootstrap interval;
+- :func:`mde`: the smallest difference the comparison detects with 80 % power at a given level
+  (the noncentral t's two tails, :func:`power`);
+- :func:`equivalence_bound`: the smallest margin it could establish as equivalent;
+- :func:`holm`: Holm's step-down correction (statsmodels' ``multipletests``) over one family;
+- :func:`verdict`: ``better`` / ``worse`` (Holm-adjusted p < 0.05), else ``equivalent``
+  (Holm-adjusted TOST p < 0.05), else ``undecided``; :func:`within_margin` flags a difference
+  that is both shown and inside the margin.
 
-What is ours: the variance parts and their Satterthwaite sum (no maintained library's t-test
-takes a third, shared variance part) and the verdict's rule; the distributions, the power
-and the correction are scipy's and statsmodels'. Bootstrap intervals are absent: on 3 seeds
-they are not meaningful.
+Intervals of an accuracy stay inside [0, 100] by construction (:func:`describe`: Wilson's
+interval at the estimate's effective number of images); an interval of a difference is cut to
+[-100, 100], which cannot change whether it covers a true difference (that lies there).
+
+What is ours: the variance decomposition and its Satterthwaite sum (no maintained library's t-test
+takes a crossed design's parts), the degenerate cases, and the verdict's rule; the distributions,
+the power's tails, the Mann-Whitney count, the bootstrap and the correction are scipy's and
+statsmodels'.
 """
 
 from __future__ import annotations
@@ -45,20 +51,23 @@ ALPHA = 0.05        # the tables' level, after Holm's correction
 CONFIDENCE = 0.95   # intervals
 POWER = 0.80        # the power of the minimum detectable effect
 VERDICTS = ("baseline", "better", "worse", "equivalent", "undecided")
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0  # the probability of improvement's interval repeats bitwise
 
 
 @dataclass(frozen=True)
 class Part:
-    """One part of an estimate's error: its squared standard error and degrees of freedom (inf: normal)."""
+    """One part of an estimate's error: its (signed) squared standard error and degrees of freedom (inf: normal)."""
 
     var: float
     df: float
 
 
 def satterthwaite(parts: Sequence[Part]) -> float:
-    """Welch-Satterthwaite degrees of freedom of a sum of independent parts (inf when none has finite df)."""
+    """Satterthwaite's degrees of freedom of a sum of independent parts, ``(sum v)^2 / sum(v^2 / df)``
+    (a part may enter with a negative sign); inf when no part has finite df."""
     total = sum(p.var for p in parts)
-    denominator = sum(p.var ** 2 / p.df for p in parts if p.var > 0 and math.isfinite(p.df))
+    denominator = sum(p.var ** 2 / p.df for p in parts if p.var != 0 and math.isfinite(p.df))
     return total ** 2 / denominator if denominator > 0 else math.inf
 
 
@@ -68,6 +77,12 @@ def _t():
     return student_t
 
 
+def _z2() -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + CONFIDENCE / 2)) ** 2
+
+
 def seed_part(values: Sequence[float]) -> Part:
     """The seeds' part of the error of their mean: ``std^2 / n`` with n - 1 degrees of freedom."""
     values = np.asarray(values, dtype=float)
@@ -75,31 +90,93 @@ def seed_part(values: Sequence[float]) -> Part:
 
 
 def binomial_part(accuracy: float, n_images: int) -> Part:
-    """The test set's part of a variant's accuracy (in points^2): Agresti-Coull's variance of a proportion,
-    ``p~(1 - p~) / (N + z^2)`` with ``p~ = (x + z^2 / 2) / (N + z^2)``, so that 100 % still has an error."""
-    from scipy.stats import norm
-
-    z2 = float(norm.ppf(0.5 + CONFIDENCE / 2)) ** 2
+    """The test set's part of a variant's accuracy (in points^2) without per-image results: Agresti-Coull's
+    variance of a proportion, ``p~(1 - p~) / (N + z^2)`` with ``p~ = (x + z^2 / 2) / (N + z^2)``."""
+    z2 = _z2()
     n_tilde = n_images + z2
     p_tilde = (accuracy / 100.0 * n_images + z2 / 2) / n_tilde
     return Part(1e4 * p_tilde * (1 - p_tilde) / n_tilde, math.inf)
 
 
-def paired_part(hits_a: np.ndarray, hits_b: np.ndarray) -> Part:
-    """The test set's part of a difference of two variants scored on the same images (in points^2):
-    the variance of the mean of the per-image differences of their seed-averaged hits, ``(images, seeds)``
-    bool arrays each, with N - 1 degrees of freedom."""
-    d = hits_a.mean(axis=1) - hits_b.mean(axis=1)  # (images,): each image's accuracy difference
-    return Part(1e4 * float(d.var(ddof=1)) / len(d), len(d) - 1)
+def _mean_squares(hits: np.ndarray):
+    """Two-way ANOVA of ``(..., images, seeds)`` 0/1 hits: seed means, image means, the sample variance of
+    the seed means and the interaction (residual) mean square, in fractions (not points)."""
+    h = np.asarray(hits, dtype=np.float64)
+    n_img, n_seed = h.shape[-2:]
+    seeds, images = h.mean(-2), h.mean(-1)
+    grand = seeds.mean(-1)
+    total = (h * h).sum((-2, -1)) - n_img * n_seed * grand ** 2
+    ss_images = n_seed * ((images - grand[..., None]) ** 2).sum(-1)
+    ss_seeds = n_img * ((seeds - grand[..., None]) ** 2).sum(-1)
+    inter = np.maximum(total - ss_images - ss_seeds, 0.0) / ((n_img - 1) * (n_seed - 1))
+    return seeds, images, seeds.var(-1, ddof=1), inter
+
+
+def _sum(terms, floor) -> tuple[np.ndarray, np.ndarray]:
+    """The variance ``sum(c)`` of (value, df) terms and its Satterthwaite df; where it falls below the
+    interaction parts ``floor`` (which every mean carries), those instead. Arrays in, arrays out."""
+    var = sum(v for v, _ in terms)
+    low = sum(v for v, _ in floor)
+    under = var < low
+    var = np.where(under, low, var)
+    den = np.where(under, sum(v ** 2 / d for v, d in floor), sum(v ** 2 / d for v, d in terms))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.where(den > 0, var ** 2 / np.where(den > 0, den, 1.0), np.inf)
+    return var, df
+
+
+def crossed(hits_a: np.ndarray, hits_b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean (or difference of means) in points, its variance in points^2 and degrees of freedom, from
+    ``(..., images, seeds)`` 0/1 hits (leading axes: independent replicates, e.g. of a simulation).
+
+    One variant: ``S2_seeds / n + (S2_images - MS_inter / n) / N``. A difference of two variants scored
+    on the same images, with independent seeds: ``S2_seeds_a / n_a + S2_seeds_b / n_b + (S2_d - MS_a / n_a
+    - MS_b / n_b) / N``, where ``S2_d`` is the sample variance over images of the difference of the two
+    variants' per-image hit rates. Each seed term holds sigma2_seed / n and the interaction
+    sigma2_inter / (N n); the image term holds the image part, whose own share of the interaction the
+    mean squares take out again. A sum below the interaction parts alone (possible by chance, or when
+    every seed scores the same) is raised to them."""
+    sa, ra, s2a, ia = _mean_squares(hits_a)
+    n_img, na = np.shape(hits_a)[-2:]
+    if hits_b is None:
+        terms = [(s2a / na, na - 1), (ra.var(-1, ddof=1) / n_img, n_img - 1),
+                 (-ia / (n_img * na), (n_img - 1) * (na - 1))]
+        floor = [(ia / (n_img * na), (n_img - 1) * (na - 1))]
+        var, df = _sum(terms, floor)
+        return 100 * sa.mean(-1), 1e4 * var, df
+    sb, rb, s2b, ib = _mean_squares(hits_b)
+    nb = np.shape(hits_b)[-1]
+    if np.shape(hits_b)[-2] != n_img:
+        raise ValueError(f"paired hits need the same images: {n_img} and {np.shape(hits_b)[-2]}")
+    s2d = (ra - rb).var(-1, ddof=1)
+    terms = [(s2a / na, na - 1), (s2b / nb, nb - 1), (s2d / n_img, n_img - 1),
+             (-ia / (n_img * na), (n_img - 1) * (na - 1)), (-ib / (n_img * nb), (n_img - 1) * (nb - 1))]
+    floor = [(ia / (n_img * na), (n_img - 1) * (na - 1)), (ib / (n_img * nb), (n_img - 1) * (nb - 1))]
+    var, df = _sum(terms, floor)
+    return 100 * (sa.mean(-1) - sb.mean(-1)), 1e4 * var, df
+
+
+def agreement_floor(disagree: int, n_images: int) -> float:
+    """The variance (points^2) of a difference whose runs show no spread at all: Agresti-Coull's variance
+    of the share of the N images on which the two variants differ, ``disagree`` of them seen."""
+    z2 = _z2()
+    p = (disagree + z2 / 2) / (n_images + z2)
+    return 1e4 * p * (1 - p) / (n_images + z2)
+
+
+def wilson(mean: float, var: float, q: float, n: float) -> tuple[float, float]:
+    """Wilson's score interval (in points) of a proportion ``mean`` (points) whose estimate has variance
+    ``var`` (points^2): at ``n`` effective images, quantile ``q``; inside [0, 100] by construction."""
+    p = mean / 100.0
+    k = q * q / n
+    centre = (p + k / 2) / (1 + k)
+    half = q / (1 + k) * math.sqrt(max(var, 0.0) / 1e4 + q * q / (4 * n * n))
+    return 100 * max(centre - half, 0.0), 100 * min(centre + half, 1.0)
 
 
 @dataclass(frozen=True)
 class Summary:
-    """One variant's test top-1 over seeds; ``std``, ``se`` and the interval are None for a single seed.
-
-    ``se`` (and the interval) include the test set's binomial error when the number of test
-    images is known.
-    """
+    """One variant's test top-1 over seeds; ``std``, ``se`` and the interval are None for a single seed."""
 
     n: int
     mean: float
@@ -110,9 +187,14 @@ class Summary:
     df: float | None = None
 
 
-def describe(values: Sequence[float], n_images: int | None = None) -> Summary:
-    """n, mean, sample std (n - 1), and the 95 % t-interval of the mean from the seeds' part and, with
-    ``n_images``, the test set's binomial part (Satterthwaite's degrees of freedom)."""
+def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndarray | None = None) -> Summary:
+    """n, mean, sample std (n - 1), and the 95 % interval of the mean.
+
+    The error: with ``hits`` ((images, seeds) 0/1) the crossed estimate (:func:`crossed`); else the seeds'
+    part plus, with ``n_images``, the test set's binomial part; else the seeds' alone. The interval is
+    Wilson's at the effective number of images ``p(1 - p) / se^2`` with Student's quantile at
+    Satterthwaite's df (Korn and Graubard, Survey Methodology 1998), so it stays inside [0, 100]; when
+    the error is zero (every seed right on the same images) the effective number is the N images."""
     n = len(values)
     if n == 0:
         raise ValueError("describe() needs at least one value")
@@ -120,17 +202,26 @@ def describe(values: Sequence[float], n_images: int | None = None) -> Summary:
     if n == 1:
         return Summary(1, mean, None, None, None)
     seeds = seed_part(values)
-    parts = [seeds] + ([binomial_part(mean, n_images)] if n_images else [])
-    se, df = math.sqrt(sum(p.var for p in parts)), satterthwaite(parts)
-    if se == 0:
-        return Summary(n, mean, 0.0, mean, mean, 0.0, df)
-    low, high = _t().interval(CONFIDENCE, df, loc=mean, scale=se)
-    return Summary(n, mean, math.sqrt(seeds.var * n), float(low), float(high), se, df)
+    if hits is not None:
+        _, var, df = crossed(hits)
+        var, df = float(var), float(df)
+        n_images = hits.shape[0]
+    else:
+        parts = [seeds] + ([binomial_part(mean, n_images)] if n_images else [])
+        var, df = sum(p.var for p in parts), satterthwaite(parts)
+    se, std = math.sqrt(var), math.sqrt(seeds.var * n)
+    if var == 0 and not n_images:
+        return Summary(n, mean, std, mean, mean, 0.0, df)
+    p = mean / 100.0
+    effective = n_images if var == 0 or p in (0.0, 1.0) else 1e4 * p * (1 - p) / var
+    low, high = wilson(mean, var, float(_t().ppf(0.5 + CONFIDENCE / 2, df)), effective)
+    return Summary(n, mean, std, low, high, se, df)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """``mean(a) - mean(b)``: its interval, Welch's p and the equivalence (TOST) p within ``± margin``.
+    """``mean(a) - mean(b)``: its intervals, Welch-Satterthwaite's p, the equivalence (TOST) p within
+    ``± margin`` and the probability of improvement.
 
     ``p`` is None when it cannot be computed, and ``why`` says so; ``paired`` says whether the
     test-set part used both variants' per-image results.
@@ -146,50 +237,124 @@ class Comparison:
     margin: float | None = None
     paired: bool = False
     why: str = ""
+    ci90_low: float | None = None   # the interval TOST at 5 % decides on (inside ± margin: equivalent)
+    ci90_high: float | None = None
+    p_improvement: float | None = None  # P(a seed of a > a seed of b), ties 1/2
+    p_improvement_low: float | None = None
+    p_improvement_high: float | None = None
+
+
+def _interval(delta: float, se: float, df: float, confidence: float) -> tuple[float, float]:
+    low, high = _t().interval(confidence, df, loc=delta, scale=se)
+    return max(float(low), -100.0), min(float(high), 100.0)
 
 
 def compare(a: Sequence[float], b: Sequence[float], margin: float, n_images: int | None = None,
             hits: tuple[np.ndarray, np.ndarray] | None = None) -> Comparison:
     """Compare the seeds ``a`` of one variant with the seeds ``b`` of its reference.
 
-    The error of the difference: both seed parts, plus the test set's part: paired over the images
-    when ``hits`` gives both variants' per-image results ((images, seeds) bool arrays), else the
-    two binomial parts of ``n_images`` (unpaired, larger), else none.
+    The error of the difference: paired over the images when ``hits`` gives both variants' per-image
+    results ((images, seeds) 0/1 arrays on the same images, :func:`crossed`); else both seed parts plus
+    the two binomial parts of ``n_images`` (unpaired, wider), else the seed parts alone (Welch's test).
+    When the paired runs show no spread at all the error is :func:`agreement_floor`'s.
     """
     delta = float(np.mean(a) - np.mean(b))
     if len(a) < 2 or len(b) < 2:
         return Comparison(delta, why="needs at least 2 seeds on both sides")
-    parts = [seed_part(a), seed_part(b)]
+    pi = probability_of_improvement(a, b)
+    if hits is not None and hits[0].shape[0] < 2:
+        hits = None  # one image has no spread over images to estimate
     if hits is not None:
-        parts.append(paired_part(*hits))
-    elif n_images:
-        parts += [binomial_part(float(np.mean(a)), n_images), binomial_part(float(np.mean(b)), n_images)]
-    se, df = math.sqrt(sum(p.var for p in parts)), satterthwaite(parts)
+        _, var, df = crossed(*hits)
+        var, df = float(var), float(df)
+        if var <= 0:
+            disagree = int((hits[0].mean(1) != hits[1].mean(1)).sum())
+            var, df = agreement_floor(disagree, hits[0].shape[0]), math.inf
+    else:
+        parts = [seed_part(a), seed_part(b)]
+        if n_images:
+            parts += [binomial_part(float(np.mean(a)), n_images), binomial_part(float(np.mean(b)), n_images)]
+        var, df = sum(p.var for p in parts), satterthwaite(parts)
+    se = math.sqrt(var)
     if se == 0:
-        return Comparison(delta, why="no spread: every seed of both gave the same value on the same images")
+        return Comparison(delta, why="no spread: every seed of both gave the same value, and no test set is known",
+                          p_improvement=pi[0], p_improvement_low=pi[1], p_improvement_high=pi[2])
     t = _t()
-    low, high = t.interval(CONFIDENCE, df, loc=delta, scale=se)
+    low, high = _interval(delta, se, df, CONFIDENCE)
+    low90, high90 = _interval(delta, se, df, 1 - 2 * ALPHA)
     p = float(2 * t.sf(abs(delta) / se, df))
     # TOST: H0 delta <= -margin (upper tail) and H0 delta >= +margin (lower tail); the larger p decides.
     p_eq = float(max(t.sf((delta + margin) / se, df), t.cdf((delta - margin) / se, df)))
-    return Comparison(delta, se, df, float(low), float(high), p, p_eq, margin, hits is not None)
+    return Comparison(delta, se, df, low, high, p, p_eq, margin, hits is not None, "", low90, high90, *pi)
 
 
-def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None, float | None]:
+    """P(X > Y) for a seed X of ``a`` and a seed Y of ``b`` over all pairs, ties counting 1/2 (rliable's
+    probability of improvement, Agarwal et al. 2021, for one task: the Mann-Whitney U over n_a n_b), with
+    its 95 % percentile bootstrap interval resampling each variant's seeds on their own (rliable's
+    stratified bootstrap; scipy's ``bootstrap``). rliable itself is not a dependency: its definition is
+    these two calls. The interval is None when a side has one seed."""
+    from scipy.stats import bootstrap, mannwhitneyu
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    p = float(mannwhitneyu(a, b).statistic / (len(a) * len(b)))
+    if len(a) < 2 or len(b) < 2:
+        return p, None, None
+
+    def statistic(x, y, axis=-1):
+        x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+        gt = (x[..., :, None] > y[..., None, :]).mean((-2, -1))
+        eq = (x[..., :, None] == y[..., None, :]).mean((-2, -1))
+        return gt + eq / 2
+
+    res = bootstrap((a, b), statistic, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE,
+                    method="percentile", vectorized=True, random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    return p, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def power(nc: float, df: float, alpha: float) -> float:
+    """The power of a two-sided t-test at level ``alpha`` with ``df`` degrees of freedom against a true
+    difference of ``nc`` standard errors (nc >= 0): P(T' > c) + P(T' < -c), T' noncentral t.
+
+    scipy's noncentral t gives the upper tail (``sf``) stably; its lower tail (``cdf``) is NaN in places
+    where it is tiny. That tail is bounded: T' < -c < 0 needs Z + nc < 0, so P(T' < -c) <= Phi(-nc); a
+    NaN is read as 0, an error of at most that bound, which is checked to be negligible."""
+    from scipy.stats import nct, norm
+
+    if not math.isfinite(df):
+        z = float(norm.ppf(1 - alpha / 2))
+        return float(norm.sf(z - nc) + norm.cdf(-z - nc))
+    c = float(_t().ppf(1 - alpha / 2, df))
+    upper = float(nct.sf(c, df, nc))
+    lower = float(nct.cdf(-c, df, nc))
+    bound = float(norm.cdf(-nc))
+    if not math.isfinite(lower):
+        if bound > 1e-6:
+            raise ArithmeticError(f"noncentral t's lower tail is NaN at df {df}, nc {nc} where it may exceed 1e-6")
+        lower = 0.0
+    if not math.isfinite(upper):
+        raise ArithmeticError(f"noncentral t's upper tail is NaN at df {df}, nc {nc}")
+    return upper + min(lower, bound)
+
+
+def mde(se: float, df: float, alpha: float = ALPHA, power_: float = POWER) -> float:
     """The smallest true difference a two-sided t-test with standard error ``se`` and ``df`` degrees of
-    freedom detects with ``power`` at level ``alpha`` (statsmodels' noncentral-t power, inverted)."""
+    freedom detects with ``power_`` at level ``alpha`` (:func:`power` inverted with scipy's brentq)."""
     from scipy.optimize import brentq
-    from statsmodels.stats.power import ttest_power
 
     def short(d: float) -> float:
-        achieved = float(ttest_power(d, nobs=1, alpha=alpha, df=df, alternative="two-sided"))
-        # scipy's noncentral t returns NaN far in its tail, where the power is 1 to double precision
-        return (1.0 if math.isnan(achieved) else achieved) - power
+        return power(d, df, alpha) - power_
 
     high = 1.0
     while short(high) < 0:
         high *= 2
     return brentq(short, 0.0, high, xtol=1e-10) * se
+
+
+def equivalence_bound(delta: float, se: float, df: float, alpha: float = ALPHA) -> float:
+    """The smallest margin m that two one-sided tests at level ``alpha`` would show the difference inside
+    (the counterpart of the MDE): ``|delta| + t(1 - alpha, df) se``."""
+    return abs(delta) + float(_t().ppf(1 - alpha, df)) * se
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
@@ -207,10 +372,16 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
 
 
 def verdict(delta: float, p_holm: float | None, p_equivalent_holm: float | None) -> str:
-    """``better`` / ``worse`` when the Holm-adjusted Welch p is below :data:`ALPHA`, else ``equivalent``
+    """``better`` / ``worse`` when the Holm-adjusted p is below :data:`ALPHA`, else ``equivalent``
     when the Holm-adjusted TOST p is, else ``undecided`` (also when nothing could be tested)."""
     if p_holm is not None and p_holm < ALPHA:
         return "better" if delta > 0 else "worse"
     if p_equivalent_holm is not None and p_equivalent_holm < ALPHA:
         return "equivalent"
     return "undecided"
+
+
+def within_margin(p_holm: float | None, p_equivalent_holm: float | None) -> bool:
+    """A difference shown (``better`` / ``worse``) that two one-sided tests also show inside the margin."""
+    return (p_holm is not None and p_holm < ALPHA and p_equivalent_holm is not None
+            and p_equivalent_holm < ALPHA)

@@ -78,8 +78,9 @@ class Acc:
     """Test top-1 (%) of one variant over its seeds, and (in tables that compare) its comparison with a reference.
 
     ``test`` compares it with the reference (:meth:`against`); ``p_holm``, ``p_equivalent_holm``,
-    ``mde`` and ``verdict`` are set by the table that holds the cell
-    (:class:`locvit.report.render.Table` corrects each family of comparisons together).
+    ``mde``, ``equivalence_bound``, ``verdict``, ``within_margin`` and ``family`` are set once per
+    study (:attr:`Study.comparisons`: one Holm family per reference), so every table that shows a
+    comparison shows the same numbers.
     """
 
     variant: str
@@ -96,6 +97,10 @@ class Acc:
     p_equivalent_holm: float | None = None
     mde: float | None = None       # the smallest difference the comparison could detect (80 % power)
     verdict: str | None = None     # stats.VERDICTS; None: not in a comparison
+    equivalence_bound: float | None = None  # the smallest margin it could show equivalence within
+    within_margin: bool = False    # better/worse, and also shown inside ± margin
+    family: str | None = None      # its Holm family, "against <reference>"
+    family_size: int | None = None  # the comparisons with a p in that family (Holm's m)
 
     @property
     def n(self) -> int:
@@ -103,7 +108,9 @@ class Acc:
 
     @property
     def summary(self) -> stats.Summary | None:
-        return stats.describe([self.values[s] for s in sorted(self.values)], self.n_images) if self.values else None
+        if not self.values:
+            return None
+        return stats.describe([self.values[s] for s in sorted(self.values)], self.n_images, self.hits)
 
     @property
     def mean(self) -> float | None:
@@ -131,7 +138,8 @@ class Acc:
                                  [base.values[s] for s in sorted(base.values)], margin,
                                  self.n_images if same else None, hits)
         return replace(self, reference=base.variant if test else None, test=test, p_holm=None,
-                       p_equivalent_holm=None, mde=None, verdict=None, unpaired=why)
+                       p_equivalent_holm=None, mde=None, verdict=None, equivalence_bound=None, within_margin=False,
+                       family=None, family_size=None, unpaired=why)
 
 
 def split_difference(files: dict[str, str | None]) -> str | None:
@@ -246,8 +254,22 @@ class Variant:
         return [s for s in self.seeds if s not in files]
 
 
+def size_key(arch: dict) -> tuple:
+    """A model's size as the MaiT grids group it: (embed_dim, depth, num_heads, patch_size)."""
+    return arch["embed_dim"], arch["depth"], arch["num_heads"], arch.get("patch_size")
+
+
+def masked(arch: dict) -> bool:
+    """Whether a profile's architecture has at least one masked head (a MaiT grid's cell)."""
+    mask = arch.get("mask")
+    return bool(mask and sum(mask["heads_per_layer"]) > 0)
+
+
 @dataclass
 class Study:
+    """A finished study's files, and its comparisons (:attr:`comparisons`): each (variant, reference) is
+    computed once and belongs to one Holm family, the comparisons against that reference."""
+
     config: dict  # the report's job config (locvit.job_configs.report_config)
     dir: Path
     variants: dict[str, Variant]
@@ -272,6 +294,67 @@ class Study:
         same = [u for u in self.variants.values() if u.base == base and u.fraction == v.fraction]
         return same[0] if same else self.variants[self.baseline]
 
+    def size_reference(self, v: Variant) -> Variant | None:
+        """What a MaiT grid compares ``v`` with: DeiT of ``v``'s size (by profile), its own reference when
+        that is one, else one trained on the same fraction, else any (the first by name)."""
+        if not v.arch:
+            return None
+        same = sorted((u for u in self.variants.values() if u.arch and u.arch["family"] == "deit"
+                       and size_key(u.arch) == size_key(v.arch)), key=lambda u: (u.fraction != v.fraction, u.name))
+        ref = self.reference(v)
+        return ref if ref is not None and ref.name in {u.name for u in same} else (same[0] if same else None)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (variant, reference) a table of the report shows: each variant against its reference (the
+        results table, the papers' tables, data efficiency), and each masked MaiT against DeiT of its size
+        (MaiT's grids) where that is another variant."""
+        out = []
+        for v in self.variants.values():
+            ref = self.reference(v)
+            if ref is not None and ref.name != v.name:
+                out.append((v.name, ref.name))
+        for v in self.variants.values():
+            if v.arch and v.arch["family"] == "mait" and masked(v.arch):
+                ref = self.size_reference(v)
+                if ref is not None and (v.name, ref.name) not in out:
+                    out.append((v.name, ref.name))
+        return out
+
+    @functools.cached_property
+    def comparisons(self) -> dict[tuple[str, str], Acc]:
+        """(variant, reference) -> the variant's Acc compared with the reference, for every pair of
+        :meth:`pairs`: Holm's correction over each reference's comparisons (one family per reference,
+        over the whole study), then each one's minimum detectable effect and smallest provable
+        equivalence margin at Holm's strictest level (alpha / m) and its verdict."""
+        accs = {name: v.acc() for name, v in self.variants.items()}
+        out = {(v, r): accs[v].against(accs[r], self.margin) for v, r in self.pairs()}
+        families: dict[str, list[tuple[str, str]]] = {}
+        for key, acc in out.items():
+            if acc.test is not None:
+                families.setdefault(key[1], []).append(key)
+        for ref, keys in families.items():
+            tests = [out[k].test for k in keys]
+            p_holm, p_eq = stats.holm([t.p for t in tests]), stats.holm([t.p_equivalent for t in tests])
+            m = sum(t.p is not None for t in tests)
+            level = stats.ALPHA / m if m else None
+            for k, t, p, q in zip(keys, tests, p_holm, p_eq):
+                tested = t.p is not None
+                out[k] = replace(out[k], p_holm=p, p_equivalent_holm=q,
+                                 mde=stats.mde(t.se, t.df, level) if tested else None,
+                                 equivalence_bound=stats.equivalence_bound(t.delta, t.se, t.df, level) if tested
+                                 else None,
+                                 verdict=stats.verdict(t.delta, p, q), within_margin=stats.within_margin(p, q),
+                                 family=f"against {ref}", family_size=m)
+        return out
+
+    def compared(self, v: Variant, ref: Variant) -> Acc:
+        """``v`` compared with ``ref``: the study's one set of numbers for that pair (:attr:`comparisons`)."""
+        try:
+            return self.comparisons[(v.name, ref.name)]
+        except KeyError:
+            raise KeyError(f"{v.name} against {ref.name} is not among the study's comparisons "
+                           "(Study.pairs lists what the tables compare)") from None
+
     @property
     def margin(self) -> float:
         """The equivalence margin in points (params' ``equivalence_margin``)."""
@@ -280,12 +363,14 @@ class Study:
     def acc(self, v: Variant) -> Acc:
         """``v``'s test top-1, compared with its reference's (uncompared for the reference itself)."""
         ref = self.reference(v)
-        return v.acc().against(ref.acc() if ref else None, self.margin)
+        if ref is None or ref.name == v.name:
+            return v.acc()
+        return self.compared(v, ref)
 
     @property
     def fraction_protocol(self) -> str:
         """How its training fractions were trained (params' ``fraction_protocol``)."""
-        return self.params.get("fraction_protocol", "same_epochs")
+        return self.config.get("fraction_protocol", "same_epochs")
 
     @property
     def fractions(self) -> list[float]:

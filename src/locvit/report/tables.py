@@ -5,7 +5,9 @@ Files (a stable interface for users' scripts)::
     results.csv        variant, n_seeds, test_top1_mean, test_top1_std, test_top1_ci95_low,
                        test_top1_ci95_high, reference, delta_vs_baseline, delta_ci95_low,
                        delta_ci95_high, p_vs_baseline, p_holm, p_equivalence_holm, mde80, verdict,
-                       mlflow_run_ids, missing_seeds, val_top1_mean, model, params_m
+                       mlflow_run_ids, missing_seeds, delta_ci90_low, delta_ci90_high,
+                       equivalence_margin_min, p_improvement, p_improvement_ci95_low,
+                       p_improvement_ci95_high, within_margin, holm_family, val_top1_mean, model, params_m
     results_seeds.csv  variant, seed, test_top1 (one row per evaluated run)
     results.md/.tex    the same table for people, with a sentence per variant: its difference
                        to its reference, the interval, the verdict and what the study could see
@@ -13,8 +15,9 @@ Files (a stable interface for users' scripts)::
 
 The baseline is the params' ``baseline`` (default: the first DeiT/ViT variant); in a
 data-efficiency study each variant's reference is the baseline at its training fraction.
-Each comparison's verdict, interval and detectable effect come from :mod:`locvit.report.stats`;
-Holm corrects the comparisons against one reference together. A run that the study defines
+Each comparison's verdict, interval and detectable effect come from :mod:`locvit.report.stats`,
+computed once per study (:attr:`locvit.report.study.Study.comparisons`); Holm corrects the
+comparisons against one reference together. A run that the study defines
 but whose evaluation file is missing is named, never filled with a number.
 """
 
@@ -36,7 +39,15 @@ ACC_CSV = {"n_seeds": "n_seeds", "mean": "test_top1_mean", "std": "test_top1_std
            "ci95_high": "test_top1_ci95_high", "reference": "reference", "delta_vs_baseline": "delta_vs_baseline",
            "delta_ci95_low": "delta_ci95_low", "delta_ci95_high": "delta_ci95_high", "p_vs_baseline": "p_vs_baseline",
            "p_holm": "p_holm", "p_equivalence_holm": "p_equivalence_holm", "mde80": "mde80", "verdict": "verdict",
-           "mlflow_run_ids": "mlflow_run_ids", "missing_seeds": "missing_seeds"}
+           "mlflow_run_ids": "mlflow_run_ids", "missing_seeds": "missing_seeds", "delta_ci90_low": "delta_ci90_low",
+           "delta_ci90_high": "delta_ci90_high", "equivalence_margin_min": "equivalence_margin_min",
+           "p_improvement": "p_improvement", "p_improvement_ci95_low": "p_improvement_ci95_low",
+           "p_improvement_ci95_high": "p_improvement_ci95_high", "within_margin": "within_margin",
+           "holm_family": "holm_family"}
+# The columns summary_lines reads: a results.csv without them is of an older locvit (columns added since are optional).
+REQUIRED = ("n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high", "reference",
+            "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline", "p_holm", "p_equivalence_holm",
+            "mde80", "verdict", "mlflow_run_ids", "missing_seeds")
 
 
 def _val_mean(v: Variant) -> float | None:
@@ -52,9 +63,10 @@ def results_table(study: Study) -> Table:
     table = Table("results", f"Results: {study.name}",
                   f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % interval of the mean (seeds and the "
                   f"finite test set); the difference of each variant's mean to its reference's (baseline: "
-                  f"{baseline or 'none'}) with its 95 % interval, Welch's p after Holm's correction, the minimum "
-                  "detectable effect (MDE, 80 % power) and the verdict. Validation top-1: mean over seeds; params in "
-                  "millions.",
+                  f"{baseline or 'none'}) with its 95 % interval and the 90 % one two one-sided tests read, the "
+                  "t-test's p after Holm's correction, the minimum detectable effect (MDE, 80 % power), the smallest "
+                  "margin the comparison could show equivalence within, the probability of improvement over seed "
+                  "pairs, the verdict and its Holm family. Validation top-1: mean over seeds; params in millions.",
                   ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"], rows,
                   keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV)
     table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
@@ -77,14 +89,19 @@ def _verdict(acc: Acc, baseline: str) -> str:
     if t.p is None:
         return f"{head}, undecided: not tested ({t.why})."
     head += f" [{t.ci_low:+.2f}, {t.ci_high:+.2f}]"
+    tost = f"90 % interval [{t.ci90_low:+.2f}, {t.ci90_high:+.2f}]"
     if acc.verdict in ("better", "worse"):
+        if acc.within_margin:
+            return (f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g}) and within ± {points(t.margin)} "
+                    f"(two one-sided tests, {tost}, Holm-adjusted p = {acc.p_equivalent_holm:.3g}).")
         return f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g})."
     if acc.verdict == "equivalent":
-        return (f"{head}, equivalent: within ± {points(t.margin)} (two one-sided tests, Holm-adjusted p = "
+        return (f"{head}, equivalent: within ± {points(t.margin)} (two one-sided tests, {tost}, Holm-adjusted p = "
                 f"{acc.p_equivalent_holm:.3g}).")
     return (f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
             f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
-            f"difference of {acc.mde:.2f} points or more (80 % power).")
+            f"difference of {acc.mde:.2f} points or more (80 % power) and show equivalence within ± "
+            f"{acc.equivalence_bound:.2f} points at best.")
 
 
 def seeds_csv(study: Study) -> str:
@@ -109,7 +126,9 @@ def summary(table: Table) -> dict:
                             "delta_vs_baseline": acc.delta,
                             "delta_ci95_low": acc.test.ci_low if acc.test else None,
                             "delta_ci95_high": acc.test.ci_high if acc.test else None, "p_holm": acc.p_holm,
-                            "mde80": acc.mde, "verdict": acc.verdict}
+                            "mde80": acc.mde, "equivalence_margin_min": acc.equivalence_bound,
+                            "p_improvement": acc.test.p_improvement if acc.test else None,
+                            "verdict": acc.verdict, "within_margin": acc.within_margin, "holm_family": acc.family}
     return out
 
 
@@ -126,16 +145,19 @@ def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> T
 
 def read_results_csv(path: Path) -> list[dict]:
     """The rows of a results.csv, after checking it has the columns :func:`summary_lines` reads (a file
-    written by an older locvit lacks the verdict columns: re-run its report)."""
+    written before the verdict columns lacks them: re-run its report). Columns added since (the 90 %
+    interval, the equivalence margin, the probability of improvement, the Holm family) are read where
+    present: a row of an older file has no such key."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path} does not exist; give a results.csv written by the report step")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in (*ACC_CSV.values(),) if c not in (reader.fieldnames or [])]
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
         if missing:
             raise InputError(f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
-                             "locvit (an older one has no verdicts); re-run the study's report")
+                             "locvit (an older one has no verdicts); re-run the study's report (locvit report, or "
+                             "snakemake report) to rewrite it")
         return list(reader)
 
 

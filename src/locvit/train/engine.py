@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from locvit.data.feed import bounded
 from locvit.data.ffcv_io import to_model_input
 from locvit.errors import LocvitError
+from locvit.precision import amp_dtype
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,12 @@ class Compute:
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = False
+
+    @classmethod
+    def of(cls, recipe: dict, device: torch.device) -> Compute:
+        """A run's (its config's ``train``: ``amp``, ``channels_last``) on ``device``: what training, and the
+        scoring of its checkpoints, run under."""
+        return cls(amp_dtype(recipe["amp"], device), bool(recipe.get("channels_last", False)))
 
     def inputs(self, images: torch.Tensor, mean, std) -> torch.Tensor:
         """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W), NHWC in memory when channels_last."""
@@ -160,7 +168,7 @@ class _Skip:
     """``loader`` without its first ``n`` batches (read and dropped: FFCV draws for them as before)."""
 
     def __init__(self, loader: Iterable, n: int):
-        self.loader, self.n = loader, n
+        self.loader, self.n = loader, n  # .loader: where locvit.data.feed.ring_size finds FFCV's ring
 
     def __len__(self) -> int:
         return len(self.loader) - self.n
@@ -308,14 +316,17 @@ def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None =
     ``ok`` (:func:`train_one_epoch`'s ``on_step``): None, the step updated the weights: timm's
     update. A () bool tensor on the device: the step may have been skipped there, and the EMA
     must not move then either, without a host read to know. timm's update takes its weight as a
-    Python number, so this one is ours: ``ModelEmaV3.apply_update_`` (foreach, buffers included)
-    with the weight ``ok * (1 - decay)``, and non-float buffers copied only where ``ok``. The EMA
+    Python number, so this one is ours: ``ema += w * (model - ema)`` over every float tensor of the
+    state dict (buffers included, as ``ModelEmaV3.apply_update_``) with the weight ``w = ok * (1 - decay)``
+    a () tensor on the device, and non-float buffers copied only where ``ok``. Three multi-tensor kernels
+    (``_foreach_sub``, ``_foreach_mul_`` by one tensor, ``_foreach_add_``) whatever the parameter count: a
+    ``_foreach_lerp_`` with a weight tensor per parameter would launch one kernel per parameter. The EMA
     holds the model's float32 (built without a dtype), so timm's bfloat16 rounding does not arise.
     """
     if ok is None:
         ema.update(model, step=step)
         return
-    weight = ok.float() * (1.0 - ema.get_decay(step))  # (); 0 on a skipped step: lerp leaves the EMA as it is
+    weight = ok.float() * (1.0 - ema.get_decay(step))  # (); 0 on a skipped step: the EMA stays as it is
     ema_values, model_values = [], []
     for ema_v, model_v in zip(ema.module.state_dict().values(), model.state_dict().values()):
         if ema_v.is_floating_point():
@@ -323,9 +334,9 @@ def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None =
             model_values.append(model_v)
         else:
             ema_v.copy_(torch.where(ok, model_v, ema_v))
-    # A weight per tensor: given one tensor, torch takes it as a Python number (a host read). Each is a lerp_
-    # of its own then (the one-kernel path wants equal shapes); on the CPU the numbers are timm's.
-    torch._foreach_lerp_(ema_values, model_values, [weight] * len(ema_values))
+    delta = torch._foreach_sub(model_values, ema_values)
+    torch._foreach_mul_(delta, weight)  # one () tensor for all: read on the device, no host sync
+    torch._foreach_add_(ema_values, delta)
 
 
 @torch.no_grad()
@@ -341,7 +352,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
     """
     model.eval()
     total_seen, sums, hits = 0, None, []
-    for batch, (images, labels) in enumerate(loader):
+    for batch, (images, labels) in enumerate(bounded(loader)):  # the device lags FFCV's buffers by less than a ring
         if limit is not None:
             keep = max(0, min(labels.shape[0], limit - total_seen))
             images, labels = images[:keep], labels[:keep]

@@ -1,5 +1,8 @@
 """Score trained checkpoints on a split and record the results in their MLflow runs.
 
+Each checkpoint is scored under its run's precision (``train.amp``: bf16 autocast and TF32 on
+CUDA; :mod:`locvit.precision`) and memory format (``train.channels_last``), as its run validated.
+
 Several checkpoints (the seeds of one variant) are scored by one process with one
 FFCV loader: building a loader JIT-compiles its pipeline, which costs far more than
 scoring a small test split, so the compile is paid once per variant, not per seed.
@@ -19,7 +22,8 @@ from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
 from locvit.checkpoint import load_checkpoint
-from locvit.train.engine import evaluate
+from locvit.precision import set_backends
+from locvit.train.engine import Compute, evaluate
 
 
 def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, manifest_path: Path,
@@ -40,8 +44,14 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
             if threads and device.type == "cpu":
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
         model = models.load(state, device)
+        # the run's precision: bf16 autocast where it trained with it (TF32 then), its memory format
+        recipe = cfg["train"]
+        compute = Compute.of(recipe, device)
+        set_backends(device, compute.amp_dtype, recipe.get("deterministic", False))
+        if compute.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         mean, std = models.normalisation(model)
-        scores = evaluate(model, loader, mean, std)
+        scores = evaluate(model, loader, mean, std, compute)
         result = {
             "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
             "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],

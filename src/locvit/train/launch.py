@@ -64,12 +64,20 @@ class LaunchError(LocvitError, RuntimeError):
     """The processes of a training job could not be started; the message says what to do."""
 
 
-def prefix(nodes: int, gpus_per_node: int, python: str = sys.executable) -> str:
+#: The variable naming the Python that runs a job's ``locvit`` (the Snakefile sets it to its own
+#: interpreter): the rules' commands read it in the shell, so no path enters what Snakemake records.
+PYTHON_ENV = "LOCVIT_PYTHON"
+#: That interpreter in a rule's shell command (Snakemake's bash strict mode stops at an unset one).
+PYTHON = f'"${PYTHON_ENV}"'
+
+
+def prefix(nodes: int, gpus_per_node: int, python: str | None = None) -> str:
     """The command before ``train ...`` for a job of ``nodes`` nodes with ``gpus_per_node`` GPUs each.
 
-    One process per GPU, or one per node without GPUs (gloo on the CPU).
+    One process per GPU, or one per node without GPUs (gloo on the CPU). ``python``: the interpreter's
+    path; by default the shell's :data:`PYTHON_ENV`.
     """
-    py = shlex.quote(python)
+    py = PYTHON if python is None else shlex.quote(python)
     if nodes > 1:
         return f"{py} -m locvit launch --nodes {nodes} --gpus-per-node {gpus_per_node} --"
     if gpus_per_node > 1:
@@ -124,7 +132,7 @@ def shape(resources) -> tuple[int, int]:
     return 1, int(resources.get("gpu") or 0)
 
 
-def rule_prefix(resources, python: str = sys.executable) -> str:
+def rule_prefix(resources, python: str | None = None) -> str:
     """:func:`prefix` for a job of these resources (see :func:`shape`)."""
     return prefix(*shape(resources), python)
 

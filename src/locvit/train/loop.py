@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from locvit import machine, models, toolchain
+from locvit.precision import amp_dtype, set_backends  # noqa: F401  (amp_dtype: tests import it from here)
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
@@ -70,12 +71,6 @@ def per_process_batch(recipe: dict, world_size: int) -> int:
         raise InputError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
                          "MixUp/CutMix pair images within a process's batch, so that must be even")
     return share
-
-
-def amp_dtype(setting: str | bool, device: torch.device) -> torch.dtype | None:
-    if setting in ("off", False) or (setting == "auto" and device.type != "cuda"):
-        return None
-    return torch.bfloat16
 
 
 @dataclass
@@ -167,7 +162,8 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
     lr_at = functools.partial(cosine_schedule, total_steps=steps_per_epoch * recipe["epochs"],
                               warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)), lr=lr,
                               min_lr=recipe["min_lr"])
-    compute = Compute(amp_dtype(recipe["amp"], device), recipe["channels_last"])
+    compute = Compute.of(recipe, device)
+    set_backends(device, compute.amp_dtype, recipe["deterministic"])  # TF32 with amp, cuDNN's autotuner
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
     augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
     run = Run(cfg, key, out_dir, dist, device, train_loader, val_loader,

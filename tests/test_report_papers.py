@@ -1,0 +1,132 @@
+"""The papers' reported numbers beside ours: a fabricated CIFAR-10 study (eval, run, analysis and profile
+files written here, as the producers write them) whose LSA Table 3 holds LSA's reported top-1, params
+and throughput beside DeiT-T's and WRN-28-10's rows, with the difference to ours."""
+
+from __future__ import annotations
+
+import csv
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from locvit.config import validate_params
+from locvit.io import JobConfig
+from locvit.job_configs import report_config
+from locvit.report.build import build_report
+from locvit.report.reported import reported
+
+SEEDS = [0, 1]
+VARIANTS = {  # the paper's DeiT-T at 32 px (a setting: patch 4), WRN-28-10, LSA's Our-T, and a DeiT of no paper size
+    "deit_t": {"model": "deit_tiny_patch16_224", "kwargs": {"patch_size": 4}},
+    "wrn": {"model": "wrn_28_10", "kwargs": {}},
+    "lsa_t": {"model": "lsa_tiny_cifar", "kwargs": {}},
+    "deit_d6": {"model": "deit_tiny_patch16_224", "kwargs": {"patch_size": 4, "depth": 6}},
+}
+TOP1 = {"deit_t": [0.801, 0.815], "wrn": [0.953, 0.949], "lsa_t": [0.962, 0.958], "deit_d6": [0.78, 0.79]}
+PARAMS = {"deit_t": 5_364_874, "wrn": 36_479_194, "lsa_t": 10_240_000, "deit_d6": 2_700_000}
+ARCH = {"deit_t": ("deit", "DeiT"), "wrn": ("wrn", "WRN"), "lsa_t": ("lsa", "LSA"), "deit_d6": ("deit", "DeiT")}
+THROUGHPUT = {"deit_t": 2000.0, "wrn": 1000.0, "lsa_t": 900.0, "deit_d6": 3000.0}
+
+
+def _write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def _fabricate(root: Path, params: dict) -> None:
+    for v, spec in params["variants"].items():
+        for s in SEEDS:
+            rid = uuid.uuid4().hex
+            _write(root / "eval" / v / f"seed{s}.json", {
+                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
+                "test_top1": TOP1[v][s], "test_loss": 0.5, "n": 10000, "n_params": PARAMS[v], "checkpoint_epoch": 2,
+                "val_top1": TOP1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16})
+            _write(root / "runs" / v / f"seed{s}" / "metrics.json", {
+                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "n_params": PARAMS[v],
+                "best_val_top1": 0.6, "best_epoch": 2, "final_val_top1": 0.6, "train_time_s": 10.0,
+                "mlflow_run_id": rid, "history": [{"epoch": e, "train_loss": 1.0, "train_top1": 0.5,
+                                                   "train_images_per_s": 500.0, "val_loss": 1.0, "val_top1": 0.5}
+                                                  for e in range(3)]})
+            if v != "wrn":  # a CNN has no attention layers: its analysis holds none
+                _write(root / "analysis" / v / f"seed{s}.json", {
+                    "variant": v, "seed": s, "model": spec["model"], "mlflow_run_id": rid, "images": 4,
+                    "als_kernel": [3, 3], "layers": [], "als": [], "als_layers": [], "als_mean": 0.5 + 0.01 * s,
+                    "mad": [], "mad_mean": 4.0, "cross_layer_similarity": None})
+        family, display = ARCH[v]
+        _write(root / "analysis" / v / "profile.json", {
+            "variant": v, "model": spec["model"], "params": PARAMS[v], "gmacs": 1.0, "input_size": [3, 32, 32],
+            "arch": {"family": family, "display": display, "prior": "-", "embed_dim": 192, "depth": 12,
+                     "num_heads": 3, "patch_size": 4, "layer_scale": False, "mask": None, "lsa": None}})
+    lines = ["variant,img_s_median,img_s_low,img_s_high,ratio_vs_baseline,rounds,device"]
+    lines += [f"{v},{t},{t - 10},{t + 10},{t / THROUGHPUT['deit_t']},5,cpu (Test CPU)" for v, t in THROUGHPUT.items()]
+    (root / "report").mkdir(parents=True, exist_ok=True)
+    (root / "report" / "throughput.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cifar10")
+    params = validate_params({"study": "papers", "data": {"source": "cifar10", "image_size": 32},
+                              "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "baseline": "deit_t",
+                              "variants": VARIANTS}, check_models=False)
+    _fabricate(root, params)
+    build_report(JobConfig(report_config(params), "report config"), root, root / "report", log_to_mlflow=False)
+    rows = {r["Method"]: r for r in csv.DictReader((root / "report" / "tables" / "lsa_table3.csv").open())}
+    return rows, (root / "report" / "tables" / "lsa_table3.md").read_text()
+
+
+@pytest.mark.parametrize("variant, paper_row, paper_top1, paper_params, paper_throughput",
+                         [("deit_t", "Deit-T", 88.39, 5.3, 1905.3), ("wrn", "WRN28-10", 95.83, 36.5, 1510.8)])
+def test_lsa_table3_shows_the_papers_numbers_and_the_difference(table, variant, paper_row, paper_top1, paper_params,
+                                                                 paper_throughput):
+    rows, md = table
+    row = rows[variant]
+    ours = 100 * sum(TOP1[variant]) / len(TOP1[variant])
+    assert row["Paper row"] == f"LSA Table 3: {paper_row}"
+    assert float(row["Paper top-1 (%)"]) == pytest.approx(paper_top1)
+    assert float(row["Δ top-1 (%) vs paper"]) == pytest.approx(ours - paper_top1)
+    assert float(row["Paper params (M)"]) == pytest.approx(paper_params)
+    assert float(row["Δ params (M) vs paper"]) == pytest.approx(PARAMS[variant] / 1e6 - paper_params)
+    assert float(row["Paper throughput (img/s)"]) == pytest.approx(paper_throughput)
+    assert float(row["Δ throughput (img/s) vs paper"]) == pytest.approx(THROUGHPUT[variant] - paper_throughput)
+    assert f"LSA Table 3: {paper_row}" in md and f"{paper_top1:.2f}" in md and f"{ours - paper_top1:+.2f}" in md
+
+
+def test_the_paper_columns_come_after_ours_and_only_matching_rows_fill_them(table):
+    rows, md = table
+    header = list(next(iter(rows.values())))
+    assert header.index("Paper row") > max(i for i, h in enumerate(header) if h.startswith("CIFAR10 (%)"))
+    assert rows["deit_d6"]["Paper row"] == "" and rows["deit_d6"]["Paper top-1 (%)"] == ""  # 6 layers: no paper row
+    assert rows["lsa_t"]["Paper row"] == "LSA Table 3: Our-T" and float(rows["lsa_t"]["Paper top-1 (%)"]) == 97.0
+    assert "Paper GFLOPs" not in header  # LSA's Table 3 gives none
+    assert "Paper columns: what the LSA paper reports" in md
+
+
+def test_every_paper_value_names_its_paper_table_row_and_dataset():
+    rows = reported()
+    assert {(r["paper"], r["table"]) for r in rows} == {("LSA", 3), ("LSA", 4), ("MaiT", 4)}
+    assert all(r["dataset"] in ("cifar10", "cifar100", "imagenet") and r["row"] for r in rows)
+    keys = [(r["paper"], r["table"], r["row"], r["dataset"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    # LSA Table 3 has 17 rows on two datasets, LSA Table 4 16, MaiT Table 4 20
+    assert len(rows) == 17 * 2 + 16 + 20
+
+
+@pytest.mark.parametrize("preset, paper, not_in_the_table",
+                         [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()), ("mait_sota", "MaiT", {"deit_t"})])
+def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, not_in_the_table):
+    """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
+    data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""
+    from locvit.config import load_params
+    from locvit.report.reported import paper_row
+    from locvit.run_config import run_config
+
+    params = load_params(repo / "presets" / f"{preset}.yaml")
+    unmatched = set()
+    for name, spec in params["variants"].items():
+        cfg = run_config(params, name, params["seeds"][0])
+        if paper_row(paper, spec["model"], cfg["model_kwargs"], params["data"]["source"]) is None:
+            unmatched.add(name)
+    assert unmatched == not_in_the_table
