@@ -255,6 +255,12 @@ FAMILY_SHAPES: dict[str, Shape] = {
     "pvt_v1": Shape("pvt_v1_tiny", dict(img_size=32, depths=(1, 1, 1, 1)),
                     kinds=("pooled_keys", "pooled_keys", "pooled_keys", "softmax")),
     "localvit": Shape("localvit_tiny_patch16_224", VIT, kinds=("softmax",) * 2),
+    # timm's Swin and Twins-SVT, which the swin and twins families claim: windows that divide every stage's grid.
+    "swin": Shape("swin_tiny_patch4_window7_224", dict(img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2),
+                                                       window_size=2), kinds=("block",) * 4),
+    "twins": Shape("twins_svt_small", dict(img_size=16, patch_size=2, embed_dims=(16, 32, 32), depths=(2, 2, 2),
+                                           num_heads=(1, 2, 2), mlp_ratios=(2, 2, 2), sr_ratios=(4, 2, 1), wss=(4, 2, 2)),
+                   kinds=("block", "pooled_keys", "block", "pooled_keys", "block", "softmax")),
     "wrn": Shape("wrn_16_2", dict(depth=10, widen_factor=1), size=32),  # a CNN: no attention layers
     "pyramidnet": Shape("pyramidnet164_a48", dict(depth=11, alpha=12), size=32),  # a CNN: no attention layers
 }
@@ -291,11 +297,18 @@ ENTRYPOINT_SHAPES: dict[str, Shape] = {
 }
 
 
+#: timm's own models that a locvit family claims and reads (not locvit entrypoints): the timm suite runs them too.
+CLAIMED_MODELS = ("swin_tiny_patch4_window7_224", "twins_svt_small")
+
+
 def small(name: str, **kwargs) -> tuple:
     """(model, input side): a locvit entrypoint at its :data:`ENTRYPOINT_SHAPES` shape, or a timm baseline at
     32 x 32 (:func:`locvit.models.baselines.create_at_32`); the caller's keywords win."""
     if name in ENTRYPOINT_SHAPES:
         return ENTRYPOINT_SHAPES[name].build(**kwargs), ENTRYPOINT_SHAPES[name].size
+    claimed = {shape.model: shape for shape in FAMILY_SHAPES.values() if shape.model not in ENTRYPOINT_SHAPES}
+    if name in CLAIMED_MODELS:  # a timm model a locvit family claims: its family's small shape
+        return claimed[name].build(**kwargs), claimed[name].size
     from locvit.models.baselines import create_at_32
 
     return create_at_32(name, **kwargs), 32

@@ -12,11 +12,12 @@ import torch
 import torch.nn as nn
 
 import locvit.models  # noqa: F401
-from locvit.analysis.attention import ROW_STOCHASTIC, AttentionMap, collect_attention
+from locvit.analysis.attention import AttentionMap, collect_attention
 from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
-                                     mean_attention_distance)
+                                     mean_attention_distance, pooled_distance)
 from locvit.neighbourhood import neighbourhood_mask
-from locvit.analysis.analyse import _extras, distances
+from locvit.analysis.analyse import _extras, distances, locality
+from locvit.models.family import family_of, map_kind, summary
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
 
@@ -80,7 +81,7 @@ def test_collect_attention_reads_every_layer_and_leaves_the_model_alone(family):
             assert record.probs.shape[0] == 2 * 4 ** (2 - record.layer)
         else:
             assert record.probs.shape == (2, heads, t, t)
-        if record.kind in ROW_STOCHASTIC:
+        if map_kind(record.kind).rows_sum_to_one:
             torch.testing.assert_close(record.probs.sum(-1), torch.ones(record.probs.shape[:-1]))
     # The first layer's prefix: ViT's class token; none yet in ConViT's GPSA and CaiT's self-attention.
     first_prefix = 1 if family in ("deit", "mait", "mait_restrict", "mait_soft", "ibit") else 0
@@ -135,9 +136,42 @@ def test_a_mait_hard_head_is_softmax_of_mask_times_logits():
     torch.testing.assert_close(maps[1].probs, expected, atol=1e-6, rtol=1e-5)
 
 
+class _Unclaimed(nn.Module):
+    """A transformer no family claims, built from timm's own layers: a patch grid and one ViT attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch_embed = timm.layers.PatchEmbed(img_size=16, patch_size=4, embed_dim=24)
+        self.attn = timm.layers.Attention(24, num_heads=3)
+        self.gru = nn.GRU(24, 24)  # not an attention layer
+        self.unread = timm.models.pvt_v2.Attention(24, num_heads=3)  # one the generic reader does not know
+
+    def forward(self, x):
+        return self.attn(self.patch_embed(x)).mean(1)
+
+
+def test_models_no_family_claims_are_read_generically():
+    """A CNN has no attention layers, and the analyses say so; timm's own Attention in an unclaimed model is read
+    over its patch grid, the ALS and distance computed; an attention layer no reader knows is named, not guessed."""
+    cnn = timm.create_model("resnet18", num_classes=2)
+    logits, maps = collect_attention(cnn, torch.randn(1, 3, 32, 32))
+    assert logits.shape == (1, 2) and maps == []
+    assert locality(maps, (3, 3)) == ([], [], None) and distances(maps, 32, 1) == []
+    assert summary(cnn)["family"] == "resnet" and summary(cnn)["depth"] == 0 and family_of(cnn).unread(cnn) == []
+    model = _Unclaimed()
+    images = torch.randn(2, 3, 16, 16)
+    _, maps = collect_attention(model, images)
+    assert [(m.name, m.kind, m.grid, m.num_prefix) for m in maps] == [("attn", "softmax", (4, 4), 0)]
+    x = model.patch_embed(images)
+    q, k, _ = model.attn.qkv(x).reshape(2, 16, 3, 3, 8).permute(2, 0, 3, 1, 4)
+    torch.testing.assert_close(maps[0].probs, (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1))
+    als, layers, _ = locality(maps, (3, 3))
+    assert layers == [0] and len(als[0]) == 3 and all(0 < a < 1 for a in als[0])
+    assert all(0 < d < 16 for d in distances(maps, 16, 2)[0])
+    assert family_of(model).unread(model) == ["Attention"]  # pvt_v2's, by class name
+
+
 def test_unknown_models_and_layers_are_named():
-    with pytest.raises(ValueError, match="Sequential belongs to no registered model family"):
-        collect_attention(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2)), torch.randn(1, 3, 32, 32))
     model = timm.create_model("vit_tiny_patch16_224", **VIT)
     model.blocks[0].attn = nn.MultiheadAttention(24, 3)
     with pytest.raises(ValueError, match="MultiheadAttention is an attention layer no reader of its family knows"):
@@ -400,3 +434,24 @@ def test_a_family_declares_its_own_extras_the_way_locvits_do(monkeypatch):
     assert values == {"spread": [[0.5, None, 1.5]] * 2} and arrays["maps"].shape == (2, 3, 4, 4)
     with pytest.raises(ValueError, match="shape 'table' is not one of values, images"):
         family.Extra("x", "table", lambda m: None, "X", "X")
+
+
+def test_the_distance_to_pooled_keys_is_to_their_cells_centres():
+    """PVT's and Twins' keys lie on the grid pooled by R: a key sits at its cell's centre. With R = 1 the distance is
+    the ordinary one; attention to the cell that holds the query is the query's distance to that centre."""
+    grid = (4, 4)
+    probs = torch.rand(2, 3, 16, 16).softmax(-1)
+    torch.testing.assert_close(pooled_distance(probs, grid, 2.0), mean_attention_distance(probs, grid, 0, 2.0))
+    own = torch.zeros(1, 1, 16, 4)  # R = 2: four 2 x 2 cells, centres half a patch from each of their patches
+    for q in range(16):
+        own[0, 0, q, (q // 4 // 2) * 2 + (q % 4) // 2] = 1.0
+    torch.testing.assert_close(pooled_distance(own, grid, 4.0), torch.tensor([[4.0 * math.sqrt(0.5)]]))
+    with pytest.raises(ValueError, match="do not have the 4x4 grid's patches as queries"):
+        pooled_distance(torch.rand(1, 1, 16, 3), grid)
+    # Twins' sub-sampled attention as the analysis sees it: a distance, no ALS (ALS needs the queries' grid as keys)
+    model = timm.create_model("twins_pcpvt_small", img_size=32, embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1),
+                              num_heads=(1, 2, 2, 2), num_classes=2)
+    _, maps = collect_attention(model, torch.randn(2, 3, 32, 32))
+    assert [m.kind for m in maps] == ["pooled_keys"] * 3 + ["softmax"]
+    als, _, _ = locality(maps, (3, 3))
+    assert als[:3] == [None] * 3 and all(d is not None and all(x > 0 for x in d) for d in distances(maps, 32, 2)[:3])

@@ -1,5 +1,9 @@
 """A model family from outside locvit, end to end: the family protocol is all a new family needs.
 
+A family with a kind of attention map locvit does not know (linear attention, ``tests/plugins/linear_family.py``:
+rows sum to one, no softmax) declares the kind's properties and gets the analyses those properties call for;
+it runs end to end beside unclaimed timm models in ``test_any_model.py``.
+
 A toy family (a ViT whose every head attends only inside a 3 x 3 window of patches) is
 written to a module in the study's working directory, named in params.yaml's
 ``model_modules``, and run through prepare -> train -> evaluate -> analyse -> report by
@@ -13,17 +17,26 @@ own (the window's side per layer and head), which the analysis writes and the re
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 import textwrap
+from pathlib import Path
 
 import pytest
+import timm
+import torch
 import yaml
 
 from helpers import copy_workflow, snakemake
+from locvit.analysis.attention import collect_attention
+from locvit.analysis.analyse import distances, locality
+from locvit.analysis.metrics import attention_rollout, rollout_applies
 from locvit.layout import StudyLayout
+from locvit.models import family as family_module
+from locvit.models.family import Family, MapKind, map_kind, register_kind, summary, vit_blocks, vit_sites
 
-pytestmark = pytest.mark.e2e
+PLUGINS = Path(__file__).parent / "plugins"
 
 TOY_MODULE = '''
 """A toy family: a ViT whose patches attend only inside a 3 x 3 window of patches."""
@@ -85,6 +98,54 @@ register_family(Family("toy", "ToyWindow", ToyViT, "every head inside a 3x3 wind
 '''
 
 
+@pytest.fixture
+def linear_family(monkeypatch):
+    """tests/plugins/linear_family.py imported as a study's ``model_modules`` entry would be."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    return importlib.import_module("linear_family")
+
+
+def test_a_family_with_a_kind_of_map_of_its_own_needs_no_edit_in_src(linear_family):
+    """Linear attention's maps (rows sum to one, no softmax) are a kind locvit's families do not have. Declared
+    with its properties, they get what those properties call for: ALS, distance, similarity and rollout."""
+    kind = map_kind("linear")
+    assert (kind.grid, kind.rows_sum_to_one, kind.keys, kind.windows) == (True, True, "tokens", False)
+    model = timm.create_model("linear_vit", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                              num_classes=3).eval()
+    images = torch.randn(2, 3, 16, 16)
+    logits, maps = collect_attention(model, images)
+    assert [m.kind for m in maps] == ["linear", "linear"] and maps[0].probs.shape == (2, 2, 17, 17)
+    torch.testing.assert_close(maps[0].probs.sum(-1), torch.ones(2, 2, 17))
+    assert maps[0].probs.min() > 0  # no softmax, yet a distribution over every token
+    block = model.blocks[0]  # the map read is the one forward applies (computed there in linear time)
+    x = model.norm_pre(model._pos_embed(model.patch_embed(images)))
+    _, _, v = block.attn.features(block.norm1(x))
+    expected = block.attn.proj((maps[0].probs @ v).transpose(1, 2).reshape(2, 17, 32))
+    torch.testing.assert_close(block.attn(block.norm1(x)), expected, atol=1e-5, rtol=1e-4)
+    als, layers, similarity = locality(maps, (3, 3))
+    assert layers == [0, 1] and all(0 < a < 1 for heads in als for a in heads) and similarity is not None
+    assert all(0 < d < 16 for heads in distances(maps, 16, 2) for d in heads)
+    assert rollout_applies(maps) and attention_rollout(maps).shape == (2, 4, 4)
+    assert summary(model)["family"] == "linear"
+
+
+def test_a_kind_is_declared_once_and_an_undeclared_one_is_named(linear_family, monkeypatch):
+    with pytest.raises(ValueError, match="map kind 'linear' is declared twice with different properties"):
+        register_kind(MapKind("linear", grid=True, rows_sum_to_one=False))
+    with pytest.raises(ValueError, match="keys 'nowhere' is not one of tokens, pooled, other"):
+        MapKind("odd", grid=True, rows_sum_to_one=True, keys="nowhere")
+
+    class Undeclared(linear_family.LinearViT):
+        pass
+
+    reader = {linear_family.LinearAttention: lambda attn, x: ("mystery", attn.maps(x))}
+    monkeypatch.setitem(family_module._FAMILIES, "undeclared", Family(
+        "undeclared", "Undeclared", Undeclared, "none", vit_blocks, lambda m: vit_sites(m, reader)))
+    model = Undeclared(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match="map kind 'mystery' is declared by no registered family"):
+        collect_attention(model, torch.randn(1, 3, 16, 16))
+
+
 @pytest.fixture(scope="module")
 def toy_study(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("toyfamily"))
@@ -100,6 +161,7 @@ def toy_study(tmp_path_factory):
     return StudyLayout(work / "results" / "toy"), params
 
 
+@pytest.mark.e2e
 def test_the_toy_family_is_profiled_and_analysed_through_its_declaration(toy_study):
     layout, params = toy_study
     arch = json.loads(layout.profile_file("toy").read_text())["arch"]
@@ -115,6 +177,7 @@ def test_the_toy_family_is_profiled_and_analysed_through_its_declaration(toy_stu
     assert deit["mad_mean"] > analysis["mad_mean"]  # global attention reaches farther than a 3 x 3 window
 
 
+@pytest.mark.e2e
 def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
     layout, params = toy_study
     report = layout.report

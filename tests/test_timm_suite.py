@@ -3,7 +3,8 @@ over its ViTs: forward, backward, the default config's heads and sizes, forward_
 forward and backward, TorchScript, and torch.fx then TorchScript.
 
 Every entrypoint locvit registers runs at its small shape (tests/helpers.py's ENTRYPOINT_SHAPES: its own
-architecture, fewer layers and pixels), and TorchScript also runs over the
+architecture, fewer layers and pixels), and so do the timm models locvit's swin and twins families claim
+(CLAIMED_MODELS, at their family's shape); TorchScript also runs over the
 options whose forward takes another path (:data:`VARIANTS`). A model TorchScript cannot run without
 harm is named in :data:`NOT_SCRIPTABLE` with the reason; the TorchScript test asserts that exactly those
 fail, so the list cannot go stale; torch.export, the supported path for them, runs them and a model of
@@ -22,7 +23,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 import locvit.models  # noqa: F401  registers locvit's families
 
-from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, small
+from helpers import CLAIMED_MODELS, ENTRYPOINT_SHAPES, FAMILY_SHAPES, small
 
 pytestmark = [
     pytest.mark.usefixtures("cache_in_tmp"),
@@ -32,7 +33,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing:UserWarning"),
 ]
 
-ENTRYPOINTS = sorted(ENTRYPOINT_SHAPES)
+ENTRYPOINTS = sorted(ENTRYPOINT_SHAPES) + sorted(CLAIMED_MODELS)  # and the Swin and Twins the families read
 
 # The options whose forward takes a path no entrypoint's default takes: (timm name, keyword arguments).
 VARIANTS = {

@@ -2,7 +2,9 @@
 
 A variant's model is checked by building it on the meta device (no memory, no compute):
 it must be a registered timm model, build with the variant's keyword arguments at the
-data's image size, and have a patch size that divides the image (:func:`check_model`).
+data's image size (which goes to the models that take one: :func:`locvit.models.create`), pass its
+family's own check (:attr:`locvit.models.family.Family.check`: Swin's and Twins' windows must divide
+each stage's grid), and have a patch size that divides the image (:func:`check_model`).
 Choices made from params alone ask the family protocol (:mod:`locvit.models.family`)
 which family claims a model's name (:func:`claiming_family`): the default ``baseline``.
 
@@ -85,11 +87,19 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
             built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
                                                                    "num_classes": num_classes, **variant["kwargs"]}})
     except Exception as err:  # any build failure is a config problem of this variant
-        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size}: {err}"]
-    # timm's patch embedding builds with any patch size and fails only at the first forward.
+        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size} "
+                f"(img_size goes only to models that take it): {err}"]
+    from locvit.models.family import family_of
+
+    problems = family_of(built).check(built)  # e.g. Swin's windows that do not divide a stage's grid
+    if problems:
+        return [f"variants.{name}.kwargs: {model} at img_size={image_size}: {p}" for p in problems]
+    # timm's patch embedding builds with any patch size and fails only at the first forward. (Only its
+    # non-overlapping one, which has a grid: PVT v2's overlapping 7-px patches stride by 4.)
     embed = getattr(built, "patch_embed", None)
     patch = getattr(embed, "patch_size", None)
-    if isinstance(patch, tuple) and not getattr(embed, "dynamic_img_pad", False) and image_size % patch[0]:
+    if isinstance(patch, tuple) and hasattr(embed, "grid_size") and not getattr(embed, "dynamic_img_pad", False) \
+            and image_size % patch[0]:
         return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
                 f"choose a patch size that divides the image"]
     return []

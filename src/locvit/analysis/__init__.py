@@ -1,7 +1,8 @@
 """Analysis of trained models: attention maps of every family, and what is measured on them
 (locality score, mean attention distance, cross-layer similarity, rollout).
 
-Record kinds and shapes: :mod:`locvit.models.family`; family-specific outputs (IBiT's
+Record kinds, their shapes and properties (:class:`MapKind`, declared by the families):
+:mod:`locvit.models.family`; family-specific outputs (IBiT's
 learned masks, MaiT's soft-mask alphas) come from each family's declared ``extras``. The
 neighbourhood ALS scores against is :mod:`locvit.neighbourhood`'s, the one MaiT's masks keep.
 

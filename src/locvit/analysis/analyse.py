@@ -17,8 +17,14 @@ them in evaluation) and writes
   (MaiT with hard masks) is left out of both.
 
 Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
-here. ALS and distance of maps that are not row-stochastic (IBiT's Frobenius-normalised
-maps, CaiT's talking-heads maps) are taken over |A| normalised per row.
+here. What applies to a layer follows from its map kind's declared properties
+(:class:`locvit.models.family.MapKind`): ALS and distance to token-by-token maps over the patch
+grid whose keys are the queries' tokens, distance also to maps whose keys lie on a pooled grid;
+maps whose rows do not sum to one (IBiT's Frobenius-normalised maps, CaiT's talking-heads maps)
+enter as |A| normalised per row. A model without attention layers (a CNN) gets an empty
+``layers`` list and null ALS and distance; attention layers that no reader knows are named in
+``unread_attention``.
+
 The profile (params, GMACs, the model's facts) is written once per variant, from the
 first checkpoint. The report step reads all three files. Speed is not measured here, beside
 other jobs, but by the study's one throughput job (:mod:`locvit.analysis.throughput`).
@@ -34,19 +40,20 @@ import torch
 from locvit import models
 from locvit.analysis.attention import collect_attention
 from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
-                                     mean_attention_distance, rollout_applies)
+                                     mean_attention_distance, pooled_distance, rollout_applies)
 from locvit.analysis.profile import profile
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
-from locvit.models.family import GRID_KINDS, ROW_STOCHASTIC, family_of
+from locvit.models.family import family_of, map_kind
 from locvit.checkpoint import load_checkpoint
 from locvit.neighbourhood import neighbourhood_mask
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind in ROW_STOCHASTIC:
+    """The maps as row distributions: as they are where the kind's rows sum to one, else |A| per row."""
+    if map_kind(kind).rows_sum_to_one:
         return probs
     mag = probs.abs()
     return mag / mag.sum(-1, keepdim=True).clamp_min(1e-12)
@@ -56,8 +63,7 @@ def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list
     """ALS per layer and head (None for layers without a grid), those layers, their similarity."""
     als, layers, stack = [], [], []
     for m in maps:
-        square = m.probs.shape[-1] == m.probs.shape[-2]
-        if m.kind not in GRID_KINDS or not square:
+        if not map_kind(m.kind).spatial:
             als.append(None)
             continue
         probs = _row_mass(m.probs, m.kind)  # (B, H, T, T)
@@ -75,16 +81,25 @@ def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list
 def distances(maps: list, image_size: int, images: int) -> list:
     """Mean attention distance in pixels per layer and head (None for layers without a patch grid).
 
+    Maps over the grid whose keys are its tokens (:attr:`MapKind.spatial`) and maps whose keys lie on a
+    pooled grid (``keys: pooled``: PVT, Twins; :func:`locvit.analysis.metrics.pooled_distance`) have one.
+
     The pixels between neighbouring tokens are the image width over the layer's full grid:
-    the patch size for a ViT, more at a pyramid's later levels; NesT's block maps hold
-    ``images * K`` blocks of one level, whose full grid is ``sqrt(K)`` blocks wide.
+    the patch size for a ViT, more at a pyramid's later levels; a windowed kind's maps (NesT's
+    blocks, Swin's windows) hold ``images * K`` windows of one level, whose full grid is ``sqrt(K)``
+    windows wide.
     """
     out = []
     for m in maps:
-        if m.kind not in GRID_KINDS or m.probs.shape[-1] != m.probs.shape[-2]:
+        kind = map_kind(m.kind)
+        if kind.grid and kind.keys == "pooled" and m.num_prefix == 0:  # PVT's, Twins' keys: pooled cells
+            out.append(pooled_distance(_row_mass(m.probs, m.kind), tuple(m.grid), image_size / m.grid[1])
+                       .mean(0).tolist())
+            continue
+        if not kind.spatial:
             out.append(None)
             continue
-        blocks = m.probs.shape[0] // images  # 1, or NesT's blocks per image
+        blocks = m.probs.shape[0] // images if kind.windows else 1  # NesT's blocks, Swin's windows per image
         spacing = image_size / (m.grid[1] * blocks ** 0.5)
         out.append(mean_attention_distance(_row_mass(m.probs, m.kind), tuple(m.grid), m.num_prefix, spacing)
                    .mean(0).tolist())
@@ -151,7 +166,7 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
                         "tokens": int(m.probs.shape[-1]), "grid": list(m.grid),
                         "num_prefix": m.num_prefix} for m in maps],
             "als": als, "als_layers": als_layers, "als_mean": _mean(als), "mad": mad, "mad_mean": _mean(mad),
-            "cross_layer_similarity": similarity, **values,
+            "cross_layer_similarity": similarity, "unread_attention": family_of(model).unread(model), **values,
         }
         arrays = {"images": batch, **extras}
         if rollout_applies(maps):

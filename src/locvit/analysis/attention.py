@@ -6,7 +6,7 @@ layer), runs the model once in eval mode, and recomputes each layer's attention 
 from the layer's own input with the layer's own projections: the weights the layer
 applies to its values, whatever kernel (fused SDPA or eager) the layer itself runs.
 Hooks only read, so the logits are those of a plain forward pass; no flag of the model
-is touched. Record kinds and shapes: :mod:`locvit.models.family`.
+is touched. Record kinds, shapes and properties: :mod:`locvit.models.family`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from locvit.models.family import GRID_KINDS, KINDS, ROW_STOCHASTIC, AttentionMap, family_of
+from locvit.models.family import AttentionMap, MapKind, family_of, map_kind
 
-__all__ = ["AttentionMap", "GRID_KINDS", "KINDS", "ROW_STOCHASTIC", "collect_attention"]
+__all__ = ["AttentionMap", "MapKind", "collect_attention", "map_kind"]
 
 
 @torch.no_grad()
@@ -24,8 +24,9 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
     """Run ``model`` once in eval mode; return its logits and one record per attention layer.
 
     Records come in forward order. The model is left as it was: hooks removed, every
-    module's train/eval mode restored. Raises ``ValueError`` for a model of no registered
-    family, or an attention layer its family cannot read.
+    module's train/eval mode restored. A model no family claims is read by
+    :func:`locvit.models.family.generic_family` (a CNN has no records). Raises ``ValueError`` for an
+    attention layer its family cannot read, or a map of a kind no family declares.
     """
     names = {module: name for name, module in model.named_modules()}
     records: list[AttentionMap] = []
@@ -34,10 +35,12 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
         def hook(module, args, kwargs, output):
             if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
                 raise ValueError(f"{names[module]}: an attn_mask / is_causal given at call time is not supported")
-            kind, probs = site.read(module, *args)
+            extra = {k: v for k, v in kwargs.items() if k not in ("attn_mask", "is_causal")}  # Swin's mask
+            kind, probs = site.read(module, *args, **extra)
+            map_kind(kind)  # a kind no family declares is an error here, not a wrong analysis later
             tokens = args[0].shape[-2]  # the layer's input tokens: prefix + patches (per block for NesT)
-            records.append(AttentionMap(names[module], len(records), probs.float().cpu(), site.grid,
-                                        tokens - site.grid[0] * site.grid[1], kind))
+            prefix = tokens - site.grid[0] * site.grid[1] if site.num_prefix is None else site.num_prefix
+            records.append(AttentionMap(names[module], len(records), probs.float().cpu(), site.grid, prefix, kind))
         return hook
 
     sites = family_of(model).sites(model)  # raises for a model or a layer its family cannot read

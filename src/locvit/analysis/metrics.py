@@ -6,6 +6,7 @@
 * :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
   et al. 2021), the attention-weighted mean distance between a query patch and the patches
   it attends to: the locality measure of any family, read from the same maps.
+* :func:`pooled_distance`: the same distance for maps whose keys lie on a pooled grid (PVT, Twins).
 * :func:`cross_layer_similarity`: MaiT App. A.3 (DeepViT's metric), the cosine similarity
   of a head's attention rows in two layers, averaged over tokens.
 * :func:`attention_rollout`: Abnar & Zuidema (2020), as the IBiT paper's Fig. 5 uses it.
@@ -18,13 +19,13 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from locvit.models.family import ROW_STOCHASTIC, AttentionMap
+from locvit.models.family import AttentionMap, map_kind
 
 _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
 HEAD_FUSIONS = tuple(_FUSE)
 
 __all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "mean_attention_distance",
-           "patch_distances"]
+           "patch_distances", "pooled_distance"]
 
 
 def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
@@ -74,6 +75,33 @@ def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], num_prefi
     return (a * dist).sum(dim=-1).mean(dim=-1).to(attn.dtype)
 
 
+def pooled_distance(attn: torch.Tensor, grid: tuple[int, int], spacing: float = 1.0) -> torch.Tensor:
+    """Mean attention distance of maps whose keys lie on a pooled grid: (..., N, M) -> (...) in pixels.
+
+    The N queries are the patches of ``grid`` (gh, gw), row-major; the M keys the cells of that grid
+    pooled by R in each direction (PVT's spatial reduction, Twins' sub-sampling: a stride-R conv), so
+    ``M = (gh / R) * (gw / R)``; a key sits at its cell's centre. As :func:`mean_attention_distance`,
+    the attention-weighted Euclidean distance (times ``spacing``, the pixels between neighbouring
+    patches) averaged over the queries; with R = 1 the two agree.
+    """
+    gh, gw = grid
+    n, m = attn.shape[-2], attn.shape[-1]
+    r = round((n / m) ** 0.5) if m else 0
+    if n != gh * gw or m == 0 or gh % r or gw % r or m != (gh // r) * (gw // r):
+        raise ValueError(f"maps of shape {tuple(attn.shape)} do not have the {gh}x{gw} grid's patches as queries "
+                         f"and a pooled grid's cells as keys")
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                            indexing="ij")
+    queries = torch.stack([ys.flatten(), xs.flatten()], dim=-1)  # (N, 2), in patches
+    cy, cx = torch.meshgrid(torch.arange(gh // r, dtype=torch.float64), torch.arange(gw // r, dtype=torch.float64),
+                            indexing="ij")
+    keys = (torch.stack([cy.flatten(), cx.flatten()], dim=-1) + 0.5) * r - 0.5  # (M, 2): cell centres
+    a = attn.double()
+    a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    dist = torch.cdist(queries, keys).to(a.device) * spacing
+    return (a * dist).sum(dim=-1).mean(dim=-1).to(attn.dtype)
+
+
 def cross_layer_similarity(attn: torch.Tensor) -> torch.Tensor:
     """MaiT App. A.3 (DeepViT's metric): (..., L, H, Tq, Tk) maps -> (H, L, L) similarities.
 
@@ -95,7 +123,7 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
     Tokens the layer does not update (CaiT's patches in class attention) or does not see
     (a class token that joins later: CaiT, ConViT) keep an identity row.
     """
-    a = record.probs if record.kind in ROW_STOCHASTIC else record.probs.abs()  # (B, H, Tq, Tk)
+    a = record.probs if map_kind(record.kind).rows_sum_to_one else record.probs.abs()  # (B, H, Tq, Tk)
     a = _FUSE[head_fusion](a, dim=1)  # (B, Tq, Tk)
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
     b, tq, _ = a.shape
@@ -108,9 +136,11 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
 
 
 def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
-    """Whether the layers follow a class token over one patch grid (what rollout needs)."""
+    """Whether the layers follow a class token over one patch grid (what rollout needs): every map's keys
+    are the layer's own tokens, one map per image (not per window)."""
+    kinds = [map_kind(m.kind) for m in maps]
     return bool(maps) and max(m.num_prefix for m in maps) > 0 and len({m.grid for m in maps}) == 1 and \
-        not any(m.kind in ("shift", "block") for m in maps)
+        all(k.keys == "tokens" and not k.windows for k in kinds)
 
 
 def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:

@@ -1,6 +1,7 @@
 """locvit's model families, registered with timm on import, and the one way to make a model.
 
-Every model is a timm model built by name. The families (MaiT, LSA, IBiT) live in
+Every model is a timm model built by name, any timm classification model that builds at the
+data's image size included (:func:`create`). The families (MaiT, LSA, IBiT, Swin, Twins) live in
 their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
 with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
 ``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
@@ -20,6 +21,8 @@ from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
 from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
 from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
 from locvit.models import baselines  # noqa: F401  (registers nest_tiny_cifar)
+from locvit.models import swin  # noqa: F401  (the Swin family: timm's swin_*)
+from locvit.models import twins  # noqa: F401  (the Twins family: timm's twins_*)
 from locvit.models import pvt  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
 from locvit.models import wrn  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
 from locvit.models import pyramidnet  # noqa: F401  (registers pyramidnet164_a48)
@@ -46,7 +49,13 @@ def import_modules(modules) -> None:
 
 def create(cfg: dict) -> torch.nn.Module:
     """The model of a run config (:func:`locvit.run_config.run_config`): ``model`` built with ``model_kwargs``,
-    after importing the config's ``model_modules`` (families outside locvit)."""
+    after importing the config's ``model_modules`` (families outside locvit).
+
+    ``img_size`` (the data's image size, which the pipeline always puts in ``model_kwargs``) goes only to
+    models that take it: timm's ViTs and Swins build their patch grid from it, its CNNs (ResNet, RegNet,
+    ConvNeXt, EfficientNet) and PVT v2 take none and run at any size. timm's entrypoints all read
+    ``**kwargs``, so whether the model takes it shows only when the model's constructor refuses it.
+    """
     import timm
 
     import_modules(cfg.get("model_modules", ()))
@@ -54,12 +63,10 @@ def create(cfg: dict) -> torch.nn.Module:
     try:
         return timm.create_model(cfg["model"], pretrained=False, **kwargs)
     except TypeError as err:
-        # The pipeline gives every model the data's img_size; a model whose constructor does not take it
-        # (a CNN with a global pool: any size) is built without it, as timm builds it by name.
-        if "img_size" not in kwargs or "'img_size'" not in str(err):
+        if "img_size" not in kwargs or "unexpected keyword argument 'img_size'" not in str(err):
             raise
-        del kwargs["img_size"]
-        return timm.create_model(cfg["model"], pretrained=False, **kwargs)
+    del kwargs["img_size"]  # refused at the constructor's call, before any weight was made
+    return timm.create_model(cfg["model"], pretrained=False, **kwargs)
 
 
 def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:

@@ -36,8 +36,8 @@ from timm.models.nest import Attention as NestAttention
 from timm.models.nest import Nest, checkpoint_filter_fn
 from timm.models.vision_transformer import VisionTransformer
 
-from locvit.models.family import (AttentionSite, Family, exact_reader, read_vit, register_family, softmax_map, split_qk,
-                                  vit_blocks, vit_sites)
+from locvit.models.family import (BLOCK, CLASS, GPSA_MAP, SOFTMAX, TALKING, AttentionSite, Family, exact_reader, read_vit,
+                                  register_family, softmax_map, split_qk, vit_blocks, vit_sites)
 
 BASELINES = ("deit_tiny_patch16_224", "deit_small_patch16_224", "cait_xxs24_224", "convit_tiny", "nest_tiny")
 
@@ -144,11 +144,14 @@ def _nest_sites(model: Nest) -> list[AttentionSite]:
 
 register_family(Family("deit", "DeiT", VisionTransformer, "none: global attention from the first layer",
                        vit_blocks, lambda m: vit_sites(m, {Attention: read_vit}), models=("deit", "vit_"),
-                       baseline=True))
+                       baseline=True, kinds=(SOFTMAX,)))
 register_family(Family("cait", "CaiT", Cait, "none: global self-attention, then class attention",
-                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}), models=("cait_",)))
+                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}), models=("cait_",),
+                       kinds=(TALKING, CLASS)))
 register_family(Family("convit", "ConViT", ConVit, "gated positional self-attention, initialised local "
                        "(a soft convolutional prior the gates can leave)", vit_blocks,
-                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}), models=("convit_",)))
+                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}), models=("convit_",),
+                       kinds=(GPSA_MAP, SOFTMAX)))
 register_family(Family("nest", "NesT", Nest, "attention within non-overlapping blocks, aggregated "
-                       "hierarchically", _nest_blocks, _nest_sites, models=("nest_",)))
+                       "hierarchically", _nest_blocks, _nest_sites, models=("nest_",),
+                       kinds=(BLOCK,)))

@@ -23,33 +23,39 @@ A family declares
   Choices made from params alone, without building a model (the default ``baseline``),
   read these (:func:`family_claiming`).
 
-Attention records (``AttentionMap.kind``) and their ``probs`` shapes. ``B`` images, ``H``
-heads, ``N = gh * gw`` patch tokens on ``grid``, ``P = num_prefix`` class/distillation
-tokens before them, ``T = P + N``:
+Attention records (``AttentionMap.kind``) name a :class:`MapKind`, which the family that reads
+them declares (:attr:`Family.kinds`; :func:`register_family` makes the kind known): the
+properties of its maps, from which the analyses decide what applies (:func:`map_kind`).
+``probs`` is ``(B, H, Tq, Tk)``: ``B`` images (times the windows of a windowed kind), ``H``
+heads, ``N = gh * gw`` patch tokens on ``grid``, ``P = num_prefix`` class/distillation tokens
+before them, ``T = P + N``. The kinds of locvit's families:
 
-=========  ========================  ==========================================================
-kind       shape                     what it is
-=========  ========================  ==========================================================
-softmax    (B, H, T, T)              ``softmax(QK^T / sqrt(d))`` as the layer applies it (masked
-                                     heads included); rows sum to 1.
-frobenius  (B, H, T, T)              IBiT: ``(M * QK^T / sqrt(d)) / ||.||_F`` per sample and head;
-                                     signed, rows do not sum to 1 (each map has norm ~1).
-talking    (B, H, N, N)              CaiT's talking-heads self-attention after the post-softmax
-                                     head mix: signed, rows sum to ``sum_g W[h, g] + N b[h]``. P = 0.
-class      (B, H, 1, 1 + N)          CaiT's class attention: the class token's query over the
-                                     class token and the patches; rows sum to 1. P = 1.
-gpsa       (B, H, N, N)              ConViT's gated mix of content and positional softmaxes;
-                                     rows sum to 1. P = 0.
-shift      (B, H, N, S)              LSA's local block: each patch's weights over its own S
-                                     shifted variants; rows sum to 1. P = 0.
-block      (B * K, H, n, n)          NesT: attention inside each of the K blocks of a level
-                                     (index ``b * K + k``, k row-major); grid: one block's
-                                     ``(s, s)``, n = s * s; rows sum to 1. P = 0.
-pooled_    (B, H, N, M)              ``pooled_keys``, PVT's spatial-reduction attention: queries
-keys                                 on the layer's grid, keys and values on that grid pooled by
-                                     a stride-R conv, (gh / R, gw / R), M = N / R^2; rows sum
-                                     to 1. P = 0.
-=========  ========================  ==========================================================
+=========  ===========  ====  =====  ======  ==========================================================
+kind       shape        grid  rows   keys    what it is
+=========  ===========  ====  =====  ======  ==========================================================
+softmax    (B,H,T,T)    yes   sum 1  tokens  ``softmax(QK^T / sqrt(d))`` as the layer applies it (masked
+                                             heads included). DeiT, MaiT, the generic reader.
+frobenius  (B,H,T,T)    yes   no     tokens  IBiT: ``(M * QK^T / sqrt(d)) / ||.||_F`` per sample and head
+                                             (signed; each map has norm ~1).
+talking    (B,H,N,N)    yes   no     tokens  CaiT's talking heads after the post-softmax head mix: signed,
+                                             rows sum to ``sum_g W[h, g] + N b[h]``. P = 0.
+class      (B,H,1,1+N)  no    sum 1  tokens  CaiT's class attention: the class token's query over the class
+                                             token and the patches. P = 1.
+gpsa       (B,H,N,N)    yes   sum 1  tokens  ConViT's gated mix of content and positional softmaxes. P = 0.
+shift      (B,H,N,S)    no    sum 1  other   LSA's local block: each patch's weights over its own S shifted
+                                             variants. P = 0.
+block      (B*K,H,n,n)  yes   sum 1  tokens  NesT's blocks, Swin's and Twins' windows: attention inside each
+                                             of the K windows of a level (index ``b * K + k``, k row-major);
+                                             grid: one window's ``(s, s)``, n = s * s. P = 0.
+pooled_    (B,H,N,M)    yes   sum 1  pooled  PVT's spatial-reduction attention and Twins' global sub-sampled
+keys                                         attention: queries on the layer's grid, keys and values on that
+                                             grid pooled by a stride-R conv, (gh / R, gw / R), M = N / R^2.
+                                             P = 0.
+=========  ===========  ====  =====  ======  ==========================================================
+
+A model that no family claims gets :func:`generic_family`: its layers of timm's own ``Attention``
+(ViT-style, over ``patch_embed.grid_size``) and Swin's ``WindowAttention`` are read, and a
+model without them (a CNN) has no attention layers; the analyses say so.
 """
 
 from __future__ import annotations
@@ -59,11 +65,78 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from timm.layers import Attention
+from timm.models.swin_transformer import WindowAttention
 
-KINDS = ("softmax", "frobenius", "talking", "class", "gpsa", "shift", "block", "pooled_keys")
-ROW_STOCHASTIC = ("softmax", "class", "gpsa", "shift", "block", "pooled_keys")  # kinds whose rows sum to 1
-#: Kinds that are token-by-token maps over the layer's patch grid (the spatial analyses apply).
-GRID_KINDS = ("softmax", "frobenius", "talking", "gpsa", "block")
+KEYS = ("tokens", "pooled", "other")
+
+
+@dataclasses.dataclass(frozen=True)
+class MapKind:
+    """What a kind of attention map is, as the analyses need to know it (module docstring's table).
+
+    name: the ``kind`` of its records; grid: its patch queries' rows are token-by-token maps over the
+    layer's patch grid (the spatial analyses, ALS and distance, may apply); rows_sum_to_one: each row is
+    a distribution over the keys (else the analyses take ``|A|`` normalised per row); keys: ``tokens``,
+    the layer's own tokens (the queries' grid, prefix included), ``pooled``, a grid pooled from the
+    queries' one, or ``other`` (not tokens: LSA's shifted variants); windows: one map per window, the
+    batch dim being images x windows (NesT's blocks, Swin's windows).
+    """
+
+    name: str
+    grid: bool
+    rows_sum_to_one: bool
+    keys: str = "tokens"
+    windows: bool = False
+    description: str = ""
+
+    def __post_init__(self):
+        if self.keys not in KEYS:
+            raise ValueError(f"MapKind {self.name!r}: keys {self.keys!r} is not one of {', '.join(KEYS)}")
+
+    @property
+    def spatial(self) -> bool:
+        """ALS and attention distance apply: token-by-token maps over the grid, keys on the queries' grid."""
+        return self.grid and self.keys == "tokens"
+
+
+SOFTMAX = MapKind("softmax", grid=True, rows_sum_to_one=True, description="softmax(QK^T / sqrt(d))")
+FROBENIUS = MapKind("frobenius", grid=True, rows_sum_to_one=False, description="IBiT's Frobenius-normalised maps")
+TALKING = MapKind("talking", grid=True, rows_sum_to_one=False, description="CaiT's talking heads after the mix")
+CLASS = MapKind("class", grid=False, rows_sum_to_one=True, description="CaiT's class attention")
+GPSA_MAP = MapKind("gpsa", grid=True, rows_sum_to_one=True, description="ConViT's gated positional attention")
+SHIFT = MapKind("shift", grid=False, rows_sum_to_one=True, keys="other", description="LSA's shifted variants")
+BLOCK = MapKind("block", grid=True, rows_sum_to_one=True, windows=True,
+                description="attention inside each window of a level (NesT, Swin, Twins)")
+POOLED = MapKind("pooled_keys", grid=True, rows_sum_to_one=True, keys="pooled",
+                 description="spatial reduction: keys on a pooled grid (PVT, Twins)")
+
+_MAP_KINDS: dict[str, MapKind] = {}
+
+
+def register_kind(kind: MapKind) -> MapKind:
+    """Make a map kind known; a second kind of the same name with other properties is refused."""
+    known = _MAP_KINDS.get(kind.name)
+    if known is not None and dataclasses.replace(known, description="") != dataclasses.replace(kind, description=""):
+        raise ValueError(f"map kind {kind.name!r} is declared twice with different properties: {known} and {kind}; "
+                         "give the new one a name of its own")
+    _MAP_KINDS[kind.name] = kind
+    return kind
+
+
+def map_kind(name: str) -> MapKind:
+    """The declared kind called ``name`` (a family declares it in :attr:`Family.kinds`)."""
+    try:
+        return _MAP_KINDS[name]
+    except KeyError:
+        raise ValueError(f"map kind {name!r} is declared by no registered family (known: "
+                         f"{', '.join(sorted(_MAP_KINDS))}); declare it in the family's kinds "
+                         "(locvit.models.family.MapKind)") from None
+
+
+def map_kinds() -> dict[str, MapKind]:
+    return dict(_MAP_KINDS)
+
 
 Reader = Callable[..., "tuple[str, torch.Tensor]"]  # (layer, *its forward args) -> (kind, probs)
 
@@ -74,7 +147,7 @@ class AttentionMap:
 
     name: the layer's module path (``model.get_submodule(name)``); layer: its position in
     forward order; probs: float32 on the CPU; grid: ``(gh, gw)`` of the patch tokens the
-    layer sees; num_prefix: class/distillation tokens before them; kind: one of ``KINDS``.
+    layer sees; num_prefix: class/distillation tokens before them; kind: a declared :class:`MapKind`'s name.
     """
 
     name: str
@@ -87,11 +160,16 @@ class AttentionMap:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSite:
-    """An attention layer: the module to hook, the patch grid it sees, the reader of its weights."""
+    """An attention layer: the module to hook, the patch grid it sees, the reader of its weights.
+
+    num_prefix: the class/distillation tokens before the patches; None: the layer's input tokens less
+    the grid's (right where the layer's input is the tokens its maps are over, one window's for Swin and NesT).
+    """
 
     module: nn.Module
     grid: tuple[int, int]
     read: Reader
+    num_prefix: int | None = None
 
 
 def _no_options(model: nn.Module) -> dict:
@@ -142,13 +220,18 @@ class Family:
     extras: tuple[Extra, ...] = ()  # analysis outputs of its own, and their figures
     models: tuple[str, ...] = ()  # the timm model-name prefixes it claims ("mait_")
     baseline: bool = False  # a plain model the study compares the others with (the default ``baseline``)
+    kinds: tuple[MapKind, ...] = (SOFTMAX,)  # the kinds of map its readers return
+    check: Callable[[nn.Module], list[str]] = lambda model: []  # problems of a built model (``locvit validate``)
+    unread: Callable[[nn.Module], list[str]] = lambda model: []  # attention layers it cannot read, by class
 
 
 _FAMILIES: dict[str, Family] = {}
 
 
 def register_family(family: Family) -> Family:
-    """Make a family known (re-registering a name replaces it, as re-importing its module does)."""
+    """Make a family and its map kinds known (re-registering a name replaces it, as re-importing its module does)."""
+    for kind in family.kinds:
+        register_kind(kind)
     _FAMILIES[family.name] = family
     return family
 
@@ -168,12 +251,12 @@ def family_claiming(model: str) -> Family | None:
 
 
 def family_of(model: nn.Module) -> Family:
-    """The family whose model class is the most specific one ``model`` is an instance of."""
+    """The family whose model class is the most specific one ``model`` is an instance of;
+    :func:`generic_family` for a model no registered family claims (a CNN, a timm transformer)."""
     mro = type(model).__mro__
     matches = [f for f in _FAMILIES.values() if isinstance(model, f.model_class)]
     if not matches:
-        raise ValueError(f"{type(model).__name__} belongs to no registered model family (known: "
-                         f"{', '.join(sorted(_FAMILIES))}); declare one with locvit.models.family.register_family")
+        return generic_family(model)
     return min(matches, key=lambda f: mro.index(f.model_class))
 
 
@@ -190,14 +273,20 @@ def summary(model: nn.Module) -> dict:
         "display": family.display,
         "prior": family.prior,
         "grid": list(sites[0].grid) if sites else None,  # the first attention layer's patch grid
-        "embed_dim": int(blocks[0].norm1.normalized_shape[0]) if blocks else 0,  # first level's width
+        "embed_dim": _width(blocks[0]) if blocks else 0,  # first level's width
         "depth": len(blocks),
-        "num_heads": int(blocks[0].attn.num_heads) if blocks else 0,
+        "num_heads": int(getattr(blocks[0].attn, "num_heads", 0)) if blocks else 0,
         "patch_size": int(patch[0]) if isinstance(patch, (tuple, list)) else patch,
         "layer_scale": any(n.split(".")[-1] in ("gamma", "gamma_1", "gamma1") or ".ls1." in n
                            for n, _ in model.named_parameters()),
         **family.options(model),
     }
+
+
+def _width(block: nn.Module) -> int:
+    norm = getattr(block, "norm1", None)
+    shape = getattr(norm, "normalized_shape", None)
+    return int(shape[0]) if shape else int(getattr(block.attn, "dim", 0))
 
 
 # Shared by the attention layers built on timm's ------------------------------------------------
@@ -254,3 +343,59 @@ def vit_sites(model: nn.Module, readers: dict[type, Reader]) -> list[AttentionSi
     """One site per block of a ViT-like model (``blocks``, ``patch_embed.grid_size``), read by class."""
     grid = tuple(model.patch_embed.grid_size)
     return [AttentionSite(b.attn, grid, exact_reader(b.attn, readers)) for b in model.blocks]
+
+
+def read_window(attn: WindowAttention, x: torch.Tensor, mask: torch.Tensor | None = None):
+    """Swin's ``WindowAttention`` on x (B * nW, n, C): the softmax map of each window with the relative-position
+    bias and, in a shifted block, the mask (nW, n, n) that keeps tokens from wrapped-around regions apart,
+    as in forward: (B * nW, H, n, n), window index ``b * nW + k``, k row-major (a ``block`` map)."""
+    q, k = split_qk(attn, x)  # (B * nW, H, n, hd)
+    logits = (q * attn.scale) @ k.transpose(-2, -1) + attn._get_rel_pos_bias()
+    if mask is not None:
+        nw, n = mask.shape[0], logits.shape[-1]
+        logits = (logits.view(-1, nw, attn.num_heads, n, n) + mask[None, :, None].to(logits.dtype)).flatten(0, 1)
+    return "block", logits.softmax(dim=-1)
+
+
+# Models no family claims: timm's own attention layers, read generically ----------------------------
+
+#: timm's attention layers the generic reader knows, by exact class (a subclass may compute otherwise).
+GENERIC_READERS: dict[type, Reader] = {Attention: read_vit, WindowAttention: read_window}
+
+
+def _generic_sites(model: nn.Module) -> list[AttentionSite]:
+    """Every layer of a class in :data:`GENERIC_READERS`, in module order: ViT-style ``Attention`` over
+    the model's ``patch_embed.grid_size`` (left unread without one), Swin's windows over their window."""
+    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    sites = []
+    for module in model.modules():
+        if type(module) is WindowAttention:
+            sites.append(AttentionSite(module, tuple(module.window_size), read_window))
+        elif type(module) is Attention and grid is not None:
+            sites.append(AttentionSite(module, tuple(grid), read_vit))
+    return sites
+
+
+def _generic_blocks(model: nn.Module) -> list[nn.Module]:
+    read = {site.module for site in _generic_sites(model)}
+    return [m for m in model.modules() if getattr(m, "attn", None) in read]
+
+
+def _generic_unread(model: nn.Module) -> list[str]:
+    """Classes of the model's attention layers (timm names them ``*Attention``/``*Attn``) the generic reader
+    does not read."""
+    read = {site.module for site in _generic_sites(model)}
+    return sorted({type(m).__name__ for m in model.modules() if m not in read and
+                   type(m).__name__.endswith(("Attention", "Attn"))})
+
+
+def generic_family(model: nn.Module) -> Family:
+    """The family of a model no registered family claims, named after its class: timm's own attention
+    layers read by :data:`GENERIC_READERS`, no locality prior declared. A CNN has no attention layers."""
+    cls = type(model)
+    return Family(cls.__name__.lower(), cls.__name__, cls, "not declared (no locvit family claims this model)",
+                  _generic_blocks, _generic_sites, kinds=(SOFTMAX, BLOCK), unread=_generic_unread)
+
+
+for _kind in (SOFTMAX, BLOCK):  # the generic reader's kinds are known without a family
+    register_kind(_kind)

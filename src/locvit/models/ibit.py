@@ -89,7 +89,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from locvit import io
 from locvit.errors import allowed
 from locvit.io import atomic_path
-from locvit.models.family import Extra, Family, normed_qk, register_family, vit_blocks, vit_sites
+from locvit.models.family import FROBENIUS, SOFTMAX, Extra, Family, normed_qk, register_family, vit_blocks, vit_sites
 
 log = logging.getLogger(__name__)
 
@@ -541,4 +541,4 @@ register_family(Family("ibit", "IBiT", IBiT, "learned low-rank multiplicative at
                        lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}), options=_summary,
                        extras=(Extra("learned_masks", "images", learned_masks, "Learned masks",
                                      "Learned attention masks around the centre patch (IBiT Fig. 6)", pdf=True),),
-                       models=("ibit_",)))
+                       models=("ibit_",), kinds=(FROBENIUS, SOFTMAX)))

@@ -64,7 +64,7 @@ from timm.models._features import feature_take_indices
 from timm.models._registry import generate_default_cfgs
 
 from locvit.errors import InputError, allowed
-from locvit.models.family import AttentionSite, Family, exact_reader, register_family, softmax_map
+from locvit.models.family import SHIFT, SOFTMAX, AttentionSite, Family, exact_reader, register_family, softmax_map
 
 Shift = tuple[int, int]
 SHIFTS: dict[str, tuple[Shift, ...]] = {
@@ -511,4 +511,5 @@ def _summary(model: LSA) -> dict:
 
 
 register_family(Family("lsa", "LSA", LSA, "locally shifted attention over each patch's shifted copies, then "
-                       "global attention in a pyramid", _blocks, _sites, options=_summary, models=("lsa_",)))
+                       "global attention in a pyramid", _blocks, _sites, options=_summary, models=("lsa_",),
+                       kinds=(SHIFT, SOFTMAX)))

@@ -51,7 +51,7 @@ from timm.models.vision_transformer import VisionTransformer, _cfg
 from locvit import toolchain
 from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
-from locvit.models.family import Extra, Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
+from locvit.models.family import CLASS, SOFTMAX, TALKING, Extra, Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
 from locvit.neighbourhood import neighbourhood_mask
 
 log = logging.getLogger(__name__)
@@ -643,8 +643,9 @@ ALPHAS = Extra("alphas", "values", lambda m: soft_mask_alphas(m) if m.mask_optio
                "outside the neighbourhood; 1 = no locality)", limits=(0.0, 1.0))
 register_family(Family("mait", "MaiT", MaiT, PRIOR, vit_blocks,
                        lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}),
-                       options=_mask_summary, extras=(ALPHAS,), models=("mait_",)))
+                       options=_mask_summary, extras=(ALPHAS,), models=("mait_",), kinds=(SOFTMAX,)))
 register_family(Family("mait_cait", "Masked CaiT", MaskedCait, PRIOR, cait_blocks,
                        lambda m: cait_sites(m, {MaskedTalkingHeadAttn: _read_masked_talking,
                                                 TalkingHeadAttn: read_talking}),
-                       options=_mask_summary, extras=(ALPHAS,), models=("mait_cait_",)))
+                       options=_mask_summary, extras=(ALPHAS,), models=("mait_cait_",),
+                       kinds=(TALKING, CLASS)))

@@ -58,7 +58,8 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.pvt_v2 import Attention as SRAttention
 
 from locvit.errors import allowed
-from locvit.models.family import AttentionSite, Family, exact_reader, register_family, softmax_map
+from locvit.models.family import (POOLED, SOFTMAX, AttentionSite, Family, exact_reader, register_family,
+                                  softmax_map)
 
 
 class PvtBlock(nn.Module):
@@ -285,6 +286,6 @@ def _sites(model: PyramidVisionTransformer) -> list[AttentionSite]:
 
 register_family(Family("pvt_v1", "PVT", PyramidVisionTransformer, "none in the attention: global attention over "
                        "keys pooled by a strided conv (8x8, 4x4, 2x2 cells of the grid in stages 1-3); a "
-                       "pyramid of shrinking grids", _blocks, _sites, models=("pvt_v1_",)))
+                       "pyramid of shrinking grids", _blocks, _sites, models=("pvt_v1_",), kinds=(POOLED, SOFTMAX)))
 
 __all__ = ["PyramidVisionTransformer", "PvtBlock", "PvtStage", "read_sra", "CIFAR", "SIZES"]

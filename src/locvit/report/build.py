@@ -150,6 +150,8 @@ def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[
     for v in study.variants.values():
         figures += [fig for draw in plots.VARIANT_FIGURES if (fig := draw(v, out_dir))]
         figures += plots.extras(v, out_dir)
+        if v.no_locality:  # its ALS, similarity and rollout figures: nothing to draw, and why
+            skipped[f"attention_{v.name}"] = f"{v.name}: {v.no_locality}"
     return figures
 
 

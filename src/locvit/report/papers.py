@@ -316,7 +316,9 @@ def _over_seeds(v: Variant, key: str):
     """``mean ± std`` over seeds of an analysis file's scalar (``als_mean``, ``mad_mean``), or Missing."""
     values = [a[key] for a in v.analyses.values() if a.get(key) is not None]
     if not values:
-        return Missing(f"{v.name} analysis")
+        if v.analyses and not v.no_locality:  # analysed, with maps, none of which this measure applies to
+            return "not applicable to its maps"
+        return v.no_locality or Missing(f"{v.name} analysis")
     mean = sum(values) / len(values)
     std = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
     return f"{mean:.3f} ± {std:.3f}" if key == "als_mean" else f"{mean:.2f} ± {std:.2f}"
@@ -332,7 +334,8 @@ def locality(study: Study) -> Table | str:
              _over_seeds(v, "als_mean"), _over_seeds(v, "mad_mean"), study.acc(v)] for v in variants]
     caption = ("How local each variant's attention is: the Attention Locality Score (MaiT Eq. 3, the share of "
                "a patch's attention inside its neighbourhood) and the mean attention distance in pixels (ViT Fig. 7), "
-               "both averaged over the layers with a patch grid and their heads.")
+               "both averaged over the layers with a patch grid and their heads; a variant without attention "
+               "layers (a CNN) says so.")
     return Table("locality", "Locality: ALS and mean attention distance", caption,
                  ["Variant", "Family", "Locality prior", f"ALS ({', '.join(kernels)})", "Mean attention distance (px)",
                   "Top-1 (%)"], rows,

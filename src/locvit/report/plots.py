@@ -288,11 +288,14 @@ def attention_distance(study: Study, out_dir: Path) -> FigureFile | None:
            title=f"Mean attention distance per layer: {study.name}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    left = [v.name for v in study.variants.values() if v.name not in drawn]
+    none = {v.name: v.no_locality for v in study.variants.values() if v.name not in drawn and v.no_locality}
+    left = [v.name for v in study.variants.values() if v.name not in drawn and v.name not in none]
     caption = (f"Mean attention distance per layer in study {study.name} (ViT Fig. 7; Raghu et al. 2021): the "
                "attention-weighted mean distance in pixels between a query patch and the patches it attends to, "
                "mean over heads and analysis images, then over seeds (band: ± sample std over seeds). Layers "
                "without a patch grid (class attention, LSA's shift blocks) are left out.")
+    for why in sorted(set(none.values())):
+        caption += f" {why[0].upper()}{why[1:]}: " + ", ".join(n for n, w in none.items() if w == why) + "."
     if left:
         caption += " No analysis: " + ", ".join(left) + "."
     return save(fig, out_dir, "attention_distance", caption, pdf=True)

@@ -199,6 +199,20 @@ class Variant:
         """The analysis outputs its family declares beyond the common ones (:class:`locvit.models.family.Extra`)."""
         return _extras(self.family, tuple(self.model_modules))
 
+    @property
+    def no_locality(self) -> str | None:
+        """Why its analyses hold no ALS or distance, where that is so: ``no attention layers`` (a CNN), the
+        attention layers no family reads, or no map over the patch grid; None where they hold one, or
+        where nothing was analysed (then the analysis is missing, which the tables say)."""
+        analyses = list(self.analyses.values())
+        if not analyses or any(a.get("als_mean") is not None or a.get("mad_mean") is not None for a in analyses):
+            return None
+        if all(not a.get("layers") for a in analyses):
+            unread = sorted({c for a in analyses for c in a.get("unread_attention") or []})
+            return (f"no attention layers read ({', '.join(unread)}: no family reads them)" if unread
+                    else "no attention layers")
+        return "no attention maps over the patch grid"
+
     def _family(self) -> tuple[str, str]:
         return _family_of(self.model, json.dumps(self.model_kwargs, sort_keys=True), tuple(self.model_modules))
 

@@ -1,0 +1,76 @@
+"""Swin Transformer (Liu et al. 2021, "Hierarchical Vision Transformer using Shifted Windows") as a locvit family.
+
+The model is timm's ``SwinTransformer``, built by name (``swin_tiny_patch4_window7_224``,
+``swin_small_…``, ``swin_base_…``); nothing here subclasses it. LSA's Table 3 (CIFAR, Swin-T/S/B)
+and MaiT's Table 4 (ImageNet, Swin-T/S) compare with it.
+
+Blocks
+    timm's ``SwinTransformerBlock``: self-attention inside non-overlapping windows of the stage's
+    grid (``WindowAttention``, with a learned relative-position bias), the windows shifted by half
+    a window every other block (a mask keeps tokens that wrapped around apart); patch merging
+    halves the grid between stages.
+Maps
+    One softmax map per window, ``(B * nW, H, w * w, w * w)`` (window index ``b * nW + k``, k
+    row-major), read like NesT's blocks: the ``block`` kind over one window's ``(w, w)`` grid
+    (:func:`locvit.models.family.read_window`, shared with the generic reader of unclaimed models).
+
+At 32 x 32 (:data:`CIFAR_32`): ``patch_size`` 4 gives an 8 x 8 grid, and the window must divide
+the grid at every stage (8, 4, 2, 1): window 4, which timm narrows to the grid where the grid is
+smaller (and then does not shift). The ImageNet window 7 does not divide 8; :func:`window_problems`
+names such a stage and ``locvit validate`` refuses it.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+from timm.models.swin_transformer import SwinTransformer, WindowAttention
+
+from locvit.models.family import BLOCK, AttentionSite, Family, exact_reader, read_window, register_family
+
+#: timm's Swin-T at 32 x 32: the 8 x 8 grid of 4-pixel patches, windows of 4 (27.5M parameters with
+#: 10 classes, LSA's Table 3: 27.5M).
+CIFAR_32 = dict(img_size=32, patch_size=4, window_size=4)
+
+
+def swin_blocks(model: SwinTransformer) -> list[nn.Module]:
+    return [block for stage in model.layers for block in stage.blocks]
+
+
+def swin_sites(model: SwinTransformer) -> list[AttentionSite]:
+    """One site per block, over one window's grid (the window timm settled on for the stage)."""
+    return [AttentionSite(b.attn, tuple(b.window_size), exact_reader(b.attn, {WindowAttention: read_window}))
+            for b in swin_blocks(model)]
+
+
+def window_problems(model: SwinTransformer) -> list[str]:
+    """Stages whose window does not divide the grid: timm pads them, and their maps hold padding tokens."""
+    problems = []
+    for i, stage in enumerate(model.layers):
+        block = stage.blocks[0]
+        grid, window = tuple(block.input_resolution), tuple(block.window_size)
+        if any(g % w for g, w in zip(grid, window)):
+            problems.append(f"stage {i}: window {window[0]}x{window[1]} does not divide its {grid[0]}x{grid[1]} "
+                            f"grid; choose kwargs.window_size dividing the first stage's grid "
+                            f"({model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]}), e.g. "
+                            f"{_dividing(model.patch_embed.grid_size[0])}")
+    return problems
+
+
+def _dividing(side: int) -> int:
+    """The largest power of two dividing ``side`` that is at most half of it (at least 1)."""
+    w = 1
+    while side % (2 * w) == 0 and 2 * w <= max(1, side // 2):
+        w *= 2
+    return w
+
+
+def _summary(model: SwinTransformer) -> dict:
+    blocks = swin_blocks(model)
+    return {"swin": {"window": [int(stage.blocks[0].window_size[0]) for stage in model.layers],
+                     "shifted_blocks": sum(1 for b in blocks if any(b.shift_size)),
+                     "stages": [len(stage.blocks) for stage in model.layers]}}
+
+
+register_family(Family("swin", "Swin", SwinTransformer, "self-attention inside local windows, shifted every "
+                       "other block; patches merged between stages", swin_blocks, swin_sites, options=_summary,
+                       models=("swin_",), kinds=(BLOCK,), check=window_problems))
