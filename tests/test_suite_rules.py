@@ -140,7 +140,7 @@ def test_make_tests_two_lanes_run_every_non_cluster_test_once_the_fast_lane_firs
     assert fast == "not e2e and not cluster and not cuda"
     makefile = (REPO / "Makefile").read_text()
     assert '\t$(BIN)/python -m pytest -q -m "$(FAST_LANE)"\n' in makefile  # test-fast: no other deselection
-    test_recipe = makefile.split("\ntest: install\n")[1].split("\n\n")[0].splitlines()
+    test_recipe = makefile.split("\ntest: install wheelhouse\n")[1].split("\n\n")[0].splitlines()
     lanes = [re.search(r'-m "([^"]+)"', line).group(1) for line in test_recipe if "pytest" in line]
     assert lanes == ["$(FAST_LANE)", "$(REST_LANE)"]
     for e2e in (False, True):
