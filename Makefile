@@ -81,7 +81,7 @@ test: install wheelhouse
 	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
 	$(BIN)/python benchmarks/doc_tables.py
 
-test-fast: install
+test-fast: install wheelhouse
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root

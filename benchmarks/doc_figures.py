@@ -33,6 +33,11 @@ ALLOWED: list[tuple[str, str]] = [
      "the MDE's power is a definition (locvit.report.stats.POWER)"),
     (r"\bgoals?\b[^.;]*(?:≥|≤|<|>|at least|under)",
      "a goal is the target its benchmark script sets and records in its file (`goals`, `goal_s`), not a measurement"),
+    (r"64 MiB|at most 10 minutes|15 minutes of device time",
+     "the GPU node's limits (a command, a visit, the files carried), which the check's plans and the wheelhouse are "
+     "sized to and tests/test_gpu_check.py and tests/test_wheelhouse.py check them against"),
+    (r"within \d+ ?% of the papers?'?",
+     "a tolerance a test asserts against the papers' counts (tests/test_paper_baselines.py), not a measurement"),
     (r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",
      "SLURM's documented defaults and the signal lead a site sets are configuration quoted with their names, not measurements"),
 ]

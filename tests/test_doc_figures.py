@@ -92,6 +92,7 @@ def test_the_params_reference_is_rendered_from_the_schema():
         assert key in rendered, key
 
 
+@pytest.mark.e2e  # publish records the commit: it runs git
 def test_published_results_name_their_commit_and_machine(tmp_path):
     """publish.py writes source.json beside the copies; the docs' `source` block renders it, and a folder
     an earlier locvit published says its origin was not recorded."""

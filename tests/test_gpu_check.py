@@ -182,6 +182,7 @@ def test_budgets_fit_the_visit_and_the_docs_render_them():
     assert "<!-- table: budgets benchmarks/gpu_check.py -->" in (REPO / "docs" / "benchmarks.md").read_text()
 
 
+@pytest.mark.e2e  # the check records its commit (git) and probes the node's compiler
 def test_gpu_json_holds_every_section_before_and_after_each_and_the_deadline_skips_by_budget(tmp_path, monkeypatch):
     """gpu.json is on disk before the first section and rewritten after each: a command cut in the middle leaves
     every figure measured so far and names the sections it did not reach. A section whose budget is over the time
@@ -271,6 +272,7 @@ NODE_LACKS = {
 }
 
 
+@pytest.mark.e2e  # the check records its commit (git) and probes the node's compiler
 @pytest.mark.parametrize("piece", list(NODE_LACKS))
 def test_a_node_without_a_piece_stops_before_any_section(piece, tmp_path, monkeypatch):
     assert set(NODE_LACKS) == set(gpu_check.NODE_PIECES)
@@ -299,6 +301,7 @@ def test_the_allow_flags_take_known_names_only(capsys):
     assert "gcc: not one of" in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # the check records its commit (git) and probes the node's compiler
 def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
     import torch
 

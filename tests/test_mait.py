@@ -252,6 +252,7 @@ def test_restrict_through_flex_attention_equals_dense_restrict(masked_heads):
         timm.create_model("mait_tiny_patch16_224", restrict_kernel="sparse", img_size=32, patch_size=8, depth=2)
 
 
+@pytest.mark.e2e  # torch.compile probes the C++ compiler
 def test_a_compiled_maits_flex_attention_stays_compiled_for_later_eager_calls(monkeypatch):
     """torch.compile of a restrict MaiT traces through FlexAttention (Dynamo takes an inner torch.compile as a
     no-op): the module's cached compiled FlexAttention is left alone, so a later eager call (an evaluation of a

@@ -102,7 +102,8 @@ def test_forward_in_eval_mode_with_and_without_gradient_checkpointing(name):
     with torch.no_grad():
         out = model(x)
         assert out.shape == (1, model.num_classes) and not torch.isnan(out).any()
-        if hasattr(model, "set_grad_checkpointing"):
+        # timm's Twins has the method but asserts that it is never enabled
+        if hasattr(model, "set_grad_checkpointing") and not name.startswith("twins_"):
             model.set_grad_checkpointing()
             torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
 
@@ -128,7 +129,8 @@ def test_default_config_heads_and_feature_sizes(name):
     with torch.no_grad():
         features = model.forward_features(x)
         pre_logits = model.forward_head(features, pre_logits=True)
-        assert features.shape[-1 if features.ndim == 3 else 1] == model.num_features
+        channels = -1 if features.ndim == 3 or getattr(model, "output_fmt", "NCHW") == "NHWC" else 1  # Swin: NHWC
+        assert features.shape[channels] == model.num_features
         assert pre_logits.shape == (1, model.head_hidden_size)
         model.reset_classifier(0)
         assert model.num_classes == 0 and model(x).shape == pre_logits.shape
