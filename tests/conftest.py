@@ -167,17 +167,22 @@ def pytest_sessionstart(session):
     :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``), the processor's
     name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
     ``git version`` (on its import, when MLflow first reads a run's git commit). A test that probes afresh
-    starts a process of its own."""
+    starts a process of its own. On a GPU node that lacks MLflow and GitPython (``make gpu-check`` runs the
+    CUDA-marked tests there) those two probes are skipped: no test there can make them either."""
     import platform
 
-    import git  # noqa: F401  GitPython, MLflow's
-
     from locvit import toolchain
-    from locvit.tracking.run import git_commit
 
     toolchain.missing()
-    git_commit()
     platform.processor()
+    try:
+        import git  # noqa: F401  GitPython, MLflow's
+
+        from locvit.tracking.run import git_commit
+    except ImportError:
+        pass
+    else:
+        git_commit()
     locvit_families()  # which families are locvit's, before a test registers one of its own
     session.stash[LANE_START] = time.monotonic()
 

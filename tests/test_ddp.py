@@ -110,8 +110,10 @@ def test_every_validation_image_is_scored_once_over_the_ranks():
 def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     work = copy_workflow(tmp_path)
     target = "results/tiny/runs/deit_a/seed0/metrics.json"
-    out = subprocess.run([str(BIN / "snakemake"), "-n", "-p", "--cores", "4", "--config", "params=presets/tiny.yaml",
-                          "--set-threads", "train=4", "--set-resources", "train:gpu=2", "--", target],
+    # Under the cluster profile: a local run cuts a job's GPUs to the machine's (none here; tests/test_resources.py)
+    out = subprocess.run([str(BIN / "snakemake"), "-n", "-p", "--profile", "cluster", "--cores", "4", "--config",
+                          "params=presets/tiny.yaml", "--set-threads", "train=4", "--set-resources", "train:gpu=2", "--",
+                          target],
                          cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     command = next(line for line in out.stdout.splitlines() if " train --run-config" in line)

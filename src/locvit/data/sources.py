@@ -91,9 +91,11 @@ class DigitsSource(InMemorySource):
     def __init__(self):
         super().__init__("digits", 10, tuple(str(i) for i in range(10)))
 
-    def known_labels(self) -> tuple[np.ndarray, None]:
-        from sklearn.datasets import load_digits
-
+    def known_labels(self) -> tuple[np.ndarray, None] | None:
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:  # a node without scikit-learn (the GPU node): prepare cannot run there either
+            return None
         return load_digits().target.astype(np.int64), None  # the bundled labels: no image decoded
 
     def load(self, image_size: int, max_resolution: int | None = None) -> None:
