@@ -99,7 +99,8 @@ def browser():
 # Every test that starts a process carries `e2e` --------------------------------------------------------------
 # `-m "not e2e"` (make test-fast) is the lane without processes: while a test's setup, call or teardown runs,
 # starting a process (subprocess.Popen and everything built on it, os.system, os.fork, a multiprocessing
-# Process) from a test without the marker fails it, naming the test and what it started.
+# Process) from a test without the marker fails it, naming the test and what it started. A `cluster` test is
+# exempt too: it runs only under make test-cluster, never in a lane of make test.
 #
 # Two exemptions, by what they are, not by test: library internals of an in-process call.
 # * FFCV writes a file only through its DatasetWriter's worker processes (forked inside
@@ -119,7 +120,7 @@ def _guarded(what: str, start, exempt=lambda *args, **kwargs: False):
     def guarded(*args, **kwargs):
         item = _running.get("item")
         if item is not None and getattr(_guard, "depth", 0) == 0 and item.get_closest_marker("e2e") is None \
-                and not exempt(*args, **kwargs):
+                and item.get_closest_marker("cluster") is None and not exempt(*args, **kwargs):
             command = f" {args[1]!r:.200}" if what == "subprocess.Popen" else ""  # _execute_child(self, args, ...)
             message = (f"{item.nodeid} starts a process ({what}{command}) without the e2e marker: mark it "
                        "@pytest.mark.e2e (make test-fast runs -m 'not e2e', the tests that start no process)")

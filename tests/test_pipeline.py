@@ -662,7 +662,19 @@ def test_mlflow_ui_compares_two_variants_and_shows_system_metrics(layout, params
         expect(page.get_by_text(variant, exact=True).first).to_be_visible()
     _close_assistant(page)
     _save(page, "compare-variants.png")
-    page.locator('a[title="Plot chart"]').filter(has_text=re.compile(r"^val_loss$")).click()
+    # The metrics table renders only the rows in view (a variant run carries every statistic of its row):
+    # scroll it until val_loss's row is there.
+    charts = page.locator('a[title="Plot chart"]')
+    val_loss = charts.filter(has_text=re.compile(r"^val_loss$"))
+    for _ in range(40):
+        if val_loss.count():
+            break
+        charts.last.scroll_into_view_if_needed()
+        box = charts.last.bounding_box()
+        page.mouse.move(box["x"] + 5, box["y"] + 5)
+        page.mouse.wheel(0, 400)
+        page.wait_for_timeout(300)
+    val_loss.click()
     expect(page).to_have_url(re.compile(r"#/metric\?"))
     for variant in params["variants"]:  # one curve per variant: the mean over its seeds, per epoch
         expect(page.get_by_text(f"{variant} (val_loss)", exact=True)).to_be_visible()
