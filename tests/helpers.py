@@ -82,6 +82,18 @@ def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) 
     return proc
 
 
+def benchmarks_module(name: str):
+    """A script of benchmarks/ imported as a module (they import common.py beside them)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

@@ -10,26 +10,17 @@
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import benchmarks_module
+
 REPO = Path(__file__).resolve().parents[1]
 
-
-def _benchmarks_module(name: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-
-
-doc_figures = _benchmarks_module("doc_figures")
-doc_tables = _benchmarks_module("doc_tables")
+doc_figures = benchmarks_module("doc_figures")
+doc_tables = benchmarks_module("doc_tables")
 
 
 def test_the_docs_carry_no_figure_outside_a_files_keeping():
@@ -96,7 +87,7 @@ def test_the_params_reference_is_rendered_from_the_schema():
 def test_published_results_name_their_commit_and_machine(tmp_path):
     """publish.py writes source.json beside the copies; the docs' `source` block renders it, and a folder
     an earlier locvit published says its origin was not recorded."""
-    publish = _benchmarks_module("publish")
+    publish = benchmarks_module("publish")
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "results.csv").write_text("variant\n")
     publish.publish(tmp_path / "report", tmp_path / "copy", ["results.csv"])

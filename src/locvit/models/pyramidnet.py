@@ -26,21 +26,16 @@ No attention: its family declares no attention layers.
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
 # generates, and TorchScript cannot read them as strings (as in lsa.py).
 
-from typing import List, Optional, Union
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import ClassifierHead
 from timm.models import register_model
 from timm.models._builder import build_model_with_cfg
-from timm.models._features import feature_take_indices
 from timm.models._registry import generate_default_cfgs
 
-from locvit.errors import InputError, allowed
+from locvit.errors import InputError
+from locvit.models.cifar_cnn import CifarCnn, cifar_cfg
 from locvit.models.family import Family, register_family
-
-CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 class PyramidBottleneck(nn.Module):
@@ -70,7 +65,7 @@ class PyramidBottleneck(nn.Module):
         return y + F.pad(self.pool(x), [0, 0, 0, 0, 0, self.pad])  # (B, C, H, W): pad C at the end
 
 
-class PyramidNet(nn.Module):
+class PyramidNet(CifarCnn):
     """Bottleneck PyramidNet-``depth`` with widening step ``alpha`` for 32 x 32 images (module docstring)."""
 
     def __init__(self, depth: int = 164, alpha: float = 48, num_classes: int = 10, in_chans: int = 3,
@@ -94,57 +89,10 @@ class PyramidNet(nn.Module):
             stages.append(nn.Sequential(*blocks))
             self.feature_info.append(dict(num_chs=chs, reduction=reduction, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self.norm = nn.BatchNorm2d(chs)
-        self.num_features = self.head_hidden_size = chs
-        self.head = ClassifierHead(chs, num_classes, pool_type=global_pool, drop_rate=drop_rate)
-        for m in self.modules():  # the authors' code: He-normal convs (fan out), BN 1 and 0, zero linear bias
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        self.num_classes = num_classes
-        self.head.reset(num_classes, global_pool)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) -> (B, C, H / 4, W / 4), after the final BN-ReLU."""
-        return F.relu(self.norm(self.stages(self.stem(x))))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False):
-        """timm's feature API: the outputs of the groups in ``indices`` and ``forward_features``'s output;
-        ``norm`` applies the final BN-ReLU to the last group's map."""
-        allowed("output_fmt", output_fmt, ("NCHW",))
-        take, last = feature_take_indices(len(self.stages), indices)
-        intermediates = []
-        x = self.stem(x)
-        for i, stage in enumerate(self.stages[:last + 1] if stop_early else self.stages):
-            x = stage(x)
-            if i in take:
-                intermediates.append(F.relu(self.norm(x)) if norm and i == len(self.stages) - 1 else x)
-        if intermediates_only:
-            return intermediates
-        return F.relu(self.norm(x)), intermediates
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self.head(x, pre_logits=pre_logits)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        self._finish(chs, num_classes, global_pool, drop_rate)
 
 
-default_cfgs = generate_default_cfgs({"pyramidnet164_a48": dict(
-    url="", num_classes=10, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0, interpolation="bilinear",
-    mean=CIFAR_MEAN, std=CIFAR_STD, first_conv="stem.0", classifier="head.fc")})
+default_cfgs = generate_default_cfgs({"pyramidnet164_a48": cifar_cfg("stem.0")})
 
 
 @register_model
