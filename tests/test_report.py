@@ -508,7 +508,9 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     assert "95 % interval as error bars" in fig["caption"]
 
 
-def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
+def _tracked_deit_and_mait(tmp_path, monkeypatch):
+    """A DeiT and a MaiT study with a real SQLite MLflow backend and a run per variant and seed:
+    (params, client, experiment id, run ids by (variant, seed))."""
     import mlflow
 
     from locvit import tracking
@@ -520,7 +522,11 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
     params = make_params(variants)
     exp = tracking.setup(params["study"], tmp_path / "mlflow.db")
     client = mlflow.MlflowClient()
-    run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
+    return params, client, exp, {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
+
+
+def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
+    params, client, exp, run_ids = _tracked_deit_and_mait(tmp_path, monkeypatch)
     run_ids[("mait_3x3", 1)] = uuid.uuid4().hex  # a run the backend does not know (e.g. after dvc pull)
     make_study(tmp_path, params, run_ids=run_ids, analysed={"deit": [0], "mait_3x3": [0]})
     with caplog.at_level(logging.WARNING, logger="locvit"):
@@ -541,17 +547,7 @@ def test_variant_runs_carry_the_comparison(tmp_path, monkeypatch):
     """publish_tree logs a variant's results.csv row to its MLflow run: every numeric column arrives as a
     metric (the probability of improvement with its interval, the 90 % interval, the smallest margin), the
     Holm family and within-margin flag as tags."""
-    import mlflow
-
-    from locvit import tracking
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    variants = {v: VARIANTS[v] for v in ("deit", "mait_3x3")}
-    params = make_params(variants)
-    exp = tracking.setup(params["study"], tmp_path / "mlflow.db")
-    client = mlflow.MlflowClient()
-    run_ids = {(v, s): client.create_run(exp).info.run_id for v in variants for s in SEEDS}
+    params, client, exp, run_ids = _tracked_deit_and_mait(tmp_path, monkeypatch)
     make_study(tmp_path, params, run_ids=run_ids, analysed={})
     report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
     row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["mait_3x3"]
