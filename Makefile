@@ -59,9 +59,15 @@ sweep: install
 	$(BIN)/snakemake --cores all all --config params=presets/recipe_sweep.yaml
 	$(call publish,recipe_sweep,recipe,figures/curves.png)
 
+# `make efficiency` runs the preset (the anchors' protocol, same_images); `make efficiency PROTOCOL=same_epochs` the
+# same study at the recipe's epochs (benchmarks/efficiency_preset.py writes that params file), into the same
+# folder, so the full-data runs, the same under both, train once.
+PROTOCOL ?= same_images
+EFFICIENCY_PARAMS = $(if $(filter same_images,$(PROTOCOL)),presets/data_efficiency.yaml,results/data_efficiency_$(PROTOCOL).yaml)
 efficiency: install
-	$(BIN)/snakemake --cores all all --config params=presets/data_efficiency.yaml
-	$(call publish,data_efficiency,data_efficiency/same_images,figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
+	$(if $(filter same_images,$(PROTOCOL)),,$(BIN)/python benchmarks/efficiency_preset.py $(PROTOCOL) $(EFFICIENCY_PARAMS))
+	$(BIN)/snakemake --cores all all --config params=$(EFFICIENCY_PARAMS)
+	$(call publish,data_efficiency,data_efficiency/$(PROTOCOL),figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
 
 # $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
 # files named, Markdown without links to this machine's MLflow UI (benchmarks/publish.py)

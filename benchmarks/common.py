@@ -50,14 +50,15 @@ def median(values: list[float]) -> float:
 
 def commit() -> str | None:
     """The commit of the code that made a result: ``git rev-parse --short HEAD``, with ``+changes`` when
-    ``src/`` or ``benchmarks/`` differ from it; None outside a git checkout."""
+    ``src/`` or ``benchmarks/``' code differ from it (not its results, which a run is writing); None outside a
+    git checkout."""
     import subprocess
 
     root = RESULTS.parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks", ":!benchmarks/results"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -14,7 +14,9 @@ row each with the machine it records (CPU, its instruction set as torch used it,
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv); ``budgets`` the GPU
 check's sections, plans and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source);
-``tests`` each lane of ``make test`` (tests/durations.json, written by it): tests, outcomes, wall time, commit and machine.
+``tests`` each lane of ``make test`` (tests/durations.json, written by it): tests, outcomes, wall time, commit and machine;
+``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
+two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
 A figure inside a sentence is a value span that names its file and where in it the figure is::
 
     the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
@@ -329,6 +331,63 @@ def feed_lines(path: Path) -> list[list[str]]:
 
 FILE_RENDER = {"tests": test_lanes_lines, "budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
+def _side_label(path: Path) -> str:
+    """A side of a side-by-side table: its folder's name, with the instruction set its ``source.json`` records."""
+    import json
+
+    record = path.parent / "source.json"
+    isa = (json.loads(record.read_text()).get("machine") or {}).get("cpu_capability") if record.is_file() else None
+    return f"{path.parent.name} ({isa})" if isa else path.parent.name
+
+
+def _comparisons(path: Path) -> dict[tuple[str, str], dict]:
+    """A results.csv or a data-efficiency table as ``{(fraction, variant): row}``, each row with the cells a
+    side-by-side table shows: n, top-1 mean ± std, Δ with its 95 % interval, verdict."""
+    rows = list(csv.DictReader(path.open(newline="")))
+    if rows and "Variant" in rows[0]:  # report/tables/data_efficiency.csv: a column group per fraction
+        found = {}
+        for f in (k for k in rows[0] if k.endswith("% of train")):
+            for r in rows:
+                if r[f"{f} n"]:
+                    found[(f.replace(" of train", ""), r["Variant"])] = {
+                        "n": r[f"{f} n"], "mean": r[f], "std": r[f"{f} std"], "delta": r[f"{f} delta"],
+                        "low": r[f"{f} delta_ci95_low"], "high": r[f"{f} delta_ci95_high"], "verdict": r[f"{f} verdict"]}
+        return found
+    return {("", r["variant"]): {"n": r["n_seeds"], "mean": r["test_top1_mean"], "std": r["test_top1_std"],
+                                 "delta": r["delta_vs_baseline"], "low": r["delta_ci95_low"],
+                                 "high": r["delta_ci95_high"], "verdict": r["verdict"]} for r in read_results_csv(path)}
+
+
+def side_by_side_lines(sources: list[Path]) -> list[list[str]]:
+    """Two results of one study side by side (``A.csv,B.csv``: two machines' demos, or a data-efficiency study
+    under two protocols): per comparison each side's n, top-1, Δ with its 95 % interval and verdict, and
+    whether the verdicts agree. Both files must be of one kind (results.csv, or data_efficiency.csv)."""
+    if len(sources) != 2:
+        raise ValueError(f"a side_by_side table compares two files, given as A,B; got {len(sources)}")
+    sides = [_comparisons(p) for p in sources]
+    keys = [k for k in sides[0] if k in sides[1]] + [k for k in sides[1] if k not in sides[0]]
+    by_fraction = any(fraction for fraction, _ in keys)
+    lines = [[*(["train fraction"] if by_fraction else []), "variant"]]
+    for path in sources:
+        label = _side_label(path)
+        lines[0] += [f"{label}: n", "test top-1 (%)", "Δ [95% CI]", "verdict"]
+    lines[0].append("same verdict")
+
+    def cells(row: dict | None) -> list[str]:
+        if row is None:
+            return ["–"] * 4
+        mean = num(row["mean"]) + (f" ± {num(row['std'])}" if row["std"] else "")
+        delta = (f"{num(row['delta'], '+.2f')} [{num(row['low'], '+.2f')}, {num(row['high'], '+.2f')}]"
+                 if row["low"] else "–")
+        return [row["n"], mean, delta, row["verdict"] or "–"]
+
+    for key in keys:
+        a, b = (side.get(key) for side in sides)
+        same = "–" if a is None or b is None else "yes" if a["verdict"] == b["verdict"] else "**no**"
+        lines.append([*([key[0]] if by_fraction else []), key[1], *cells(a), *cells(b), same])
+    return lines
+
+
 def source_lines(path: Path) -> list[list[str]]:
     """Where a quoted result comes from: the machine and the commit its record names (a folder's
     ``source.json``, written by publish.py, or a result file's own fields); an older record that lacks
@@ -349,9 +408,16 @@ FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds th
 
 def render(kind: str, source: str) -> str:
     path = ROOT / source
-    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER:
+    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER and kind != "side_by_side":
         raise ValueError(f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
-                         f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER])}")
+                         f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, 'side_by_side'])}")
+    if kind == "side_by_side":
+        paths = [ROOT / part for part in source.split(",")]
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"{p.relative_to(ROOT)} (quoted by a '<!-- table: side_by_side ... -->' marker) "
+                                        "does not exist")
+        return as_markdown(side_by_side_lines(paths))
     if kind == "source" and path.is_file():
         return as_markdown(source_lines(path))
     if kind in FOLDER_RENDER:

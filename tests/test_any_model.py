@@ -77,6 +77,24 @@ def test_windows_that_do_not_divide_a_stage_are_refused_by_name():
     assert "kwargs.patch_size" in twins[0]
 
 
+@pytest.mark.usefixtures("cache_in_tmp")
+def test_a_pvt_reduction_larger_than_its_stages_grid_is_refused_by_name():
+    """PVT v1 pools a stage's keys with an R x R stride-R conv: a grid smaller than R fails at the first forward
+    pass, one not a multiple of R loses its last rows and columns; validate names the stage instead."""
+    fine = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {}}, 32, 10)  # grids 8, 4, 2, 1 and R 8, 4, 2, 1
+    assert fine == []
+    small = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {"sr_ratios": [8, 8, 2, 1]}}, 32, 10)
+    assert small == ["variants.p.kwargs: pvt_v1_tiny at img_size=32: stage 2: its 4x4 grid is smaller than its key "
+                     "reduction 8 (sr_ratios[1]); choose kwargs.sr_ratios dividing each stage's grid, or a larger "
+                     "image or smaller patch_size"]
+    uneven = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {"sr_ratios": [3, 4, 2, 1]}}, 32, 10)
+    assert len(uneven) == 1 and "stage 1: its 8x8 grid is not a multiple of its key reduction 3" in uneven[0]
+    model = models.create({"model": "pvt_v1_tiny", "model_kwargs": {"img_size": 32, "num_classes": 10,
+                                                                    "sr_ratios": [8, 8, 2, 1]}})
+    with pytest.raises(RuntimeError):  # what the check saves a study from: the first batch fails
+        model(torch.zeros(1, 3, 32, 32))
+
+
 # --- end to end ---------------------------------------------------------------------------------------
 
 SHAPE = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}

@@ -199,3 +199,47 @@ def test_the_model_table_is_what_the_models_count():
     model_table = benchmarks_module("model_table")
     committed = (REPO / "benchmarks" / "results" / "model_table.csv").read_text()
     assert model_table.as_csv(model_table.rows()) == committed, "run: python benchmarks/model_table.py"
+
+
+def _results_csv(path: Path, verdicts: dict[str, str]) -> Path:
+    """A results.csv with the columns summary_lines reads: a baseline and one row per compared variant."""
+    import csv
+
+    columns = ["variant", "n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high",
+               "reference", "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline", "p_holm",
+               "p_equivalence_holm", "mde80", "verdict", "mlflow_run_ids", "missing_seeds"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerow({"variant": "deit", "n_seeds": 3, "test_top1_mean": 97.0, "test_top1_std": 1.0, "verdict": "baseline"})
+        for name, verdict in verdicts.items():
+            w.writerow({"variant": name, "n_seeds": 3, "test_top1_mean": 98.5, "test_top1_std": 0.5, "reference": "deit",
+                        "delta_vs_baseline": 1.5, "delta_ci95_low": 0.25, "delta_ci95_high": 2.75, "mde80": 2.0,
+                        "verdict": verdict})
+    return path
+
+
+def test_a_side_by_side_table_says_where_two_runs_verdicts_differ(tmp_path):
+    """Two machines' demos (or two protocols' data-efficiency tables) side by side: each comparison's numbers
+    from both files, the instruction set a folder's source.json records in its label, and 'no' where the
+    verdicts differ; a data-efficiency table keeps one row per fraction and variant."""
+    import csv
+    import json
+
+    doc_tables = benchmarks_module("doc_tables")
+    a = _results_csv(tmp_path / "demo" / "results.csv", {"lsa": "better", "ibit": "undecided"})
+    b = _results_csv(tmp_path / "demo_avx2" / "results.csv", {"lsa": "undecided", "ibit": "undecided"})
+    (b.parent / "source.json").write_text(json.dumps({"machine": {"cpu_capability": "AVX2"}}))
+    lines = doc_tables.side_by_side_lines([a, b])
+    assert lines[0][1] == "demo: n" and lines[0][5] == "demo_avx2 (AVX2): n" and lines[0][-1] == "same verdict"
+    assert [line[0] for line in lines[1:]] == ["deit", "lsa", "ibit"]
+    assert lines[2] == ["lsa", "3", "98.50 ± 0.50", "+1.50 [+0.25, +2.75]", "better",
+                        "3", "98.50 ± 0.50", "+1.50 [+0.25, +2.75]", "undecided", "**no**"]
+    assert lines[3][-1] == "yes" and lines[1][-1] == "yes"
+    efficiency = REPO / "docs" / "data_efficiency" / "same_epochs" / "data_efficiency.csv"
+    both = doc_tables.side_by_side_lines([efficiency, efficiency])
+    assert both[0][:2] == ["train fraction", "variant"] and {line[-1] for line in both[1:]} == {"yes"}
+    assert len(both) == len(doc_tables.efficiency_lines(list(csv.DictReader(efficiency.open()))))
+    with pytest.raises(ValueError, match="two files"):
+        doc_tables.side_by_side_lines([a])

@@ -121,7 +121,7 @@ def dvc_plans(work: Path, dvc: str, env: dict) -> tuple[set[str], list[str]]:
 def test_provenance_follows_the_work_not_the_path(studied, tmp_path):
     """What Snakemake and DVC record of the study holds no path of this machine's (the interpreter runs the
     jobs through the environment, a job's code is a digest of its source), so: (a) the same interpreter by
-    another path plans nothing; (b) the checkout moved with its results and records, run there through the
+    another path, or the params file by its absolute path, plans nothing; (b) the checkout moved with its results and records, run there through the
     venv linked at another path, plans nothing; (c) a change to the report's code alone (in the moved copy,
     whose src is first on PYTHONPATH: what its jobs run) plans the report and nothing else, under Snakemake
     and DVC."""
@@ -137,6 +137,8 @@ def test_provenance_follows_the_work_not_the_path(studied, tmp_path):
         assert python.is_file() and python != Path(sys.executable)
         assert planned(studied, (str(python), "-m", "snakemake")) == {}, python
     assert dvc_plans(studied, str(venv / "bin" / "dvc"), linked) == (set(), [])
+    # (a') the study's params file by its absolute path (the report logs it to MLflow, so no rule param holds it)
+    assert planned(studied, (SNAKEMAKE, "--config", f"params={studied / 'params.yaml'}")) == {}
     # (b) the checkout copied elsewhere with its results, .snakemake/ and .dvc/, run through the linked venv
     moved = tmp_path / "moved"
     shutil.copytree(studied, moved, symlinks=True)

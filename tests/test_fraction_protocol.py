@@ -169,3 +169,27 @@ def test_the_presets_budget_keeps_make_efficiency_under_an_hour():
     raw = yaml.safe_load((REPO / "presets" / "data_efficiency.yaml").read_text())
     raw["seed_budget"]["full_runs"] = 4
     assert estimate_minutes(validate_params(raw, check_models=False)) > 60
+
+
+def test_make_efficiency_protocol_writes_the_preset_under_that_protocol(tmp_path):
+    """`make efficiency PROTOCOL=same_epochs`'s params file: the preset with the other protocol and the
+    equal-epochs budget (more seeds at the smaller fractions, at most 10); its full-data runs are the
+    preset's, so the two protocols share them."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import efficiency_preset
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    out = tmp_path / "same_epochs.yaml"
+    sys.argv = ["efficiency_preset.py", "same_epochs", str(out)]
+    efficiency_preset.main()
+    epochs = load_params(out, check_models=False)
+    images = load_params(REPO / "presets" / "data_efficiency.yaml", check_models=False)
+    assert epochs["fraction_protocol"] == "same_epochs" and epochs["seed_budget"] == {"full_runs": 1, "max_seeds": 10}
+    assert {v: len(variant_seeds(epochs, v)) for v in ("deit_10pct", "deit_25pct", "deit_50pct", "deit")} == \
+        {"deit_10pct": 10, "deit_25pct": 4, "deit_50pct": 3, "deit": 3}
+    assert run_config(epochs, "deit", 0) == run_config(images, "deit", 0)
+    assert run_config(epochs, "deit_10pct", 0)["train"]["epochs"] == 25
+    assert run_config(images, "deit_10pct", 0)["train"]["epochs"] == 250

@@ -97,3 +97,16 @@ def test_given_their_config_files_the_jobs_read_no_params_file(tmp_path, tiny_pa
                  "--tracking-db", str(layout.tracking_db)]) == 0
     assert Path(layout.report_file("md")).is_file()
     assert "throughput of 2 variant(s)" in capsys.readouterr().out
+
+
+def test_the_reports_tables_keep_the_order_of_params(tiny_params, tmp_path):
+    """The config file's keys are sorted (its content is what re-runs a job); its ``order`` keeps params.yaml's
+    order of the variants, which the report's tables follow (the baseline need not sort first)."""
+    from locvit.job_configs import encode
+    from locvit.report.study import load_study
+
+    names = list(tiny_params["variants"])
+    reordered = {**tiny_params, "variants": {n: tiny_params["variants"][n] for n in reversed(names)}}
+    written = json.loads(encode(report_config(reordered)))
+    assert list(written["variants"]) == sorted(names) and written["order"] == names[::-1]
+    assert list(load_study(JobConfig(written, "report config"), tmp_path).variants) == names[::-1]

@@ -83,6 +83,7 @@ def report_config(params: dict, runs: dict | None = None) -> dict:
         "data": {"source": params["data"]["source"], "train_fraction": params["data"]["train_fraction"]},
         "profile_batch": params["analysis"]["profile_batch"], "ui_url": params["tracking"]["ui_url"],
         "fraction_protocol": params["fraction_protocol"],  # the captions say how the fractions trained
+        "order": list(params["variants"]),  # the tables' row order: params.yaml's (the file's keys are sorted)
         "variants": {v: {"model": c["model"], "description": params["variants"][v].get("description", ""),
                          "seeds": variant_seeds(params, v), "train_fraction": c["data"]["train_fraction"],
                          "base": params["variants"][v].get("base", v), "model_kwargs": c["model_kwargs"],

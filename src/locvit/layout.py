@@ -37,6 +37,10 @@ SEARCH_TABLE = {"md": "mask_search.md", "json": "mask_search.json"}
 ROUND_FILES = {"spec": "spec.json", "eval": "eval.json", "analysis": "analysis.json", "maps": "analysis.npz",
                "profile": "profile.json"}
 TRACKING_DB = "mlflow.db"
+#: The environment variable the workflow hands the study's params file in, for the report to log to MLflow as
+#: it is. Not a rule param: the same study started with another path to its params file re-runs nothing
+#: (the report reads its job config; what it logs is a copy for the reader).
+STUDY_PARAMS_ENV = "LOCVIT_STUDY_PARAMS"
 ARTIFACTS = "mlartifacts"  # beside the tracking database
 
 

@@ -6,7 +6,7 @@ import sys
 
 from locvit.run_config import seed_sets, train_resources, variant_fraction, variant_seeds
 from locvit.job_configs import write_job_configs
-from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, RunFiles, StudyLayout
+from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, STUDY_PARAMS_ENV, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit.train import gpus, launch
 from locvit.versioning import code_digest
@@ -44,6 +44,9 @@ TRACKING_DB = str(LAYOUT.tracking_db)
 # How often training samples MLflow's system metrics, handed to the jobs (local or sbatch) in the environment:
 # a rule param would make Snakemake retrain every run when it changes, and it changes no result.
 os.environ[SYSTEM_METRICS_ENV] = str(P["tracking"]["system_metrics_s"])
+# The study's params file, logged by the report as it is, in the environment too: as a param, another path to
+# the same file (absolute, relative, a symlink) would re-run the report.
+os.environ[STUDY_PARAMS_ENV] = os.path.abspath(PARAMS_FILE)
 VARIANTS = list(P["variants"])
 # Variants grouped by their seeds (seed_budget gives smaller training fractions more): the per-variant
 # rules (train per_variant, evaluate, analyse) are defined once per group, as their outputs list the seeds.

@@ -24,12 +24,11 @@ rule report:
     params:
         code=code_digest("report"),  # the source its command runs (locvit.versioning)
         locvit=LOCVIT,
-        params_file=PARAMS_FILE,  # not read: logged to the study's MLflow run as it is
         study_dir=study_dir,
         out_dir=report_dir,
         tracking_db=TRACKING_DB,
     log:
         str(LAYOUT.log_file("report")),
     shell:
-        "{params.locvit} report --report-config {input.config:q} --params {params.params_file:q} --study-dir {params.study_dir:q}"
+        "{params.locvit} report --report-config {input.config:q} --params \"$LOCVIT_STUDY_PARAMS\" --study-dir {params.study_dir:q}"
         " --out-dir {params.out_dir:q} --tracking-db {params.tracking_db:q} > {log:q} 2>&1"

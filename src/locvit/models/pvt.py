@@ -284,8 +284,24 @@ def _sites(model: PyramidVisionTransformer) -> list[AttentionSite]:
             for stage in model.stages for block in stage.blocks]
 
 
+def reduction_problems(model: PyramidVisionTransformer) -> list[str]:
+    """Stages whose grid is smaller than their key reduction ``R`` (the ``R x R`` stride-``R`` conv cannot pool
+    it: the first forward pass fails) or not a multiple of it (the conv drops the grid's last rows and
+    columns from the keys)."""
+    problems = []
+    for i, stage in enumerate(model.stages):
+        (h, w), sr = stage.feat_size, stage.blocks[0].attn.sr
+        r = sr.kernel_size[0] if sr is not None else 1
+        if h % r or w % r:
+            problems.append(f"stage {i + 1}: its {h}x{w} grid is {'smaller than' if min(h, w) < r else 'not a multiple of'} "
+                            f"its key reduction {r} (sr_ratios[{i}]); choose kwargs.sr_ratios dividing each stage's "
+                            f"grid, or a larger image or smaller patch_size")
+    return problems
+
+
 register_family(Family("pvt_v1", "PVT", PyramidVisionTransformer, "none in the attention: global attention over "
                        "keys pooled by a strided conv (8x8, 4x4, 2x2 cells of the grid in stages 1-3); a "
-                       "pyramid of shrinking grids", _blocks, _sites, models=("pvt_v1_",), kinds=(POOLED, SOFTMAX)))
+                       "pyramid of shrinking grids", _blocks, _sites, models=("pvt_v1_",), kinds=(POOLED, SOFTMAX),
+                       check=reduction_problems))
 
 __all__ = ["PyramidVisionTransformer", "PvtBlock", "PvtStage", "read_sra", "CIFAR", "SIZES"]

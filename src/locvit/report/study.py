@@ -412,7 +412,8 @@ def load_study(config: dict, study_dir: str | Path) -> Study:
     study_dir = Path(study_dir)
     layout = StudyLayout(study_dir)
     variants = {}
-    for name, spec in config["variants"].items():
+    for name in config["order"]:  # params.yaml's order: the tables' rows
+        spec = config["variants"][name]
         seeds = list(spec["seeds"])
         v = Variant(name, spec["model"], spec["description"], spec["recipe"], seeds, spec["train_fraction"],
                     spec["base"], spec["model_kwargs"], spec["model_modules"])
