@@ -228,11 +228,13 @@ def test_train_deterministic_defaults_off_and_refuses_text(raw_tiny, tiny_params
     assert "variants.deit_a.train.deterministic: 'true' is not of type 'boolean'" in str(info.value)
 
 
-def test_set_deterministic_sets_every_switch_and_off_touches_none(global_determinism):
+def test_set_deterministic_sets_every_switch_and_off_turns_them_off(global_determinism):
     set_deterministic(False)
-    assert _determinism() == (False, False, True, None)  # as the fixture left them: nothing changed
+    assert _determinism() == (False, False, True, None)  # as the fixture left them
     set_deterministic(True)
     assert _determinism() == (True, True, False, ":4096:8")
+    set_deterministic(False)  # the next run in the same process, without the key: torch's fast kernels again
+    assert _determinism()[:2] == (False, False)
 
 
 def test_set_deterministic_keeps_a_workspace_config_already_set(global_determinism, monkeypatch):

@@ -42,22 +42,25 @@ class Compute:
 
 
 def set_deterministic(enabled: bool) -> None:
-    """Deterministic kernels for this process (``train.deterministic``); ``False`` changes nothing.
+    """Deterministic kernels for this process's next run (``train.deterministic``), on or off.
 
     On CUDA a run repeats bitwise only with these: the attention (SDPA) and index_select
-    backward passes otherwise add with atomics, in no fixed order. Call before the process's
-    first CUDA work (:func:`locvit.train.loop.train_run` calls it at the start of each run;
-    again is harmless). An op with no deterministic kernel then raises torch's own error
-    naming it. On CPU the kernels are deterministic already, so runs repeat without this.
+    backward passes otherwise add with atomics, in no fixed order. Call before the run's
+    first CUDA work (:func:`locvit.train.loop.train_run` calls it at the start of each run).
+    An op with no deterministic kernel then raises torch's own error naming it. ``False`` turns
+    off what ``True`` turned on, so a run without the key after one with it in the same process
+    (the mask search's rounds, a notebook) gets torch's fast kernels again; cuDNN's benchmark is
+    :func:`locvit.precision.set_backends`' to set. On CPU the kernels are deterministic already, so
+    runs repeat without this.
     """
-    if not enabled:
-        return
-    # cuBLAS reads this when it first initialises (the process's first CUDA matmul), so it must be
-    # set before then; without it use_deterministic_algorithms makes cuBLAS calls raise.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing: another pick per run
+    if enabled:
+        # cuBLAS reads this when it first initialises (the process's first CUDA matmul), so it must be
+        # set before then; without it use_deterministic_algorithms makes cuBLAS calls raise. Left set when
+        # turned off: cuBLAS has read it by then, and it changes no result.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False  # benchmarking picks kernels by timing: another pick per run
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.deterministic = enabled
 
 
 def cosine_schedule(step: int, total_steps: int, warmup_steps: int, lr: float, min_lr: float) -> float:
