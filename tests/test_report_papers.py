@@ -106,16 +106,48 @@ def test_the_paper_columns_come_after_ours_and_only_matching_rows_fill_them(tabl
 
 def test_every_paper_value_names_its_paper_table_row_and_dataset():
     rows = reported()
-    assert {(r["paper"], r["table"]) for r in rows} == {("LSA", 3), ("LSA", 4), ("MaiT", 4)}
+    assert {(r["paper"], r["table"]) for r in rows} == {("LSA", 3), ("LSA", 4), ("MaiT", 4), ("IBiT", 3), ("IBiT", 4)}
     assert all(r["dataset"] in ("cifar10", "cifar100", "imagenet") and r["row"] for r in rows)
     keys = [(r["paper"], r["table"], r["row"], r["dataset"]) for r in rows]
     assert len(keys) == len(set(keys))
-    # LSA Table 3 has 17 rows on two datasets, LSA Table 4 16, MaiT Table 4 20
-    assert len(rows) == 17 * 2 + 16 + 20
+    # LSA Table 3 has 17 rows on two datasets, LSA Table 4 16, MaiT Table 4 20, IBiT Table 3 4, IBiT Table 4 3
+    assert len(rows) == 17 * 2 + 16 + 20 + 4 + 3
+
+
+def _decimals(value) -> int:
+    return len(repr(value).partition(".")[2]) if isinstance(value, float) else 0
+
+
+def test_the_ibit_rows_are_registered_models_of_the_papers_size():
+    """IBiT Tables 3 and 4 (ImageNet-1k): each row's model is a registered entrypoint, and built as the pipeline
+    builds it (224 px, 1000 classes, the row's keywords; on the meta device) it has the paper's parameters at the
+    paper's precision (its "6M" is 5.5 to 6.5M)."""
+    import timm
+    import torch
+
+    import locvit.models
+
+    rows = [r for r in reported() if r["paper"] == "IBiT"]
+    assert {(r["table"], r["row"]) for r in rows} == {
+        (3, "IBiT (Ours)"), (3, "DeiT"), (3, "DeiT (Our Reproduction)"), (3, "ConViT"),
+        (4, "A (IBiT)"), (4, "B"), (4, "C (DeiT)")}
+    assert all(r["dataset"] == "imagenet" and r["model"] for r in rows)
+    for r in rows:
+        assert timm.is_model(r["model"]), f"{r['row']}: {r['model']} is not a registered entrypoint"
+    sized = [r for r in rows if r.get("params_m") is not None]
+    assert {r["table"] for r in sized} == {3}  # Table 4 gives top-1 only
+    for r in sized:
+        with torch.device("meta"):
+            model = locvit.models.create({"model": r["model"], "model_kwargs": {
+                "img_size": 224, "num_classes": 1000, **(r.get("kwargs") or {})}})
+        ours = sum(p.numel() for p in model.parameters()) / 1e6
+        half_unit = 0.5 * 10 ** -_decimals(r["params_m"])
+        assert abs(ours - r["params_m"]) <= half_unit, f"IBiT Table 3 {r['row']}: {r['model']} has {ours:.2f}M"
 
 
 @pytest.mark.parametrize("preset, paper, not_in_the_table",
-                         [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()), ("mait_sota", "MaiT", {"deit_t"})])
+                         [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()), ("mait_sota", "MaiT", {"deit_t"}),
+                          ("ibit_imagenet", "IBiT", set())])
 def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, not_in_the_table):
     """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
     data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""
