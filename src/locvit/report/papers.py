@@ -15,10 +15,11 @@ need only the family (IBiT's) fall back to the model name.
 - IBiT Table 3: IBiT vs DeiT vs ConViT; IBiT Table 4: learned masks x CutMix.
 - Data efficiency: top-1 by training fraction (IBiT's data-fraction runs), from train_fractions.
 
-MaiT Table 4 and LSA Table 3 also show the paper's own numbers beside every variant that is a model
-of the paper's table on the paper's dataset (:mod:`locvit.report.reported`): after the table's
-columns, the paper's row, and per number the paper gives (top-1, params, GFLOPs, throughput) its
-value and ours minus it.
+MaiT Table 4, LSA Table 3 and IBiT Tables 3 and 4 also show the paper's own numbers beside every
+variant that is a model of the paper's table on the paper's dataset (:mod:`locvit.report.reported`):
+after the table's columns, the paper's row, and per number the paper gives (top-1, params, GFLOPs,
+throughput) its value and ours minus it. IBiT's rows also name whether their model trained with
+CutMix, and match only a variant whose recipe agrees (Table 4's rows A and B are one model).
 """
 
 from __future__ import annotations
@@ -197,11 +198,13 @@ def mait_table4(study: Study) -> Table | str:
 
 
 def _beside_the_paper(study: Study, paper: str, variants: list[Variant], rows: list[list], header: list[str],
-                      formats: dict[int, str], notes: list[str], ours: Callable[[Variant, list], dict]):
+                      formats: dict[int, str], notes: list[str], ours: Callable[[Variant, list], dict],
+                      table: int | None = None):
     """Append ``paper``'s columns to ``rows`` (one per variant, in order) where a variant is a model of the
-    paper's tables on the study's dataset (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``:
-    our value of each quantity. Returns the new header and formats; nothing changes when no variant matches."""
-    found = [paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction)
+    paper's tables (of its ``table``, when given) on the study's dataset, trained with the recipe the row names
+    (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``: our value of each quantity. Returns the new
+    header and formats; nothing changes when no variant matches."""
+    found = [paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction, v.recipe, table)
              for v in variants]
     if not any(found):
         return header, formats
@@ -276,8 +279,14 @@ def ibit_table3(study: Study) -> Table | str:
         return "needs an IBiT variant and a DeiT or ConViT variant"
     rows = [[v.display, v.name, study.acc(v), _params_m(v)] for v in chosen]
     caption = "IBiT against DeiT and ConViT: test top-1 and parameters."
-    return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption,
-                 ["Model type", "Variant", "Top-1 (%)", "#Params (M)"], rows, [f"{ACC_NOTE}."], {3: ".3f"})
+    notes = [f"{ACC_NOTE}."]
+    header, formats = _beside_the_paper(study, "IBiT", chosen, rows, ["Model type", "Variant", "Top-1 (%)",
+                                                                      "#Params (M)"], {3: ".3f"}, notes,
+                                        lambda v, row: dict(top1=row[2].mean, params_m=row[3]), table=3)
+    if len(header) > 4:
+        notes.append("The paper trains IBiT without CutMix and DeiT with it: an IBiT variant trained with CutMix, "
+                     "or a DeiT without, has no paper row here (the paper's Table 4 has IBiT with CutMix).")
+    return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption, header, rows, notes, formats)
 
 
 def ibit_table4(study: Study) -> Table | str:
@@ -289,9 +298,15 @@ def ibit_table4(study: Study) -> Table | str:
              v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, study.acc(v)] for i, v in enumerate(chosen)]
     caption = ("The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
                "CutMix (and MixUp), from each variant's resolved recipe.")
-    return Table("ibit_table4", "IBiT Table 4: learned masks and CutMix", caption,
-                 ["Configuration", "Variant", "Learnable masks", "CutMix", "MixUp", "Top-1 (%)"], rows,
-                 [f"{ACC_NOTE}."])
+    notes = [f"{ACC_NOTE}."]
+    header, formats = _beside_the_paper(
+        study, "IBiT", chosen, rows, ["Configuration", "Variant", "Learnable masks", "CutMix", "MixUp", "Top-1 (%)"],
+        {}, notes, lambda v, row: dict(top1=row[5].mean), table=4)
+    if len(header) > 6:
+        notes.append("The paper's row is the one with the variant's model (learned masks or not) and CutMix (on when "
+                     "the recipe's cutmix is > 0); the paper's Table 4 says nothing of MixUp, so it is not matched. "
+                     "Our configuration letters follow our variants, the paper's row its own.")
+    return Table("ibit_table4", "IBiT Table 4: learned masks and CutMix", caption, header, rows, notes, formats)
 
 
 def data_efficiency(study: Study) -> Table | str:

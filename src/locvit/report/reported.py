@@ -1,7 +1,8 @@
 """The papers' reported numbers (``papers_reported.yaml``, package data) and the rows of a study they match.
 
 The paper-shaped tables (:mod:`locvit.report.papers`) put a paper's numbers beside each variant that
-is the paper's model on the paper's dataset: :func:`paper_row` finds the row, :func:`paper_cells` gives
+is the paper's model on the paper's dataset (and, where a row says, trained with or without CutMix as the
+paper's): :func:`paper_row` finds the row, :func:`paper_cells` gives
 its cells (the paper's value and ours minus it) for the columns a table shows.
 """
 
@@ -22,7 +23,11 @@ SETTING_KEYS = frozenset({"img_size", "num_classes", "in_chans", "patch_size", "
 #: The numbers a row may give, in column order: (key, column label, format of the value and of Δ).
 QUANTITIES = (("top1", "top-1 (%)", ".2f"), ("params_m", "params (M)", ".2f"), ("gflops", "GFLOPs", ".1f"),
               ("throughput", "throughput (img/s)", ".1f"))
-FIELDS = {"paper", "table", "row", "dataset", "model", "kwargs", "layers"} | {q[0] for q in QUANTITIES}
+#: Recipe conditions a row may set: key -> what it means of the variant's recipe (``Variant.recipe``,
+#: job_configs.REPORT_RECIPE_KEYS). ``cutmix: true``: the row is of a model trained with CutMix (alpha > 0).
+RECIPE_FIELDS = {"cutmix": lambda recipe: recipe["cutmix"] > 0}
+FIELDS = ({"paper", "table", "row", "dataset", "model", "kwargs", "layers"} | {q[0] for q in QUANTITIES}
+          | set(RECIPE_FIELDS))
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,19 +41,28 @@ def reported() -> tuple[dict, ...]:
             raise InputError(f"papers_reported.yaml: rows[{i}] ({row}): needs paper (one of "
                              f"{', '.join(data['papers'])}), table, row and dataset; unknown keys: "
                              f"{', '.join(sorted(unknown)) or 'none'}; allowed keys: {', '.join(sorted(FIELDS))}")
+        for key in set(RECIPE_FIELDS) & set(row):
+            if not isinstance(row[key], bool):
+                raise InputError(f"papers_reported.yaml: rows[{i}] ({row['paper']} Table {row['table']}: "
+                                 f"{row['row']}): {key} must be true or false, not {row[key]!r}")
     return rows
 
 
-def paper_row(paper: str, model: str, kwargs: dict, dataset: str, train_fraction: float = 1.0) -> dict | None:
-    """The first row of ``paper`` that is ``model`` built with ``kwargs`` on all of ``dataset`` (module and
-    data-file docstrings), or None."""
+def paper_row(paper: str, model: str, kwargs: dict, dataset: str, train_fraction: float = 1.0,
+              recipe: dict | None = None, table: int | None = None) -> dict | None:
+    """The first row of ``paper`` (of its ``table``, when given) that is ``model`` built with ``kwargs`` on all
+    of ``dataset`` (module and data-file docstrings), or None. A row that sets a recipe condition
+    (:data:`RECIPE_FIELDS`, e.g. ``cutmix``) matches only a ``recipe`` (the variant's) that meets it; without
+    a recipe such a row never matches."""
     if train_fraction < 1:
         return None
     own = {k: v for k, v in kwargs.items() if k not in SETTING_KEYS}
     for row in reported():
         listed = row.get("kwargs") or {}
         if (row["paper"], row["dataset"], row["model"]) == (paper, dataset, model) and \
-                all(k in listed and listed[k] == v for k, v in own.items()):
+                table in (None, row["table"]) and all(k in listed and listed[k] == v for k, v in own.items()) and \
+                all(recipe is not None and test(recipe) == row[key] for key, test in RECIPE_FIELDS.items()
+                    if key in row):
             return row
     return None
 
