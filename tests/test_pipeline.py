@@ -386,13 +386,13 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
     assert "results/data_efficiency/data_25pct/train.beton" in job
     assert params["variants"]["deit_25pct"]["train_fraction"] == 0.25
     assert params["variants"]["deit"]["train_fraction"] == 1.0
-    # fraction_protocol same_images: a fraction f trains 25 / f epochs, and seed_budget {full_runs: 3} gives every
-    # fraction the study's 3 seeds (each a full run's images), so one rule trains every variant
+    # fraction_protocol same_images: a fraction f trains 25 / f epochs, and seed_budget {full_runs: 4} gives every
+    # fraction 4 seeds (each a full run's images: the study's 3 and one more), so one rule trains every variant
     assert run_config(params, "deit_25pct", 0)["train"]["epochs"] == 100
     assert run_config(params, "deit_10pct", 0)["train"]["epochs"] == 250
     assert run_config(params, "deit", 0)["train"]["epochs"] == 25
-    assert job.startswith("train:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(3))
-    assert all(params["variants"][v]["seeds"] == [0, 1, 2] for v in params["variants"])
+    assert job.startswith("train:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(4))
+    assert all(params["variants"][v]["seeds"] == [0, 1, 2, 3] for v in params["variants"])
     planned = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
                if re.match(r"^(train|evaluate|analyse)\w* +\d+$", line)}
     assert planned == {rule: 20 for rule in ("train", "evaluate", "analyse")}
