@@ -49,23 +49,25 @@ OPS = {"len": len, "min": min, "max": max, "sum": sum, "mean": lambda xs: sum(xs
        "pct": lambda x: 100 * x, "minutes": lambda x: x / 60}
 
 
+def _by_fraction(rows: list[dict]):
+    """A data-efficiency CSV's (fraction column, row) pairs that hold runs, fraction by fraction."""
+    for f in (k for k in rows[0] if k.endswith("% of train")):
+        yield from ((f, r) for r in rows if r[f"{f} n"])
+
+
 def efficiency_lines(rows: list[dict]) -> list[list[str]]:
     """A data-efficiency CSV (one row per variant, a column group per fraction) as one line per
     fraction and variant: n, mean ± std, interval, Δ to the baseline at that fraction, MDE, verdict."""
-    fractions = [k for k in rows[0] if k.endswith("% of train")]
     lines = [["train fraction", "variant", "n", "test top-1 (%)", "95% CI", "Δ vs reference", "Δ 95% CI", "MDE",
               "verdict"]]
-    for f in fractions:
-        for r in rows:
-            if not r[f"{f} n"]:
-                continue
-            mean = num(r[f]) + (f" ± {num(r[f'{f} std'])}" if r[f"{f} std"] else "")
-            ci = f"[{num(r[f'{f} ci95_low'])}, {num(r[f'{f} ci95_high'])}]" if r[f"{f} ci95_low"] else "–"
-            delta = f"{num(r[f'{f} delta'], '+.2f')} vs {r[f'{f} reference']}" if r[f"{f} reference"] else "–"
-            dci = (f"[{num(r[f'{f} delta_ci95_low'], '+.2f')}, {num(r[f'{f} delta_ci95_high'], '+.2f')}]"
-                   if r[f"{f} delta_ci95_low"] else "–")
-            lines.append([f.replace(" of train", ""), r["Variant"], r[f"{f} n"], mean, ci, delta, dci,
-                          num(r[f"{f} mde80"]), r[f"{f} verdict"] or "–"])
+    for f, r in _by_fraction(rows):
+        mean = num(r[f]) + (f" ± {num(r[f'{f} std'])}" if r[f"{f} std"] else "")
+        ci = f"[{num(r[f'{f} ci95_low'])}, {num(r[f'{f} ci95_high'])}]" if r[f"{f} ci95_low"] else "–"
+        delta = f"{num(r[f'{f} delta'], '+.2f')} vs {r[f'{f} reference']}" if r[f"{f} reference"] else "–"
+        dci = (f"[{num(r[f'{f} delta_ci95_low'], '+.2f')}, {num(r[f'{f} delta_ci95_high'], '+.2f')}]"
+               if r[f"{f} delta_ci95_low"] else "–")
+        lines.append([f.replace(" of train", ""), r["Variant"], r[f"{f} n"], mean, ci, delta, dci,
+                      num(r[f"{f} mde80"]), r[f"{f} verdict"] or "–"])
     return lines
 
 
@@ -345,14 +347,10 @@ def _comparisons(path: Path) -> dict[tuple[str, str], dict]:
     side-by-side table shows: n, top-1 mean ± std, Δ with its 95 % interval, verdict."""
     rows = list(csv.DictReader(path.open(newline="")))
     if rows and "Variant" in rows[0]:  # report/tables/data_efficiency.csv: a column group per fraction
-        found = {}
-        for f in (k for k in rows[0] if k.endswith("% of train")):
-            for r in rows:
-                if r[f"{f} n"]:
-                    found[(f.replace(" of train", ""), r["Variant"])] = {
-                        "n": r[f"{f} n"], "mean": r[f], "std": r[f"{f} std"], "delta": r[f"{f} delta"],
-                        "low": r[f"{f} delta_ci95_low"], "high": r[f"{f} delta_ci95_high"], "verdict": r[f"{f} verdict"]}
-        return found
+        return {(f.replace(" of train", ""), r["Variant"]): {
+            "n": r[f"{f} n"], "mean": r[f], "std": r[f"{f} std"], "delta": r[f"{f} delta"],
+            "low": r[f"{f} delta_ci95_low"], "high": r[f"{f} delta_ci95_high"], "verdict": r[f"{f} verdict"]}
+            for f, r in _by_fraction(rows)}
     return {("", r["variant"]): {"n": r["n_seeds"], "mean": r["test_top1_mean"], "std": r["test_top1_std"],
                                  "delta": r["delta_vs_baseline"], "low": r["delta_ci95_low"],
                                  "high": r["delta_ci95_high"], "verdict": r["verdict"]} for r in read_results_csv(path)}

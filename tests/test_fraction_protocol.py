@@ -177,11 +177,9 @@ def test_make_efficiency_protocol_writes_the_preset_under_that_protocol(tmp_path
     preset's, so the two protocols share them."""
     import sys
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import efficiency_preset
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from helpers import benchmarks_module
+
+    efficiency_preset = benchmarks_module("efficiency_preset")
     out = tmp_path / "same_epochs.yaml"
     sys.argv = ["efficiency_preset.py", "same_epochs", str(out)]
     efficiency_preset.main()
