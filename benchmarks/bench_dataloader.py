@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import alternate, median, write_result
+from benchmarks.common import alternate, median, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 RAW = 1  # FFCV's mode of an image stored raw (ffcv.fields.rgb_image.IMAGE_MODES['raw']; 0 is JPEG)
@@ -229,7 +229,7 @@ def loaders_child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_dataloader", "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"child {spec.get('part')} failed (exit {proc.returncode}); its stderr is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])

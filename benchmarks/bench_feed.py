@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from bench_dataloader import RAW, BetonImages, GeneratedSource, Steps, torch_loader
-from common import SHAPES, alternate, median, write_result
+from benchmarks.common import SHAPES, alternate, median, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT's
 DEIT_RA = "rand-m9-mstd0.5-inc1"
@@ -273,7 +273,7 @@ def main() -> None:
         sets = write_data(Path(tmp), args.images32, args.images224)
         for name, d in sets.items():
             spec = dict(dataset=d, repeats=args.repeats, workers=workers, threads=args.threads, **shapes[name])
-            proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), sys.executable, __file__, "--child",
+            proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "benchmarks.bench_feed", "--child",
                                    json.dumps(spec)], stdout=subprocess.PIPE, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed (exit {proc.returncode}); its stderr is above")

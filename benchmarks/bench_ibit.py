@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import locvit.models  # noqa: F401
-from common import step_ratios, write_result
+from benchmarks.common import step_ratios, write_result
 
 CASES = {
     "ibit_frobenius": ("ibit_tiny_patch16_224", dict(normalize="frobenius")),

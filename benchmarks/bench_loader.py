@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
+from benchmarks.common import write_result
 
 
 def child(train: str, val: str, jit: bool, epochs: int) -> dict:
@@ -58,7 +58,7 @@ def main() -> None:
         paths = {s: Path(tmp) / f"{s}.beton" for s in ("train", "val", "test")}
         prepare(data, paths, Path(tmp) / "manifest.json")
         for name, jit in (("jit", "1"), ("no_jit", "0")):
-            out = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--child",
+            out = subprocess.run([sys.executable, "-m", "benchmarks.bench_loader", "--epochs", str(args.epochs), "--child",
                                   str(paths["train"]), str(paths["val"]), jit],
                                  check=True, capture_output=True, text=True).stdout
             results[name] = json.loads(out.strip().splitlines()[-1])

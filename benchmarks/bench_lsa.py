@@ -18,7 +18,7 @@ import timm
 import torch
 
 import locvit.models  # noqa: F401
-from common import alternate, median, write_result
+from benchmarks.common import alternate, median, write_result
 from locvit.models.baselines import CIFAR_32
 from locvit.models.lsa import LSABlock
 

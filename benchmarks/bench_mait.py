@@ -13,7 +13,7 @@ import argparse
 import torch
 
 import locvit.models  # noqa: F401
-from common import step_ratios, write_result
+from benchmarks.common import step_ratios, write_result
 
 CASES = {
     "multiply_sch1": dict(masked_heads="sch1", mask_type="hard", mask_mode="multiply"),

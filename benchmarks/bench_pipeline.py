@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from bench_tracking import sampler_cost
-from common import alternate, median, write_result
-from publish import publish
+from benchmarks.common import alternate, median, write_result
+from doctools.publish import publish
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from common import write_result
+from benchmarks.common import write_result
 
 GOAL = 0.01  # of one core, at the default interval
 

@@ -50,18 +50,19 @@ def median(values: list[float]) -> float:
 
 def commit() -> str | None:
     """The commit of the code that made a result: ``git rev-parse --short HEAD``, with ``+changes`` when
-    ``src/`` or ``benchmarks/``' code differ from it (not its results, which a run is writing); None outside a
-    git checkout."""
+    ``src/`` or ``benchmarks/``' code differ from it (not its results, which a run is writing); outside a git
+    checkout (a GPU node's copy) ``LOCVIT_COMMIT``, which gpu_node/visit.py sets, else None."""
     import subprocess
 
     root = RESULTS.parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks", ":!benchmarks/results"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks", "gpu_node",
+                                ":!benchmarks/results"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("LOCVIT_COMMIT") or None
     return head + ("+changes" if dirty else "")
 
 

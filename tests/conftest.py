@@ -168,7 +168,7 @@ def pytest_sessionstart(session):
     :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``), the processor's
     name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
     ``git version`` (on its import, when MLflow first reads a run's git commit). A test that probes afresh
-    starts a process of its own. On a GPU node that lacks MLflow and GitPython (``make gpu-check`` runs the
+    starts a process of its own. On a GPU node that lacks MLflow and GitPython (a GPU visit, gpu_node/visit.py, runs the
     CUDA-marked tests there) those two probes are skipped: no test there can make them either."""
     import platform
 

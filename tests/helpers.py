@@ -42,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: Each lane's test counts and wall time as `make test` last ran it (conftest's --record-lane; tests/README.md
-#: renders it with benchmarks/doc_tables.py).
+#: renders it with doctools/doc_tables.py).
 DURATIONS = Path(__file__).parent / "durations.json"
 #: The bad-config corpus (test_bad_configs.py refuses each; docs/pipeline.md says how many).
 BAD_CONFIGS = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
@@ -80,18 +80,6 @@ def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) 
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
-
-
-def benchmarks_module(name: str):
-    """A script of benchmarks/ imported as a module (they import common.py beside them)."""
-    import importlib
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
 
 
 def free_port() -> int:

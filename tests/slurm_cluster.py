@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers import free_port
+from tests.helpers import free_port
 
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "iproute2")
 BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sacctmgr", "sbatch", "sacct", "munged", "mariadbd",

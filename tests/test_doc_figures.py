@@ -1,4 +1,4 @@
-"""Figures in the docs come from files: the prose check (benchmarks/doc_figures.py) and value spans.
+"""Figures in the docs come from files: the prose check (doctools/doc_figures.py) and value spans.
 
 * No figure (a number with a unit) stands in the prose of README.md, docs/*.md or the READMEs of
   benchmarks/ and tests/ outside a generated table, a value span, code, or a line an allowed pattern
@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import benchmarks_module
+from doctools import doc_figures, doc_tables, publish
 
 REPO = Path(__file__).resolve().parents[1]
-
-doc_figures = benchmarks_module("doc_figures")
-doc_tables = benchmarks_module("doc_tables")
 
 
 def test_the_docs_carry_no_figure_outside_a_files_keeping():
@@ -87,7 +84,6 @@ def test_the_params_reference_is_rendered_from_the_schema():
 def test_published_results_name_their_commit_and_machine(tmp_path):
     """publish.py writes source.json beside the copies; the docs' `source` block renders it, and a folder
     an earlier locvit published says its origin was not recorded."""
-    publish = benchmarks_module("publish")
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "results.csv").write_text("variant\n")
     publish.publish(tmp_path / "report", tmp_path / "copy", ["results.csv"])

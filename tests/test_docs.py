@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BAD_CONFIGS, benchmarks_module
+from doctools import doc_tables, model_table, publish
+from helpers import BAD_CONFIGS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -100,10 +101,9 @@ def test_every_test_file_has_a_row_and_its_marker_tag():
 
 def test_quoted_tables_equal_the_files_they_quote():
     """Every `<!-- table: kind file -->` block in README.md and docs/ renders from its committed file
-    (benchmarks/doc_tables.py); the README's demo table is one of them."""
-    doc_tables = benchmarks_module("doc_tables")
+    (doctools/doc_tables.py); the README's demo table is one of them."""
     assert "<!-- table: results benchmarks/results/demo/results.csv -->" in (REPO / "README.md").read_text()
-    assert doc_tables.sync(check=True) == [], "run: python benchmarks/doc_tables.py"
+    assert doc_tables.sync(check=True) == [], "run: python -m doctools.doc_tables"
     assert "<!-- table: tests tests/durations.json -->" in README.read_text()  # the suite's timing, generated
 
 
@@ -111,8 +111,6 @@ def test_the_suites_timing_renders_each_lane_of_the_durations_file(tmp_path):
     """tests/README.md's timing: one row per lane of make test from the file its sessions write, a lane not yet
     recorded said so; the committed file holds one record per lane (no history)."""
     import json
-
-    doc_tables = benchmarks_module("doc_tables")
     lane = {"marker": "not e2e", "tests": 10, "passed": 8, "failed": 1, "skipped": 1, "error": 0, "wall_s": 95.0,
             "commit": "0123456789abcdef-dirty", "machine": "Test CPU, 2 cores"}
     (tmp_path / "durations.json").write_text(json.dumps({"lanes": {"fast": lane}}))
@@ -126,8 +124,7 @@ def test_the_suites_timing_renders_each_lane_of_the_durations_file(tmp_path):
 
 def test_committed_tables_link_to_no_mlflow_server_the_reader_lacks():
     """Copies of a study's report (docs/*/, benchmarks/results/*/) name runs by id, never by a link to the
-    MLflow UI of the machine that made them (benchmarks/publish.py)."""
-    publish = benchmarks_module("publish")
+    MLflow UI of the machine that made them (doctools/publish.py)."""
     run = "a18883462af74210a293978a7f2795c0"
     assert publish.unlink_runs(f"| x | [s0](http://127.0.0.1:5000/#/experiments/1/runs/{run}) |") == "| x | `a1888346` |"
     committed = [*REPO.glob("docs/*/*.md"), *REPO.glob("benchmarks/results/*/*.md")]
@@ -195,10 +192,9 @@ def test_the_readmes_verdict_sentences_are_the_files():
 
 def test_the_model_table_is_what_the_models_count():
     """benchmarks/results/model_table.csv (docs/models.md quotes it) holds the params and GMACs the models
-    have now, counted on the meta device by benchmarks/model_table.py, and the papers' numbers."""
-    model_table = benchmarks_module("model_table")
+    have now, counted on the meta device by doctools/model_table.py, and the papers' numbers."""
     committed = (REPO / "benchmarks" / "results" / "model_table.csv").read_text()
-    assert model_table.as_csv(model_table.rows()) == committed, "run: python benchmarks/model_table.py"
+    assert model_table.as_csv(model_table.rows()) == committed, "run: python -m doctools.model_table"
 
 
 def _results_csv(path: Path, verdicts: dict[str, str]) -> Path:
@@ -226,8 +222,6 @@ def test_a_side_by_side_table_says_where_two_runs_verdicts_differ(tmp_path):
     verdicts differ; a data-efficiency table keeps one row per fraction and variant."""
     import csv
     import json
-
-    doc_tables = benchmarks_module("doc_tables")
     a = _results_csv(tmp_path / "demo" / "results.csv", {"lsa": "better", "ibit": "undecided"})
     b = _results_csv(tmp_path / "demo_avx2" / "results.csv", {"lsa": "undecided", "ibit": "undecided"})
     (b.parent / "source.json").write_text(json.dumps({"machine": {"cpu_capability": "AVX2"}}))

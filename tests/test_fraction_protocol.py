@@ -177,9 +177,8 @@ def test_make_efficiency_protocol_writes_the_preset_under_that_protocol(tmp_path
     preset's, so the two protocols share them."""
     import sys
 
-    from helpers import benchmarks_module
+    from doctools import efficiency_preset
 
-    efficiency_preset = benchmarks_module("efficiency_preset")
     out = tmp_path / "same_epochs.yaml"
     sys.argv = ["efficiency_preset.py", "same_epochs", str(out)]
     efficiency_preset.main()

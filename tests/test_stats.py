@@ -254,7 +254,7 @@ def test_verdict_words():
     assert verdict(+5.0, None, None) == "undecided"
 
 
-# (se, df, alpha, MDE at 80 % power, nc, power at nc): made by benchmarks/mde_reference.py (numerical
+# (se, df, alpha, MDE at 80 % power, nc, power at nc): made by tests/mde_reference.py (numerical
 # integration of the noncentral t over the chi density with scipy.integrate.quad, never scipy.stats.nct;
 # a 4M-draw Monte Carlo gave 0.800 power at each MDE). The first is ConViT against DeiT in the demo.
 MDE_REFERENCE = [

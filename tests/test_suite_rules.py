@@ -133,14 +133,14 @@ def _make_variable(name: str) -> str:
 def test_make_tests_two_lanes_run_every_non_cluster_test_once_the_fast_lane_first():
     """make test-fast is `-m "not e2e and not cluster and not cuda"` and nothing else; make test runs it, then the
     rest: for every combination of markers, a test is in exactly one lane unless it is a cluster test (in none);
-    CI runs make test and ends with make test-cluster."""
+    CI runs make test first and ends with make test-cluster."""
     from _pytest.mark.expression import Expression
 
     fast, rest = _make_variable("FAST_LANE"), _make_variable("REST_LANE")
     assert fast == "not e2e and not cluster and not cuda"
     makefile = (REPO / "Makefile").read_text()
     assert '\t$(BIN)/python -m pytest -q -m "$(FAST_LANE)"\n' in makefile  # test-fast: no other deselection
-    test_recipe = makefile.split("\ntest: install wheelhouse\n")[1].split("\n\n")[0].splitlines()
+    test_recipe = makefile.split("\ntest: install\n")[1].split("\n\n")[0].splitlines()
     lanes = [re.search(r'-m "([^"]+)"', line).group(1) for line in test_recipe if "pytest" in line]
     assert lanes == ["$(FAST_LANE)", "$(REST_LANE)"]
     for e2e in (False, True):
@@ -151,4 +151,5 @@ def test_make_tests_two_lanes_run_every_non_cluster_test_once_the_fast_lane_firs
                          for lane in (fast, rest)]
                 assert sum(lanes) == (0 if cluster else 1), (marks, lanes)
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make")]
-    assert ci == ["make test", "make test-cluster"]
+    assert ci[0] == "make test" and ci[-1] == "make test-cluster"
+    assert "make -C gpu_node test" in ci  # the GPU node's tools, with their wheelhouse, in a step of their own

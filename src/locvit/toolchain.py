@@ -7,7 +7,7 @@ against ``Python.h``. Without either, a compiled run fails at its first step;
 :func:`missing` says so beforehand, with what to install. Inductor on the CPU compiles
 C++ with the same compiler, so ``torch.compile`` needs it on any device.
 
-``benchmarks/gpu_check.py`` reports the same probes in its node check.
+``gpu_node/gpu_check.py`` reports the same probes in its node check.
 """
 
 from __future__ import annotations

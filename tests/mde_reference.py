@@ -10,7 +10,7 @@ which is integrated here with scipy.integrate.quad over the chi density (scipy.s
 inverted for 80 % power with brentq; a Monte Carlo estimate (normal and chi draws, fixed seed)
 checks each integral. Run from the repository root:
 
-    .venv/bin/python benchmarks/mde_reference.py
+    .venv/bin/python tests/mde_reference.py
 
 and copy the printed rows into tests/test_stats.py (MDE_REFERENCE).
 """

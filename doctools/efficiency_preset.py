@@ -7,7 +7,7 @@ and the equal-epochs budget (one full run's images per fraction, at most 10 seed
 smaller fractions) to the file it is given. The two runs share the study's folder: the full-data runs are
 the same runs under both protocols, so the second run trains only the fractions below 1.
 
-    python benchmarks/efficiency_preset.py same_epochs results/data_efficiency_same_epochs.yaml
+    python -m doctools.efficiency_preset same_epochs results/data_efficiency_same_epochs.yaml
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the params file to write")
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# {PRESET.name} with fraction_protocol: {args.protocol} (written by benchmarks/{Path(__file__).name})\n"
+    header = f"# {PRESET.name} with fraction_protocol: {args.protocol} (written by doctools/{Path(__file__).name})\n"
     write_text(args.out, header + yaml.safe_dump(preset(args.protocol), sort_keys=False))
     print(f"wrote {args.out}")
 

@@ -12,8 +12,8 @@ data-efficiency table (report/tables/data_efficiency.csv) one row per fraction a
 time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's result files (``*.json``), one
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
-every entrypoint and baseline beside the papers' (benchmarks/model_table.py's model_table.csv); ``budgets`` the GPU
-check's sections, plans and budgets (``BUDGETS`` and ``PLAN_LIMITS`` in benchmarks/gpu_check.py, read from its source);
+every entrypoint and baseline beside the papers' (doctools/model_table.py's model_table.csv); ``budgets`` a GPU
+visit's groups, sections and budgets (gpu_node/visit.py);
 ``tests`` each lane of ``make test`` (tests/durations.json, written by it): tests, outcomes, wall time, commit and machine;
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
 two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
@@ -25,7 +25,7 @@ The key is a path of ``/``-separated steps: a JSON or YAML key or list index; in
 keeps the rows whose column has that value and a plain step takes a column (a list of numbers); the last
 steps may be ``len``, ``min``, ``max``, ``sum``, ``mean``, ``pct`` (× 100) or ``minutes`` (÷ 60); after
 ``:`` a format spec (``.1f``, ``,.0f``); a single CSV cell is a number where it parses as one.
-Run from the repository root: ``python benchmarks/doc_tables.py`` rewrites every block and value of
+Run from the repository root: ``python -m doctools.doc_tables`` rewrites every block and value of
 README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``--check`` only lists the blocks that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
 """
@@ -142,16 +142,20 @@ def python_literals(path: Path, names: tuple[str, ...]) -> dict:
 
 
 def budget_lines(path: Path) -> list[list[str]]:
-    """The GPU check's sections: plan, budget on one H100 (s) and how it was estimated; each plan's total
-    against its limit."""
-    found = python_literals(path, ("BUDGETS", "PLAN_LIMITS"))
-    budgets, limits = found["BUDGETS"], found["PLAN_LIMITS"]
-    lines = [["section", "plan", "budget (s)", "how estimated"]]
-    for plan, limit in limits.items():
-        rows = [(name, b) for name, (p, b, _) in budgets.items() if p == plan]
-        lines += [[f"`{name}`", plan, str(b), budgets[name][2]] for name, b in rows]
-        lines.append([f"**{plan}, in all**", plan, f"**{sum(b for _, b in rows)}**", f"of at most {limit} s "
-                                                                                    f"({limit / 60:g} min)"])
+    """A GPU visit's processes (gpu_node/visit.py, which imports no torch): each group's sections, budget (s) and
+    how each was estimated; each plan's total, facts and install included, against its deadline."""
+    from gpu_node import visit
+
+    lines = [["group", "section", "budget (s)", "how estimated"]]
+    for plan, groups in visit.GROUPS.items():
+        lines.append([f"*{plan}*", "node facts, wheelhouse install", str(visit.FACTS_S + visit.INSTALL_S),
+                      "standard-library probes and nvidia-smi; pip --target of the wheelhouse, cut at its budget"])
+        for group, sections in groups:
+            lines += [[group if i == 0 else "", f"`{s}`", str(visit.BUDGETS[s][1] + (visit.START_S if i == 0 else 0)),
+                       visit.BUDGETS[s][2] + (f" (+{visit.START_S} s: the process's start)" if i == 0 else "")]
+                      for i, s in enumerate(sections)]
+        lines.append([f"**{plan}, in all**", "", f"**{visit.plan_seconds(plan)}**",
+                      f"of the {visit.DEADLINE_S} s default deadline (a 10-minute command less a minute)"])
     return lines
 
 

