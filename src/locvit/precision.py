@@ -1,13 +1,13 @@
 """How a run's numbers are computed on its device: bf16 autocast, TF32 and cuDNN's autotuner.
 
 Training, evaluation and the throughput job read the same recipe keys (``train.amp``,
-``train.deterministic``) through here, so a figure is measured under the precision the run
-trains with. ``amp`` on (bf16 autocast; ``auto`` is on for CUDA) accepts reduced-precision
-matmuls, so the float32 matmuls and convolutions left outside autocast may use TF32 too;
-``amp: off`` means float32 everywhere, TF32 included (IEEE float32). cuDNN's autotuner
-(``cudnn.benchmark``) times its kernels on the first batch of each shape and keeps the
-fastest: worth it where the shapes are fixed (a training epoch drops its last partial batch),
-and off under ``train.deterministic``, where another pick per run would break the bitwise repeat.
+``train.deterministic``) through here, so a figure is measured under the precision the run trains with.
+``amp`` on (bf16 autocast; ``auto`` is on for CUDA) lets the float32 matmuls and convolutions left outside
+autocast use TF32; ``amp: off`` means IEEE float32 everywhere. TF32 is set through torch's legacy switches
+only: torch's per-backend ones (``fp32_precision``, torch >= 2.9) make the legacy getters raise, and Inductor
+still reads those, so ``torch.compile`` failed (pytorch/pytorch#166387, #196728). cuDNN's autotuner
+(``cudnn.benchmark``) times its kernels on the first batch of each shape and keeps the fastest: worth it where
+shapes are fixed (an epoch drops its last partial batch), off under ``train.deterministic`` (bitwise repeats).
 """
 
 from __future__ import annotations
@@ -24,12 +24,16 @@ def amp_dtype(setting: str | bool, device: torch.device) -> torch.dtype | None:
 
 def set_backends(device: torch.device, dtype: torch.dtype | None, deterministic: bool = False) -> dict:
     """TF32 (on where ``dtype`` is an autocast dtype) and cuDNN's autotuner (on unless ``deterministic``)
-    for this process's CUDA work; nothing on other devices. What was set, for the record."""
+    for this process's CUDA work; nothing on other devices. What was set, for the record.
+
+    The switches are process-wide and touch no CUDA state, so a CPU-only test can call this with a CUDA device.
+    """
     if device.type != "cuda":
         return {}
-    precision = "tf32" if dtype is not None else "ieee"
-    # torch >= 2.9's per-backend switches (the older allow_tf32 flags must not be mixed with them)
-    torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    tf32 = dtype is not None
+    # "high": TF32 for float32 matmuls (every backend's: oneDNN's too, on CPUs that have it); "highest": IEEE
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tf32  # convolutions
     torch.backends.cudnn.benchmark = not deterministic
-    return {"fp32_precision": precision, "cudnn_benchmark": not deterministic}
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(), "cudnn_allow_tf32": tf32,
+            "cudnn_benchmark": not deterministic}

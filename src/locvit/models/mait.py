@@ -61,6 +61,12 @@ DROP_PATH_SCHEDULES = ("linear", "constant")
 MASK_TYPES = ("hard", "soft", "random")
 SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
 HeadSpec = Union[str, Sequence[Union[int, Sequence[int]]]]
+FLEX_BLOCK = 128  # FlexAttention's block size (tokens a side): it skips the block pairs a mask leaves empty
+# BlockMask.from_kv_blocks' first four arguments (flex_blocks): restrict masks keep them as buffers
+FLEX_BLOCK_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+# FlexAttention's block size is 128, so a 3x3 neighbourhood mask leaves blocks empty only from about 1,000 tokens
+# (docs/models.md; to be replaced by a figure measured on a GPU): restrict_kernel auto takes it from here on
+FLEX_MIN_TOKENS = 1024
 
 
 def random_mask(like: torch.Tensor, num_prefix: int, seed: int) -> torch.Tensor:
@@ -117,6 +123,22 @@ def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]
     return heads
 
 
+def flex_blocks(keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A (T, T) boolean mask in FlexAttention's block-sparse form, ``BlockMask.from_kv_blocks``' first four
+    arguments: per row of :data:`FLEX_BLOCK`-token query blocks, how many key blocks it keeps in part and which
+    (``(1, 1, nb)`` and ``(1, 1, nb, nb)`` int32), then the same for those it keeps whole. As
+    ``create_block_mask`` builds them (the tokens past T count as dropped), without its mask_mod pass."""
+    nb = -(-keep.shape[0] // FLEX_BLOCK)
+    pad = nb * FLEX_BLOCK - keep.shape[0]
+    kept = F.pad(keep, (0, pad, 0, pad)).view(nb, FLEX_BLOCK, nb, FLEX_BLOCK).sum((1, 3))  # (nb, nb) per block
+    full = kept == FLEX_BLOCK * FLEX_BLOCK
+    out = []
+    for blocks in (~full & (kept > 0), full):  # (nb, nb) bool
+        out += [blocks.sum(-1).to(torch.int32)[None, None],
+                blocks.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(torch.int32)[None, None]]
+    return tuple(out)
+
+
 class _HeadMasks(nn.Module):
     """Per-head masks of one layer: which heads, the boolean neighbourhood, soft alphas."""
 
@@ -129,6 +151,10 @@ class _HeadMasks(nn.Module):
         # The other heads, in order: kept here so that a forward finds them without a nonzero() (a host sync).
         self.register_buffer("free", torch.zeros(0, dtype=torch.long), persistent=False)
         self.register_buffer("keep", torch.zeros(0, 0, dtype=torch.bool), persistent=False)
+        # restrict's keep in FlexAttention's block-sparse form (:func:`flex_blocks`), built with the masks: a
+        # compiled forward then builds its BlockMask from buffers, which follow the module's device
+        for name in FLEX_BLOCK_NAMES:
+            self.register_buffer(name, torch.zeros(0, dtype=torch.int32), persistent=False)
         self.alpha_logit: nn.Parameter | None = None
 
     @property
@@ -150,11 +176,27 @@ class _HeadMasks(nn.Module):
                                     device=self.heads.device)
         self.leading = list(heads) == list(range(len(heads)))  # heads 0..h'-1: sliceable
         self.keep = keep.to(self.heads.device)
+        if mode == "restrict":
+            for name, blocks in zip(FLEX_BLOCK_NAMES, flex_blocks(self.keep)):
+                setattr(self, name, blocks)
         if mask_type == "soft" and heads:
             self.alpha_logit = nn.Parameter(torch.full((len(heads),), math.log(alpha_init / (1.0 - alpha_init))))
 
     def alpha(self) -> Optional[torch.Tensor]:
         return None if self.alpha_logit is None else torch.sigmoid(self.alpha_logit)
+
+    def block_mask(self):
+        """``keep`` as FlexAttention's ``BlockMask`` (restrict masks), from the block-sparse buffers: a few
+        small index ops (the transposed blocks its backward reads), no (T, T) pass."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        keep, tokens = self.keep, self.keep.shape[0]
+
+        def neighbourhood(b, h, q_idx, kv_idx):  # the blocks partly kept read keep itself
+            return keep[q_idx, kv_idx]
+
+        return BlockMask.from_kv_blocks(*(getattr(self, name) for name in FLEX_BLOCK_NAMES), BLOCK_SIZE=FLEX_BLOCK,
+                                        mask_mod=neighbourhood, seq_lengths=(tokens, tokens))
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Mask pre-softmax logits of the masked heads: (B, h', T, T) -> (B, h', T, T)."""
@@ -185,9 +227,9 @@ class MaskedAttention(Attention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.masks = _HeadMasks()
-        self._restrict_cache: torch.Tensor | None = None  # built on first use (not in the state dict)
-        self.restrict_kernel = "auto"  # MaiT's option (see MaiT): flex on CUDA, dense elsewhere
-        self._block_mask = None  # FlexAttention's block-sparse mask, built on first use
+        self._restrict_cache: torch.Tensor | None = None  # built on the first eager use (not in the state dict)
+        self.restrict_kernel = "auto"  # MaiT's option (see MaiT): flex on CUDA for long sequences, else dense
+        self._block_mask = None  # (device, FlexAttention's BlockMask) of the eager calls, built on the first
         # What the node lacks to compile FlexAttention (locvit.toolchain.missing), probed before any forward so
         # that a torch.compile'd forward reads a constant here; None: probe at the first compiled call.
         self.toolchain_missing: dict[str, str] | None = None
@@ -254,45 +296,48 @@ class MaskedAttention(Attention):
         return self._finish(out, B, N)
 
     def _flex(self, x: torch.Tensor) -> bool:
-        """Whether this call takes FlexAttention: restrict masks, ``restrict_kernel`` flex (or auto on
-        CUDA), no attention dropout to apply (FlexAttention has none), and, where it is compiled, a
-        node that can build Triton's launchers (:func:`_flex_buildable`)."""
-        if self.masks.mode != "restrict" or self.restrict_kernel == "dense":
+        """Whether this call takes FlexAttention: restrict masks, ``restrict_kernel`` asking for it
+        (:func:`_flex_wanted`), no attention dropout to apply (FlexAttention has none), and, where it is
+        compiled, a node that can build Triton's launchers (:func:`_flex_buildable`)."""
+        if self.masks.mode != "restrict" or not _flex_wanted(self.restrict_kernel, x.device, x.shape[1]):
             return False
         compiled = _flex_compiles(x.device)
-        if self.restrict_kernel == "auto" and not compiled:
-            return False
         if self.training and (not compiled or self.attn_drop.p > 0):
             return False  # eager FlexAttention (off CUDA) has no correct backward; it has no dropout either
         return not compiled or _flex_buildable(self.restrict_kernel, self.toolchain_missing)
 
     def _restrict_flex(self, x: torch.Tensor, B: int, N: int) -> torch.Tensor:
         """Masked heads through FlexAttention with a block-sparse neighbourhood mask (work skipped
-        for blocks of 128 x 128 tokens the mask leaves empty: it pays from about 1,000 tokens);
-        the other heads through the fused kernel."""
+        for blocks of 128 x 128 tokens the mask leaves empty: it pays from about 1,000 tokens,
+        :data:`FLEX_MIN_TOKENS`); the other heads through the fused kernel."""
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
         q, k = normed_qk(self, q, k, v)
-        masked = self.masks.heads
-        out_m = _flex_attention(x.device)(q[:, masked], k[:, masked], v[:, masked], block_mask=self._flex_mask(N),
+        h = self.masks.heads.numel()
+        # Heads 0..h'-1 (the usual case) are sliced and concatenated after: a compiled training step with
+        # FlexAttention beside index_copy failed on CUDA (torch 2.11, AOTAutograd: a copy_ into a non-input).
+        pick = slice(0, h) if self.masks.leading else self.masks.heads
+        out_m = _flex_attention(x.device)(q[:, pick], k[:, pick], v[:, pick], block_mask=self._flex_mask(),
                                           scale=self.scale)
-        if masked.numel() == self.num_heads:
+        if h == self.num_heads:
             return self._finish(out_m, B, N)
+        if self.masks.leading:
+            out_f = self._plain_attention(q[:, h:], k[:, h:], v[:, h:])
+            return self._finish(torch.cat([out_m.to(q.dtype), out_f], dim=1), B, N)
         free = self.masks.free
         out_f = self._plain_attention(q[:, free], k[:, free], v[:, free])
-        out = torch.zeros_like(q).index_copy(1, free, out_f).index_copy(1, masked, out_m.to(q.dtype))
+        out = torch.zeros_like(q).index_copy(1, free, out_f).index_copy(1, self.masks.heads, out_m.to(q.dtype))
         return self._finish(out, B, N)
 
-    def _flex_mask(self, tokens: int):
-        keep = self.masks.keep
-        if self._block_mask is None or self._block_mask[0] != (keep.device, tokens):
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            def neighbourhood(b, h, q_idx, kv_idx):
-                return keep[q_idx, kv_idx]
-
-            mask = create_block_mask(neighbourhood, None, None, tokens, tokens, device=keep.device)
-            self._block_mask = ((keep.device, tokens), mask)
+    def _flex_mask(self):
+        """FlexAttention's BlockMask. A compiled forward builds it in its graph from the masks' buffers and
+        stores nothing: a mask cached on the module during the trace failed Dynamo's guard on the next call
+        (a second graph). Eager calls keep it, per device."""
+        if torch.compiler.is_compiling():
+            return self.masks.block_mask()
+        device = self.masks.keep.device
+        if self._block_mask is None or self._block_mask[0] != device:
+            self._block_mask = (device, self.masks.block_mask())
         return self._block_mask[1]
 
     def _finish(self, out: torch.Tensor, B: int, N: int) -> torch.Tensor:
@@ -301,10 +346,14 @@ class MaskedAttention(Attention):
         return self.proj_drop(self.proj(x))
 
     def _restrict_mask(self) -> torch.Tensor:
-        """(H, T, T) boolean: the neighbourhood for masked heads, every key for the others."""
+        """(H, T, T) boolean: the neighbourhood for masked heads, every key for the others. Eager calls keep it;
+        a compiled forward builds it in its graph (cached on the module there, it failed Dynamo's guard on the
+        next call: a second graph)."""
         if torch.jit.is_scripting():
             return self._all_heads_mask()  # a scripted module keeps no Python cache
         else:
+            if torch.compiler.is_compiling():
+                return self._all_heads_mask()
             if self._restrict_cache is None or self._restrict_cache.device != self.masks.keep.device:
                 self._restrict_cache = self._all_heads_mask()
             return self._restrict_cache
@@ -385,6 +434,14 @@ def _flex_compiles(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def _flex_wanted(restrict_kernel: str, device: torch.device, tokens: int) -> bool:
+    """Whether ``restrict_kernel`` asks for FlexAttention at ``tokens`` tokens on ``device``: ``flex`` always,
+    ``dense`` never, ``auto`` where it is compiled (CUDA) from :data:`FLEX_MIN_TOKENS` on."""
+    if restrict_kernel == "auto":
+        return _flex_compiles(device) and tokens >= FLEX_MIN_TOKENS
+    return restrict_kernel == "flex"
+
+
 def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> bool:
     """Whether this node can build compiled FlexAttention (:mod:`locvit.toolchain`). When it cannot,
     ``auto`` falls back to the dense restrict kernel (the same result) with one warning per process saying
@@ -457,7 +514,8 @@ class MaiT(VisionTransformer):
         alpha_init: initial soft-mask alpha in (0, 1).
         random_seed: seed of the random-mask control (layer l uses seed + l).
         restrict_kernel: how ``restrict`` heads run: ``auto`` (FlexAttention with a block-sparse
-            neighbourhood mask on CUDA, dense masked attention elsewhere), ``flex`` or ``dense``.
+            neighbourhood mask on CUDA from :data:`FLEX_MIN_TOKENS` tokens, dense masked attention
+            elsewhere), ``flex`` (FlexAttention at any length) or ``dense``.
             FlexAttention has no attention dropout: with ``attn_drop_rate`` > 0 training uses dense;
             off CUDA it runs (eager, forward only) in eval mode, training uses dense. On CUDA it is
             compiled, which needs a C compiler and Python's headers (:mod:`locvit.toolchain`): without

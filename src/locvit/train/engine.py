@@ -41,6 +41,16 @@ class Compute:
         return torch.autocast(device.type, dtype=self.amp_dtype or torch.bfloat16, enabled=self.amp_dtype is not None)
 
 
+def channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its convolutions' weights in channels_last (NHWC) memory, in place. Only the convolutions:
+    ``Module.to(memory_format=...)`` would also restride every other 4-D tensor (NesT's and PVT's position
+    embeddings), which gains nothing there and makes their adds run on strided copies."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.conv._ConvNd) and module.weight.dim() == 4:
+            module.to(memory_format=torch.channels_last)
+    return model
+
+
 def set_deterministic(enabled: bool) -> None:
     """Deterministic kernels for this process's next run (``train.deterministic``), on or off.
 

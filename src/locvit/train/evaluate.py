@@ -23,7 +23,7 @@ from locvit.io import pack_bits, remove_temporaries, write_json
 from locvit.tracking import log_evaluation
 from locvit.checkpoint import load_checkpoint
 from locvit.precision import set_backends
-from locvit.train.engine import Compute, evaluate
+from locvit.train.engine import Compute, channels_last, evaluate
 
 
 def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, manifest_path: Path,
@@ -49,7 +49,7 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         compute = Compute.of(recipe, device)
         set_backends(device, compute.amp_dtype, recipe.get("deterministic", False))
         if compute.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            channels_last(model)
         mean, std = models.normalisation(model)
         scores = evaluate(model, loader, mean, std, compute)
         result = {

@@ -37,8 +37,8 @@ from locvit.run_config import peak_lr
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.distributed import Dist
-from locvit.train.engine import (Compute, EpochBatches, EpochStart, StepRecipe, cosine_schedule, evaluate,
-                                 set_deterministic, train_one_epoch, update_ema)
+from locvit.train.engine import (Compute, EpochBatches, EpochStart, StepRecipe, channels_last, cosine_schedule,
+                                 evaluate, set_deterministic, train_one_epoch, update_ema)
 from locvit.train.generators import rng_state, seed_everything
 from locvit.train.resume import Plan, plan_run
 from locvit.train.state import RunCheckpoints, TrainState
@@ -126,7 +126,7 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
                           "set train.compile: false")
     model = models.create(cfg).to(device)
     if recipe["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
+        channels_last(model)
     mean, std = models.normalisation(model)
     train_loader = make_loader(train_path, batch, True, device, recipe["num_workers"], seed=cfg["seed"],
                                translate=recipe["translate"], hflip=recipe["hflip"], distributed=dist.ddp,
