@@ -15,7 +15,7 @@ CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-fast test-cluster lint bench sweep efficiency clean
+.PHONY: install system-deps cluster-deps demo test test-fast test-floor test-cluster lint lock bench sweep efficiency clean
 
 install: $(STAMP)
 
@@ -41,12 +41,17 @@ CLUSTER_DEPS_MISSING = echo "the SLURM test cluster needs:$$missing (as root: ap
 system-deps:
 	@$(call apt_deps,$(SYSTEM_PACKAGES),SYSTEM_DEPS_MISSING)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test]' -c constraints.txt
 	@touch $@
+
+# constraints.txt: this venv's exact versions, the reproducible set (run after changing pyproject.toml on purpose)
+lock: install
+	{ echo "# The exact versions make install uses (pip install -c): the reproducible set, updated on purpose with make lock."; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -v '^locvit'; } > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
 
 demo: install
 	$(BIN)/locvit validate
@@ -78,17 +83,32 @@ endef
 
 # The suite but the cluster test, in two lanes: first the fast lane (`make test-fast`: every test that starts no
 # process, tests/conftest.py fails one that starts a process without the e2e marker), then the rest; each lane's
-# counts and wall time go to tests/durations.json, which tests/README.md renders (doctools/doc_tables.py).
+# counts and wall time go to test-artifacts/durations.json (ignored by git: a test run leaves the tree clean).
 FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
 
 test: install
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
 	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
-	$(BIN)/python -m doctools.doc_tables
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
+
+# The floor lane: the fast lane in a second environment (.venv-floor, CPython 3.12 as on the GPU node) holding the
+# oldest versions pyproject.toml's ranges allow (constraints-floor.txt: torch 2.11 and the other floors).
+FLOOR_VENV := .venv-floor
+FLOOR_PYTHON ?= $(shell command -v python3.12 || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)
+
+$(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
+	@$(MAKE) --no-print-directory system-deps
+	@test -n "$(FLOOR_PYTHON)" || { echo "the floor lane needs CPython 3.12 (python3.12 on PATH or pyenv's)"; exit 1; }
+	@test -x $(FLOOR_VENV)/bin/python || $(FLOOR_PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install -q -e '.[test]' -c constraints-floor.txt
+	@touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "$(FAST_LANE)" -p no:cacheprovider
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
 # and apt-get needed: elsewhere the test skips and says why).

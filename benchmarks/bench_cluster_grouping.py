@@ -11,7 +11,7 @@ as in tests/test_cluster.py (1 CPU, 1.5-2 GB, no GPU per job). The study's DAG, 
 the job counts, do not depend on the epochs: `--epochs N` shortens training for the wall
 time and changes nothing else.
 
-    flock /tmp/locvit-slurm.lock ../.venv/bin/python bench_cluster_grouping.py [--epochs 25]
+    flock /tmp/locvit-slurm.lock .venv/bin/python -m benchmarks.bench_cluster_grouping [--epochs 25]
 
 Results: benchmarks/results/cluster_grouping.json.
 """
@@ -120,7 +120,7 @@ def main() -> None:
         for mode in ("ungrouped", "grouped"):
             results[mode] = run_study(slurm, mode, epochs, Path(tmp))
     payload = {
-        "command": "cd benchmarks && flock /tmp/locvit-slurm.lock ../.venv/bin/python bench_cluster_grouping.py"
+        "command": "flock /tmp/locvit-slurm.lock .venv/bin/python -m benchmarks.bench_cluster_grouping"
                    + (f" --epochs {args.epochs}" if args.epochs else ""),
         "study": "params.yaml (the demo)" + (f", train.epochs {epochs} instead of {full} (warm-up {epochs / 2} "
                                              "epochs where it was longer)" if epochs != full else ""),

@@ -17,7 +17,7 @@ off run in separate processes, each alternating its FFCV and torch loaders; the 
 epoch (numba's compile; the torch workers' start) is timed apart. Also without any
 augmentation, 1 worker. Every torch loader forks its workers before FFCV runs.
 
-    cd benchmarks && ../.venv/bin/python bench_dataloader.py [--repeats 5] [--images 50000]
+    .venv/bin/python -m benchmarks.bench_dataloader [--repeats 5] [--images 50000]
 
 About 5 minutes on the 2-core machine. Results: benchmarks/results/dataloader.json.
 """
@@ -306,7 +306,7 @@ def main() -> None:
                                         repeats=args.repeats))
                    for name, jit in (("jit", True), ("no_jit", False))}
     result = {
-        "command": " ".join(["cd benchmarks && ../.venv/bin/python bench_dataloader.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python -m benchmarks.bench_dataloader", *sys.argv[1:]]),
         "settings": {"repeats": args.repeats, "workers": workers},
         "datasets": {name: {k: v for k, v in d.items() if k != "path"} for name, d in datasets.items()},
         "loaders": loaders,

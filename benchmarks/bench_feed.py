@@ -26,7 +26,7 @@ JPEG (quality 90) as the ImageNet presets store them (data.write_mode: jpg,
 max_resolution: 256), random-resized-cropped to 224 by both. The torch side decodes the
 very JPEG bytes of the FFCV file with PIL.
 
-    cd benchmarks && ../.venv/bin/python bench_feed.py [--repeats 5] [--workers 1,2]
+    .venv/bin/python -m benchmarks.bench_feed [--repeats 5] [--workers 1,2]
 
 Results: benchmarks/results/feed.json.
 """
@@ -281,7 +281,7 @@ def main() -> None:
     goals = {"feed_capacity_2x": {k: r["feed_capacity"]["ratio_best_over_best"] >= 2 for k, r in results.items()},
              "end_to_end_1x": {k: r["end_to_end"]["ratio_ffcv_fed_over_timm_fed"] >= 1 for k, r in results.items()}}
     path = write_result("feed", {
-        "command": " ".join(["cd benchmarks && ../.venv/bin/python bench_feed.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python -m benchmarks.bench_feed", *sys.argv[1:]]),
         "settings": {"repeats": args.repeats, "workers": workers, "cores": cores, "e2e_torch_threads": args.threads,
                      "randaugment": DEIT_RA, "random_erasing": 0.25},
         "results": results, "goals": goals,

@@ -11,7 +11,7 @@ Snakemake's log and, for training, how much of it the epochs took (metrics.json'
 train_time_s) and how much went to everything else (process start, imports, MLflow, loaders), and
 MLflow's whole share of the job time (:func:`mlflow_share`).
 
-    cd benchmarks && ../.venv/bin/python bench_pipeline.py [--repeats 5] [--demo [--keep NAME]]
+    .venv/bin/python -m benchmarks.bench_pipeline [--repeats 5] [--demo [--keep NAME]]
 
 Results: benchmarks/results/pipeline.json; with ``--keep NAME`` (another machine's run, kept
 beside the README's) the demo's files go to results/NAME/ and the timings to pipeline_NAME.json.

@@ -8,7 +8,7 @@ counters (psutil), divided by the samples it took, is what one sample costs; at
 interval of one core, which bounds what it takes from a run (the goal: under 1 %). The
 demo's own share of MLflow (this sampler included) is measured by bench_pipeline.py --demo.
 
-    cd benchmarks && ../.venv/bin/python bench_tracking.py [--samples 40] [--interval 0.25]
+    .venv/bin/python -m benchmarks.bench_tracking [--samples 40] [--interval 0.25]
 
 Results: benchmarks/results/tracking_cost.json.
 """

@@ -14,7 +14,6 @@ row each with the machine it records (CPU, its instruction set as torch used it,
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (doctools/model_table.py's model_table.csv); ``budgets`` a GPU
 visit's groups, sections and budgets (gpu_node/visit.py);
-``tests`` each lane of ``make test`` (tests/durations.json, written by it): tests, outcomes, wall time, commit and machine;
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
 two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
 A figure inside a sentence is a value span that names its file and where in it the figure is::
@@ -156,25 +155,6 @@ def budget_lines(path: Path) -> list[list[str]]:
                       for i, s in enumerate(sections)]
         lines.append([f"**{plan}, in all**", "", f"**{visit.plan_seconds(plan)}**",
                       f"of the {visit.DEADLINE_S} s default deadline (a 10-minute command less a minute)"])
-    return lines
-
-
-def test_lanes_lines(path: Path) -> list[list[str]]:
-    """tests/durations.json: per lane of ``make test``, its marker expression, tests, outcomes and wall time, and
-    the commit and machine it ran on; then the two lanes together."""
-    import json
-
-    lanes = json.loads(path.read_text())["lanes"]
-    lines = [["lane", "pytest -m", "tests", "passed", "skipped", "failed or errors", "wall time", "commit", "machine"]]
-    for name in ("fast", "rest"):
-        if name not in lanes:
-            lines.append([name, "", "", "", "", "", "not recorded yet: run make test", "", ""])
-            continue
-        r = lanes[name]
-        lines.append([name, f"`{r['marker']}`", str(r["tests"]), str(r["passed"]), str(r["skipped"]),
-                      str(r["failed"] + r["error"]), f"{r['wall_s'] / 60:.1f} min ({r['wall_s']:,.0f} s)",
-                      f"`{r['commit'][:12]}`" + (" with uncommitted changes" if r["commit"].endswith("-dirty") else ""),
-                      r["machine"]])
     return lines
 
 
@@ -335,7 +315,7 @@ def feed_lines(path: Path) -> list[list[str]]:
     return lines
 
 
-FILE_RENDER = {"tests": test_lanes_lines, "budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
+FILE_RENDER = {"budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
                "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
 def _side_label(path: Path) -> str:
     """A side of a side-by-side table: its folder's name, with the instruction set its ``source.json`` records."""

@@ -798,7 +798,7 @@ def probe_timm() -> str | None:
 
 def node_needs() -> dict[str, str]:
     """What the node must provide: the wheelhouse's ``node_needs`` (wheelhouse.json) where there is one,
-    raised to at least gpu_node/wheelhouse.py's, with timm at pyproject.toml's pin."""
+    raised to at least gpu_node/wheelhouse.py's, with timm at constraints.txt's pin."""
     return wheelhouse.node_needs((_wheelhouse_info() or {}).get("node_needs"))
 
 
@@ -822,7 +822,7 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
                                 f"and put its folder first on LD_LIBRARY_PATH")
     if timm_version != needs["timm"]:
         missing["timm"] = (f"timm {timm_version or 'not installed'}; locvit pins timm=={needs['timm']} "
-                           f"(pyproject.toml): install it (gpu_node/visit.py installs the wheelhouse's; a wheelhouse "
+                           f"(constraints.txt): install it (gpu_node/visit.py installs the wheelhouse's; a wheelhouse "
                            f"without it: make -C gpu_node wheelhouse again, or pip install timm=={needs['timm']})")
     return {"compiler": cc, "python_headers": headers, "glibc": glibc, "libstdcxx": cxx, "timm": timm_version,
             "needs": needs, "missing": missing}

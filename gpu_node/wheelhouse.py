@@ -13,7 +13,7 @@ those depend on; no package index. The check needs on top of that:
 - jsonschema (locvit validates its configs) and pytest (the CUDA-marked tests), with
   their dependencies that the node does not already have, and pyproject.toml's ``gpu`` extra
   (nvidia-ml-py: MLflow's GPU system metrics and the check's GPU clocks);
-- timm at the version pyproject.toml pins (a pure-Python wheel, installed over the node's
+- timm at the version constraints.txt pins (a pure-Python wheel, installed over the node's
   timm with ``--no-deps``: its dependencies are the node's);
 - the demo study's prepared data (``demo-data.tar.gz``, made by ``locvit prepare``): the
   node has no scikit-learn, which reads the digits.
@@ -67,7 +67,7 @@ NODE_HAS = ("torch", "timm", "numba", "opencv-python-headless")
 ROOTS = ("ffcv", "jsonschema", "pytest", "pytest-timeout")
 # Installed without their declared dependencies (see the module docstring).
 NO_DEPS = ("ffcv",)
-# Carried at pyproject.toml's pin although the node has a version of its own (pure-Python wheels).
+# Carried at constraints.txt's pin although the node has a version of its own (pure-Python wheels).
 CARRIED = ("timm",)
 # What the node must provide that no wheel can: the C and C++ runtimes the shared libraries ask for
 # (at least these; gather() raises them to what the built libraries ask).
@@ -111,7 +111,7 @@ def closure(roots, skip_deps_of=()) -> dict[str, str]:
 
 def requirements() -> dict[str, str]:
     """What the wheelhouse holds: the check's closure minus the node's, pinned to this environment's
-    versions, and :data:`CARRIED` at pyproject.toml's pins. The :data:`EXTRAS` are :func:`extra_requirements`."""
+    versions, and :data:`CARRIED` at constraints.txt's pins. The :data:`EXTRAS` are :func:`extra_requirements`."""
     node = closure(NODE_HAS)
     pins = {n: v for n, v in closure(ROOTS, skip_deps_of=NO_DEPS).items() if n not in node}
     pins.update({canonicalize_name(n): pinned(n) for n in CARRIED})
@@ -131,13 +131,12 @@ def extra_requirements() -> dict[str, str]:
 
 
 def pinned(name: str) -> str:
-    """The version that pyproject.toml's dependencies pin ``name`` to (``name==X``)."""
-    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
-        req = Requirement(line)
-        exact = [s.version for s in req.specifier if s.operator == "=="]
-        if canonicalize_name(req.name) == canonicalize_name(name) and len(exact) == 1:
-            return exact[0]
-    raise SystemExit(f"wheelhouse: pyproject.toml pins no {name}==<version>")
+    """The version that constraints.txt (the exact set ``make install`` uses) pins ``name`` to."""
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        found, _, version = line.partition("==")
+        if version and canonicalize_name(found) == canonicalize_name(name):
+            return version.strip()
+    raise SystemExit(f"wheelhouse: constraints.txt pins no {name}==<version>")
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -146,7 +145,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def node_needs(measured: dict[str, str] | None = None) -> dict[str, str]:
     """What the node must provide: :data:`NODE_NEEDS` raised to ``measured`` (what the built libraries
-    ask, :func:`needed_versions`), and timm at pyproject.toml's pin."""
+    ask, :func:`needed_versions`), and timm at constraints.txt's pin."""
     needs = dict(NODE_NEEDS)
     for key, version in (measured or {}).items():
         if key in needs and version_tuple(version) > version_tuple(needs[key]):

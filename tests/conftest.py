@@ -214,13 +214,13 @@ LANE_START = pytest.StashKey[float]()
 
 def pytest_addoption(parser):
     parser.addoption("--record-lane", metavar="NAME", default=None,
-                     help="write this session's test counts and wall time as lane NAME into tests/durations.json "
-                          "(make test; tests/README.md renders it)")
+                     help="write this session's test counts and wall time as lane NAME into "
+                          "test-artifacts/durations.json (make test; git ignores it)")
 
 
 def pytest_sessionfinish(session, exitstatus):
     """With ``--record-lane``: the lane's marker expression, counts, wall time, commit and machine, replacing that
-    lane's entry in tests/durations.json (one current record per lane, no history)."""
+    lane's entry in test-artifacts/durations.json (one current record per lane, no history)."""
     lane = session.config.getoption("record_lane")
     if not lane or LANE_START not in session.stash:
         return
@@ -236,6 +236,7 @@ def pytest_sessionfinish(session, exitstatus):
     data["lanes"][lane] = {"marker": session.config.getoption("markexpr"), "tests": len(session.items), **count,
                            "wall_s": round(time.monotonic() - session.stash[LANE_START], 1), "commit": git_commit(),
                            "machine": f"{cpu or _processor()}, {os.cpu_count()} cores"}
+    DURATIONS.parent.mkdir(parents=True, exist_ok=True)
     write_text(DURATIONS, json.dumps(data, indent=2) + "\n")
 
 

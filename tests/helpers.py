@@ -41,9 +41,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-#: Each lane's test counts and wall time as `make test` last ran it (conftest's --record-lane; tests/README.md
-#: renders it with doctools/doc_tables.py).
-DURATIONS = Path(__file__).parent / "durations.json"
+#: Each lane's test counts and wall time as `make test` last ran it (conftest's --record-lane), where git ignores it.
+DURATIONS = REPO / "test-artifacts" / "durations.json"
 #: The bad-config corpus (test_bad_configs.py refuses each; docs/pipeline.md says how many).
 BAD_CONFIGS = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
 

@@ -2,14 +2,7 @@
 
 * A count of malformed study files quoted in the docs (docs/pipeline.md keeps one) equals the
   cases ``test_bad_configs.py`` parametrizes over (``helpers.BAD_CONFIGS``).
-* The files tests/README.md names in its ``e2e`` and ``cuda`` marker rows are the test files that
-  apply that marker; its file table has a row for every test file, and the ``(e2e)`` /
-  ``(cluster)`` tags there are the files whose every test carries the marker.
-
-Markers are read from each test file's syntax tree (any ``pytest.mark.<name>``: a module's
-``pytestmark``, a decorator, ``pytest.param(..., marks=...)``) rather than by collecting the
-suite: collection imports every test module, so one broken import elsewhere would fail these
-tests, and a string that only mentions a marker (test_gpu_check.py's message) does not count.
+* Every test file says what it covers in its module docstring; tests/README.md stays a how-to-run.
 """
 
 from __future__ import annotations
@@ -34,40 +27,6 @@ BAD_CONFIG_COUNT = re.compile(
     r"(\d+)\s+(?:malformed\s+study\s+files|files\s+in\s+`tests/bad_configs/`|bad\s+configs?\b)")
 
 
-def _is_mark(node: ast.AST, name: str) -> bool:
-    """``pytest.mark.<name>`` (or ``mark.<name>``), called or not."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    return (isinstance(node, ast.Attribute) and node.attr == name
-            and isinstance(node.value, ast.Attribute) and node.value.attr == "mark")
-
-
-def marked_files(name: str, module_level: bool = False) -> set[str]:
-    """Test files that apply marker ``name`` anywhere, or (``module_level``) in ``pytestmark`` to all their tests."""
-    found = set()
-    for file in TEST_FILES:
-        tree = ast.parse((TESTS / file).read_text(), filename=file)
-        if module_level:
-            nodes = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                     and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)]
-            nodes = [n for value in nodes for n in ast.walk(value)]
-        else:
-            nodes = ast.walk(tree)
-        if any(_is_mark(n, name) for n in nodes):
-            found.add(file)
-    return found
-
-
-def _rows(text: str, first_cell: str) -> list[list[str]]:
-    """The Markdown table rows whose first cell starts with ``first_cell``, split into cells."""
-    return [[c.strip() for c in line.strip().strip("|").split(" | ")]
-            for line in text.splitlines() if line.startswith(f"| {first_cell}")]
-
-
-def _files(cell: str) -> set[str]:
-    return set(re.findall(r"`(test_\w+\.py)`", cell))
-
-
 def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
     cases = BAD_CONFIGS  # what test_bad_configs.py parametrizes over
     assert len(cases) == len(list((TESTS / "bad_configs").glob("*.yaml")))
@@ -79,24 +38,11 @@ def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
     assert not wrong, f"the docs quote {wrong} bad configs; tests/bad_configs/ has {len(cases)}"
 
 
-@pytest.mark.parametrize("marker", ["e2e", "cuda"])
-def test_the_marker_rows_name_the_files_that_carry_the_marker(marker):
-    rows = _rows(README.read_text(), f"`{marker}` |")
-    assert len(rows) == 1, f"tests/README.md has no single `{marker}` row in its markers table"
-    named = _files(rows[0][1])  # the meaning cell; the last one names other files on purpose
-    assert named == marked_files(marker), (
-        f"tests/README.md's `{marker}` row names {sorted(named)}; the marker is in {sorted(marked_files(marker))}")
-
-
-def test_every_test_file_has_a_row_and_its_marker_tag():
-    rows = {re.match(r"`(test_\w+\.py)`", row[0]).group(1): row[0] for row in _rows(README.read_text(), "`test_")}
-    missing, extra = sorted(set(TEST_FILES) - set(rows)), sorted(set(rows) - set(TEST_FILES))
-    assert not missing and not extra, f"tests/README.md: no row for {missing}; a row but no file for {extra}"
-    for marker in ("e2e", "cluster"):
-        tagged = {file for file, cell in rows.items() if f"({marker})" in cell}
-        whole = marked_files(marker, module_level=True)
-        assert tagged == whole, (
-            f"tagged ({marker}) in tests/README.md: {sorted(tagged)}; marked whole: {sorted(whole)}")
+def test_every_test_file_says_what_it_covers():
+    """tests/README.md says how to run the suite; what a file covers is its module docstring."""
+    bare = [f for f in TEST_FILES if not ast.get_docstring(ast.parse((TESTS / f).read_text()))]
+    assert not bare, f"test files without a module docstring: {bare}"
+    assert len(README.read_text().splitlines()) <= 60
 
 
 def test_quoted_tables_equal_the_files_they_quote():
@@ -104,22 +50,6 @@ def test_quoted_tables_equal_the_files_they_quote():
     (doctools/doc_tables.py); the README's demo table is one of them."""
     assert "<!-- table: results benchmarks/results/demo/results.csv -->" in (REPO / "README.md").read_text()
     assert doc_tables.sync(check=True) == [], "run: python -m doctools.doc_tables"
-    assert "<!-- table: tests tests/durations.json -->" in README.read_text()  # the suite's timing, generated
-
-
-def test_the_suites_timing_renders_each_lane_of_the_durations_file(tmp_path):
-    """tests/README.md's timing: one row per lane of make test from the file its sessions write, a lane not yet
-    recorded said so; the committed file holds one record per lane (no history)."""
-    import json
-    lane = {"marker": "not e2e", "tests": 10, "passed": 8, "failed": 1, "skipped": 1, "error": 0, "wall_s": 95.0,
-            "commit": "0123456789abcdef-dirty", "machine": "Test CPU, 2 cores"}
-    (tmp_path / "durations.json").write_text(json.dumps({"lanes": {"fast": lane}}))
-    lines = doc_tables.test_lanes_lines(tmp_path / "durations.json")
-    assert lines[1] == ["fast", "`not e2e`", "10", "8", "1", "1", "1.6 min (95 s)",
-                        "`0123456789ab` with uncommitted changes", "Test CPU, 2 cores"]
-    assert lines[2][0] == "rest" and "not recorded yet" in lines[2][6]
-    committed = json.loads((TESTS / "durations.json").read_text())
-    assert set(committed) == {"lanes"} and set(committed["lanes"]) <= {"fast", "rest"}
 
 
 def test_committed_tables_link_to_no_mlflow_server_the_reader_lacks():
