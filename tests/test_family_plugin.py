@@ -12,6 +12,8 @@ figure that lists the study's variants, with analyses that its prior makes exact
 attention inside the 3 x 3 neighbourhood (ALS 1) and no patch attended farther than one
 diagonal step (mean attention distance at most sqrt(2) patches). It declares an extra of its
 own (the window's side per layer and head), which the analysis writes and the report draws.
+Its module is the study's code: a change to its forward re-runs training, and the old checkpoints
+are refused (tests/test_user_code.py: the digests and the refusal without processes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import csv
 import importlib
 import json
 import math
+import re
+import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -28,7 +34,7 @@ import timm
 import torch
 import yaml
 
-from helpers import copy_workflow, snakemake
+from helpers import copy_workflow, env_with_venv, snakemake
 from locvit.analysis.attention import collect_attention
 from locvit.analysis.analyse import distances, locality
 from locvit.analysis.metrics import attention_rollout, rollout_applies
@@ -197,3 +203,46 @@ def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
         text = (report / table["md"]).read_text()
         if "deit_a" in text:
             assert "toy" in text, f"{name} lists deit_a but not the toy family"
+
+
+def dry_run(work: Path) -> tuple[dict[str, int], str]:
+    """`snakemake -n all` of the toy study: its job counts by rule (empty: nothing to do) and its output."""
+    proc = snakemake(work, "-n", "all", "--config", "params=toy.yaml")
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}, out
+    table = out[out.index("Job stats:"):].splitlines()[3:]
+    rows = dict(line.split() for line in table[:next(i for i, line in enumerate(table) if line.startswith("total"))])
+    return {rule: int(n) for rule, n in rows.items() if rule != "all"}, out
+
+
+@pytest.mark.e2e
+def test_a_change_to_the_familys_forward_retrains_and_its_old_checkpoint_is_refused(toy_study, tmp_path):
+    """The family's module is code of the study's (locvit.versioning.code_digest): the finished study moved
+    elsewhere plans nothing; a change to the toy's forward (a 5 x 5 window) plans training again, Snakemake
+    naming the module in its reason, and what follows it; every variant trains again, as after a change to
+    locvit's training code (every training job imports the module). The old best.pt, evaluated by hand, is
+    refused naming the module (locvit.checkpoint)."""
+    layout, _ = toy_study
+    moved = shutil.copytree(layout.root.parents[1], tmp_path / "moved" / "toyfamily", symlinks=True)
+    assert dry_run(moved)[0] == {}
+    family = moved / "toy_family.py"
+    family.write_text(family.read_text().replace(".amax(-1) <= 1", ".amax(-1) <= 2"))  # a 5 x 5 window
+    jobs, out = dry_run(moved)
+    assert {"train": 2, "evaluate": 2, "analyse": 2, "report": 1}.items() <= jobs.items() and "prepare" not in jobs
+    reasons = re.findall(r"reason: Params have changed since last execution:.*before: '(\w+) toy_family=(\w+)' "
+                         r"now: '(\w+) toy_family=(\w+)'", out)
+    assert len(reasons) == 2, out[-3000:]  # deit_a's and the toy's training
+    assert all(locvit_before == locvit_now and before != now for locvit_before, before, locvit_now, now in reasons)
+
+    moved_layout = StudyLayout(moved / "results" / "toy")
+    data = moved_layout.data_files()
+    proc = subprocess.run([sys.executable, "-m", "locvit", "evaluate", "--checkpoint",
+                           str(moved_layout.run_files("toy", 0).best), "--out", str(tmp_path / "eval.json"),
+                           "--data", str(data["test"]), "--manifest", str(data["manifest"]),
+                           "--tracking-db", str(tmp_path / "mlflow.db"), "--threads", "1"],
+                          cwd=moved, env=env_with_venv(), capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0 and not (tmp_path / "eval.json").exists()
+    assert re.search(r"^locvit evaluate: error: checkpoint \S+best\.pt was trained with other model code: "
+                     r"toy_family changed since it was written.*allow_code_change=True\)\.$", proc.stderr, re.M), \
+        proc.stderr[-2000:]

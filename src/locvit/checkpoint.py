@@ -9,11 +9,16 @@ computed when it is written and checked when it is read: a truncated or bit-flip
 file either fails to load or loads into something whose digest differs, and
 either way :func:`load_checkpoint` names the file and how to rebuild it. (A flip in
 bytes that carry no content, e.g. zip padding, loads exactly what was written.)
+
+A checkpoint of a run records the code of its model too (key ``model_code``, :func:`model_code`):
+loaded after that code changed, it stops with the changed modules named, unless the caller says
+``allow_code_change=True``. A checkpoint written before the key existed loads as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +26,46 @@ import torch
 
 from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
+from locvit.model_modules import NOT_FOUND, module_digests, user_code
 
 
 #: The key under which a checkpoint records its own :func:`content_digest`.
 DIGEST_KEY = "content_sha256"
+#: The key under which a run's checkpoint records its model's code (:func:`model_code`).
+CODE_KEY = "model_code"
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically with its :func:`content_digest`, and, for a run's checkpoint
+    (it holds the run ``config``), its :func:`model_code`."""
+    if isinstance(state.get("config"), dict) and "model" in state["config"] and CODE_KEY not in state:
+        state = {**state, CODE_KEY: model_code(state["config"])}
     with atomic_path(path) as tmp:
         torch.save({**state, DIGEST_KEY: content_digest(state)}, tmp)
+
+
+def model_code(cfg: dict) -> dict[str, str]:
+    """``{module: digest of its file}`` of the code that defines a run config's model: the module that
+    registered it with timm where that is locvit's (a family file) or a user's, the config's ``model_modules``,
+    and the user's modules they import (:func:`locvit.model_modules.module_digests`). The modules of locvit's
+    that a family file imports are not followed (a job's code digest covers them, and so re-runs the job);
+    timm's own models record none of timm (an installed package)."""
+    modules = list(cfg.get("model_modules", ()))
+    timm = sys.modules.get("timm")  # the model was built in this process, so its module is imported
+    if timm is not None and timm.is_model(cfg["model"]):
+        entry = sys.modules.get(timm.models.model_entrypoint(cfg["model"]).__module__)
+        if entry is not None and getattr(entry, "__file__", None) and (
+                entry.__name__.split(".")[0] == "locvit" or user_code(entry.__name__, Path(entry.__file__))):
+            modules.append(entry.__name__)
+    return module_digests(modules)
+
+
+def changed_code(recorded: dict[str, str]) -> list[str]:
+    """The modules of a checkpoint's ``model_code`` whose file is not what it was (``name (missing)`` for
+    one that is gone), found as a job would import them now."""
+    now = module_digests(recorded)
+    return [name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})"
+            for name in sorted(recorded) if now[name] != recorded[name]]
 
 
 def rebuild_hint(path: str | Path) -> str:
@@ -39,10 +75,13 @@ def rebuild_hint(path: str | Path) -> str:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
-                    fix: str | None = None) -> dict[str, Any]:
+                    fix: str | None = None, allow_code_change: bool = False) -> dict[str, Any]:
     """Read a checkpoint and check its recorded digest; a missing, corrupt or unchecked file raises.
 
-    The error names the file and ``fix`` (default :func:`rebuild_hint`).
+    A checkpoint whose model's code changed since it was written (its ``model_code``, :func:`changed_code`)
+    raises too, naming the modules, unless ``allow_code_change``; one written before checkpoints recorded
+    their model's code (no ``model_code``) loads as before, unchecked. The error names the file and ``fix``
+    (default :func:`rebuild_hint`). What it gives back is what :func:`save_checkpoint` was given.
     """
     path = Path(path)
     fix = fix or rebuild_hint(path)
@@ -60,6 +99,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     if recorded != content_digest(state):
         raise InputError(f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it "
                          f"was written. {fix}")
+    recorded_code = state.pop(CODE_KEY, None) or {}  # like the digest, a record of the file's: not given back
+    changed = [] if allow_code_change else changed_code(recorded_code)
+    if changed:
+        raise InputError(f"checkpoint {path} was trained with other model code: {', '.join(changed)} changed since "
+                         f"it was written, so its weights would load into a different model. {fix} Or put that code "
+                         "back, or load it anyway with load_checkpoint(..., allow_code_change=True).")
     return state
 
 

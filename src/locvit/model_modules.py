@@ -4,14 +4,25 @@ A study keeps its own family beside ``params.yaml`` (``my_family.py``), and its 
 that folder, so the working directory goes first on ``sys.path`` while such a module is looked
 up (:func:`locvit.model_checks.check_model`'s cache key) or imported (:func:`locvit.models.import_modules`),
 and comes off again after: nothing else is resolved against it.
+
+Such a module is code of the study's, so its content is provenance like locvit's own
+(:func:`module_files`): a rule's code digest (:func:`locvit.versioning.code_digest`) and a checkpoint's
+``model_code`` (:mod:`locvit.checkpoint`) hold it, by module name and content, never by place.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import hashlib
+import importlib
+import importlib.util
 import os
+import site
 import sys
-from typing import Iterator
+import sysconfig
+from pathlib import Path
+from typing import Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -23,3 +34,109 @@ def working_dir_on_path() -> Iterator[str]:
         yield cwd
     finally:
         sys.path.remove(cwd)  # the first occurrence: the one inserted here
+
+
+#: What :func:`module_digests` gives a module that is not found.
+NOT_FOUND = "missing"
+
+
+def module_files(modules: Iterable[str]) -> dict[str, Path | None]:
+    """The files of ``modules`` (params' ``model_modules``), wherever they are, and of the modules they import,
+    transitively, that are a user's code (:func:`user_code`: a helper beside the family), by module name,
+    sorted; None for a named module that is not found.
+
+    Found as a job imports them (the working directory first, :func:`working_dir_on_path`), without
+    importing anything; imports are read from the source (``ast``), inside functions too.
+    """
+    importlib.invalidate_caches()  # a file written since the last look (a test, an editor) is seen
+    files: dict[str, Path | None] = {}
+    with working_dir_on_path():
+        todo = list(modules)
+        named, seen = set(todo), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            path = module_file(name)
+            if name not in named and (path is None or not user_code(name, path)):
+                continue
+            files[name] = path
+            if path is not None and path.suffix == ".py":
+                todo += _imports(name, path)
+    return dict(sorted(files.items()))
+
+
+def module_digests(modules: Iterable[str]) -> dict[str, str]:
+    """``{module: SHA-256 of its file (16 hex digits)}`` of :func:`module_files`; :data:`NOT_FOUND` for a
+    named module that is not found."""
+    return {name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND
+            for name, path in module_files(modules).items()}
+
+
+def module_file(name: str) -> Path | None:
+    """The file of module ``name`` as Python would find it now, without importing it or its packages (a
+    package's ``__init__.py``); None when it is not found or has no file (built in, frozen, a namespace)."""
+    parts, spec, locations = name.split("."), None, None
+    for i in range(1, len(parts) + 1):
+        if i > 1 and not locations:
+            return None  # the parent is no package
+        spec = _find_spec(".".join(parts[:i]), locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations and list(spec.submodule_search_locations)
+    return Path(spec.origin) if spec.has_location and spec.origin else None
+
+
+def _find_spec(name: str, path: list[str] | None):
+    """``sys.meta_path``'s spec of ``name``, asked afresh (``importlib.util.find_spec`` would answer from
+    ``sys.modules``: the file imported earlier, not the one there now)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            spec = find(name, path) if find else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            return spec
+    return None
+
+
+def user_code(name: str, path: Path) -> bool:
+    """Whether module ``name`` at ``path`` is a user's code: not locvit (its own digests cover it), not the
+    standard library's and not an installed package's (under site-packages)."""
+    if name.split(".")[0] == "locvit":
+        return False
+    path = path.resolve()
+    return not any(path.is_relative_to(root) for root in _installed_roots())
+
+
+def _installed_roots() -> set[Path]:
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots |= set(getattr(site, "getsitepackages", list)())
+    roots |= {getattr(site, "getusersitepackages", lambda: "")()} - {""}
+    return {Path(root).resolve() for root in roots}
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """The modules ``name``'s source imports, absolute, with the packages above them (Python runs their
+    ``__init__`` first) and, for ``from m import x``, ``m.x`` too (x may be a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return []  # its content counts all the same; importing it fails, and says where
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                    if node.level else node.module
+            except (ImportError, ValueError):
+                continue  # a relative import beyond the top: it fails when run, too
+            found += [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+    parts = [m.split(".") for m in found if m]
+    return [".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)]

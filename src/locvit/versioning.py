@@ -19,11 +19,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable
 
 import yaml
 
 from locvit.errors import InputError, allowed
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, RunFiles, StudyLayout
+from locvit.model_modules import module_digests
 from locvit.run_config import variant_seeds
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
@@ -118,18 +120,29 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
 PACKAGE_DATA = {"locvit.config": ("schemas/params.schema.yaml",)}
 
 
-def code_digest(*commands: str, package: Path = PACKAGE) -> str:
+#: The commands that build models (:func:`locvit.models.create`, on the meta device for the report's family
+#: names), so run the study's ``model_modules``: their code is the user's modules too.
+MODEL_COMMANDS = ("train", "evaluate", "analyse", "throughput", "report")
+
+
+def code_digest(*commands: str, package: Path = PACKAGE, model_modules: Iterable[str] = ()) -> str:
     """A digest of the source ``locvit <command>`` runs (:func:`command_modules`), from the modules'
     names and contents only: the same code gives the same digest wherever it is installed or checked
     out. A rule's ``code`` param (workflow/rules/common.smk), so Snakemake re-runs the jobs whose code
-    changed, as DVC does from each stage's code dependencies."""
+    changed, as DVC does from each stage's code dependencies.
+
+    For the :data:`MODEL_COMMANDS`, the study's ``model_modules`` and the user's modules they import
+    (:func:`locvit.model_modules.module_digests`: a helper beside the family) follow, each as
+    ``name=digest`` of its content, so that Snakemake's reason (params changed, before and now) names the
+    module that changed; without any, the digest is locvit's alone."""
     modules = set().union(*(command_modules(c, package) for c in commands))
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py"), key=lambda f: _module(f, package)):
         name = _module(path, package)
         if name in modules:
             digest.update(f"{name}\0".encode() + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    users = module_digests(model_modules) if any(c in MODEL_COMMANDS for c in commands) else {}
+    return " ".join([digest.hexdigest()[:16], *(f"{name}={code}" for name, code in users.items())])
 
 
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:

@@ -43,7 +43,7 @@ def _params_from_checkpoint(folder: Path, metrics: dict) -> dict[str, str]:
     """Params of a record written before metrics.json kept them: rebuilt from best.pt's config."""
     from locvit.checkpoint import load_checkpoint
 
-    cfg = load_checkpoint(RunFiles.at(folder).best)["config"]
+    cfg = load_checkpoint(RunFiles.at(folder).best, allow_code_change=True)["config"]  # its config only
     params = {**flatten(cfg), "n_params": metrics["n_params"], "world_size": metrics.get("world_size", 1),
               "lr_peak": peak_lr(cfg["train"])}
     return {k: str(v)[:6000] for k, v in params.items()}

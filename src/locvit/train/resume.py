@@ -18,8 +18,8 @@ the loop restores the state, :meth:`locvit.train.state.TrainState.restore`):
   created (recorded in ``mlflow_run.json`` with the run key, :attr:`locvit.layout.RunFiles.record`),
   so a run keeps one MLflow run however often it is killed.
 
-The run key hashes the resolved run config and the training data's hash (from the
-manifest): a changed recipe, model or dataset never continues an old run.
+The run key hashes the resolved run config, the training data's hash (from the manifest) and the
+model's code: a changed recipe, model, model code or dataset never continues an old run.
 
 What last.pt holds: :class:`locvit.train.state.RunCheckpoints`.
 """
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from locvit.checkpoint import model_code
 from locvit.layout import RunFiles
 from locvit.run_config import flatten
 from locvit.train.state import read_last
@@ -60,7 +61,11 @@ def recorded_run(files: RunFiles) -> dict:
 
 
 def run_key(cfg: dict, data_hash: str) -> str:
-    text = json.dumps({"config": cfg, "data_hash": data_hash}, sort_keys=True)
+    """The config, the data's hash and the model's code (:func:`locvit.checkpoint.model_code`): a change to any
+    of them trains the run again rather than restoring or resuming it."""
+    code = model_code(cfg)
+    text = json.dumps({"config": cfg, "data_hash": data_hash, **({"model_code": code} if code else {})},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -96,7 +101,7 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
         elif state.get("config") != cfg:
             why = f"has another config ({_differences(state['config'], cfg)})"
         else:
-            why = "was trained on other data (the manifest's data_hash differs)"
+            why = "was trained on other data or by other model code (the manifest's data_hash or a model module differs)"
         stale = None if state.get("finished") else state.get("mlflow_run_id")
         return Plan("fresh", key, f"{last_path} {why}; training from scratch", stale_run_id=stale)
     if state.get("finished") and keep_finished:

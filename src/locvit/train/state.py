@@ -129,4 +129,5 @@ class RunCheckpoints:
 def read_last(files: RunFiles) -> dict[str, Any]:
     """last.pt's contents. A corrupt one stops here with its name: never silently dropped, never half trusted."""
     return load_checkpoint(files.last, fix=f"It is the run's progress: delete it to train the run from scratch "
-                                           f"(rm {files.last}), or put back a good copy.")
+                                           f"(rm {files.last}), or put back a good copy.",
+                           allow_code_change=True)  # changed model code changes the run key: trained from scratch

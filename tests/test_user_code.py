@@ -1,0 +1,139 @@
+"""A study's own model code (params' ``model_modules``) is provenance like locvit's own.
+
+The code digest of every rule that builds a model holds the user's modules and the user's modules they
+import, by module name and content, never by place (:func:`locvit.versioning.code_digest`), and a
+checkpoint records the code of its model (``model_code``), refusing to load after it changed
+(:mod:`locvit.checkpoint`). End to end, through Snakemake and ``locvit evaluate``: tests/test_family_plugin.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import locvit.models  # registers locvit's families
+from locvit.checkpoint import CODE_KEY, DIGEST_KEY, content_digest, load_checkpoint, model_code, save_checkpoint
+from locvit.errors import InputError
+from locvit.model_modules import module_files
+from locvit.versioning import MODEL_COMMANDS, code_digest
+
+COMMANDS = ("prepare", "train", "evaluate", "analyse", "throughput", "report", "search-spec", "search-table")
+
+# A user's family beside params.yaml: a helper file beside it, a package of its own, and imports of the
+# standard library, installed packages and locvit (none of them the user's).
+STUDY_FILES = {
+    "my_family.py": "import json\nimport torch\nfrom timm.layers import Attention\n"
+                    "from locvit.models.family import register_family\nfrom pool_helper import pool\n"
+                    "import myfams.vit\n\n\ndef forward(x):\n    return pool(x)\n",
+    "pool_helper.py": "def pool(x):\n    return x.mean(1)  # (B, C)\n",
+    "myfams/__init__.py": "",
+    "myfams/vit.py": "from . import blocks\nfrom .blocks import Block\n",
+    "myfams/blocks.py": "class Block:\n    pass\n",
+    "unused.py": "NOT_IMPORTED = True\n",
+}
+
+
+def study(root: Path) -> Path:
+    for name, text in STUDY_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_a_users_modules_are_found_by_name_with_the_users_modules_they_import(tmp_path, monkeypatch):
+    monkeypatch.chdir(study(tmp_path))
+    files = module_files(["my_family", "absent_family"])
+    assert list(files) == ["absent_family", "my_family", "myfams", "myfams.blocks", "myfams.vit", "pool_helper"]
+    assert files["absent_family"] is None and files["pool_helper"] == tmp_path / "pool_helper.py"
+    assert files["myfams"] == tmp_path / "myfams" / "__init__.py"  # the package Python runs first
+
+
+def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_path, monkeypatch):
+    """Only the commands that build models hold the user's modules; the same files elsewhere give the same
+    digests; a change to the family's helper (its pooling) changes them all."""
+    here = study(tmp_path / "here")
+    monkeypatch.chdir(here)
+    modules = ["my_family"]
+    before = {c: code_digest(c, model_modules=modules) for c in COMMANDS}
+    assert {c for c in COMMANDS if before[c] != code_digest(c)} == set(MODEL_COMMANDS)
+    moved = shutil.copytree(here, tmp_path / "elsewhere" / "study")
+    monkeypatch.chdir(moved)
+    assert {c: code_digest(c, model_modules=modules) for c in COMMANDS} == before
+    edit(moved / "pool_helper.py", "x.mean(1)", "x.amax(1)")
+    after = {c: code_digest(c, model_modules=modules) for c in COMMANDS}
+    assert {c for c in COMMANDS if after[c] != before[c]} == set(MODEL_COMMANDS)
+    # locvit's digest, then each of the user's modules by name: Snakemake's reason shows which one changed
+    assert [part.split("=")[0] for part in after["train"].split()] == \
+        [code_digest("train"), "my_family", "myfams", "myfams.blocks", "myfams.vit", "pool_helper"]
+    assert set(after["train"].split()) ^ set(before["train"].split()) == \
+        {p for p in (before["train"] + " " + after["train"]).split() if p.startswith("pool_helper=")}
+    edit(moved / "myfams" / "blocks.py", "pass", "depth = 2")  # a module of the user's package
+    again = {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS}
+    assert all(again[c] != after[c] for c in MODEL_COMMANDS)
+    (moved / "unused.py").write_text("CHANGED = True\n")  # imported by nothing the study names
+    assert {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS} == again
+
+
+@pytest.fixture
+def trained(tmp_path, monkeypatch) -> tuple[Path, dict]:
+    """A checkpoint of a run of the user's family, written in the study's folder."""
+    monkeypatch.chdir(study(tmp_path / "study"))
+    state = {"model": {"head.weight": torch.ones(2, 3)}, "epoch": 0, "weights": "model",
+             "config": {"model": "my_vit", "model_kwargs": {}, "model_modules": ["my_family"]}}
+    path = tmp_path / "study" / "results" / "best.pt"
+    save_checkpoint(path, state)
+    return path, state
+
+
+def test_a_checkpoint_records_the_code_of_its_model(trained):
+    path, state = trained
+    recorded = torch.load(path, weights_only=True)[CODE_KEY]
+    assert sorted(recorded) == ["my_family", "myfams", "myfams.blocks", "myfams.vit", "pool_helper"]
+    assert recorded["pool_helper"] == hashlib.sha256(Path("pool_helper.py").read_bytes()).hexdigest()[:16]
+    loaded = load_checkpoint(path)
+    assert loaded.keys() == state.keys() and torch.equal(loaded["model"]["head.weight"], state["model"]["head.weight"])
+
+
+def test_a_checkpoint_loads_into_the_same_code_elsewhere(trained, tmp_path, monkeypatch):
+    path, _ = trained
+    moved = shutil.copytree(path.parents[1], tmp_path / "moved" / "study")
+    monkeypatch.chdir(moved)
+    assert load_checkpoint(moved / "results" / "best.pt")["epoch"] == 0
+
+
+def test_a_checkpoint_of_changed_model_code_is_refused_naming_the_module(trained):
+    path, _ = trained
+    edit(Path("pool_helper.py"), "x.mean(1)", "x.amax(1)")  # the pooling: mean -> max
+    with pytest.raises(InputError, match=r"trained with other model code: pool_helper changed since") as err:
+        load_checkpoint(path)
+    assert "\n" not in str(err.value) and f"--forcerun {path}" in str(err.value)
+    assert "allow_code_change=True" in str(err.value)
+    assert load_checkpoint(path, allow_code_change=True)["epoch"] == 0  # on purpose
+    Path("my_family.py").unlink()
+    with pytest.raises(InputError, match=r"my_family \(missing\), pool_helper changed"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_written_before_it_recorded_its_code_loads_as_before(trained):
+    path, state = trained
+    torch.save({**state, DIGEST_KEY: content_digest(state)}, path)  # as save_checkpoint wrote it before model_code
+    edit(Path("pool_helper.py"), "x.mean(1)", "x.amax(1)")
+    assert load_checkpoint(path).keys() == state.keys()
+
+
+def test_a_locvit_family_records_its_family_file_and_timms_models_record_nothing():
+    name = timm.list_models("mait_*")[0]
+    mait = Path(locvit.models.__file__).parent / "mait.py"
+    assert model_code({"model": name}) == {"locvit.models.mait": hashlib.sha256(mait.read_bytes()).hexdigest()[:16]}
+    assert model_code({"model": "deit_tiny_patch16_224"}) == {}  # timm's own (an installed package)
