@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -245,3 +247,63 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
     assert validate_params(raw_tiny, check_models=False)["baseline"] == "ours"
     assert len(list((tmp_path / "cache" / "model-families").iterdir())) == 3  # one answer per model name
     assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}
+
+
+def test_a_study_is_held_within_its_limits(raw_tiny):
+    """Seeds per variant (seed_budget's included) and runs in all, each refused with the number it would make
+    and the key that raises it; a raised limit lets the study through, and the limits reach no job."""
+    from locvit.job_configs import job_configs
+
+    raw_tiny["seeds"] = list(range(50_000))
+    with pytest.raises(ConfigError) as refused:
+        validate_params(raw_tiny, check_models=False)
+    assert refused.value.problems == [
+        "seeds: variant 'deit_a' would train 50000 seeds, more than limits.max_seeds_per_variant (100); use fewer "
+        "seeds, or raise limits.max_seeds_per_variant (at most 1000)",
+        "variants: 2 variant(s) x their seeds would make 100000 training runs, more than limits.max_runs (2000); "
+        "use fewer variants, fractions or seeds, or raise limits.max_runs (at most 10000)"]
+    raw_tiny["seeds"] = [0, 1]
+    raw_tiny["variants"]["mait_b"]["seeds"] = list(range(101))
+    assert "variants.mait_b.seeds: variant 'mait_b' would train 101 seeds" in _error(raw_tiny)
+    del raw_tiny["variants"]["mait_b"]["seeds"]
+    raw_tiny["train_fractions"], raw_tiny["seed_budget"] = [0.1, 1.0], {"full_runs": 20, "max_seeds": 200}
+    assert "seed_budget: variant 'deit_a_10pct' would train 200 seeds" in _error(raw_tiny)  # round(20 / 0.1)
+    raw_tiny["limits"] = {"max_seeds_per_variant": 200, "max_runs": 3}
+    assert "variants: 4 variant(s) x their seeds would make 440 training runs, more than limits.max_runs (3)" \
+        in _error(raw_tiny)  # each variant at 0.1: 200 seeds, at 1.0: round(20 / 1) = 20
+    raw_tiny["limits"]["max_runs"] = 1000
+    params = validate_params(raw_tiny, check_models=False)
+    assert params["limits"] == {"max_seeds_per_variant": 200, "max_runs": 1000}
+    assert all("limits" not in json.dumps(cfg) for cfg in job_configs(params).values())  # a bound re-runs nothing
+    raw_tiny["limits"] = {"max_seeds_per_variant": 1001}
+    assert "limits.max_seeds_per_variant: 1001 is greater than the maximum of 1000" in _error(raw_tiny)
+
+
+def test_the_limits_hold_every_shipped_study(repo):
+    from locvit.config import load_schema
+    from locvit.run_config import variant_seeds
+
+    limits = load_schema()["properties"]["limits"]["properties"]
+    for path in [repo / "params.yaml", *sorted((repo / "presets").glob("*.yaml"))]:
+        params = load_params(path, check_models=False)
+        seeds = [len(variant_seeds(params, v)) for v in params["variants"]]
+        assert max(seeds) * 10 <= limits["max_seeds_per_variant"]["default"], path  # far within: room to grow
+        assert sum(seeds) * 10 <= limits["max_runs"]["default"], path
+
+
+@pytest.mark.parametrize("folder", ["/tmp/results", "~/results", "../results", "results/../../x"])
+def test_results_dir_stays_inside_the_working_directory(raw_tiny, folder):
+    raw_tiny["results_dir"] = folder
+    assert f"results_dir: {folder!r} is not a folder inside the working directory" in _error(raw_tiny)
+
+
+def test_negative_stochastic_depth_and_a_misspelt_kwarg(raw_tiny):
+    raw_tiny["variants"]["deit_a"]["kwargs"]["drop_path_rate"] = -0.1  # timm builds it as none, silently
+    assert "variants.deit_a.kwargs.drop_path_rate: -0.1 is less than the minimum of 0" in _error(raw_tiny)
+    raw_tiny["variants"]["deit_a"]["kwargs"]["drop_path_rate"] = 0.1
+    raw_tiny["variants"]["deit_a"]["kwargs"]["num_head"] = raw_tiny["variants"]["deit_a"]["kwargs"].pop("num_heads")
+    assert ("variants.deit_a.kwargs.num_head: deit_tiny_patch16_224 takes no keyword argument 'num_head'; "
+            "did you mean 'num_heads'?") in _error(raw_tiny)
+    raw_tiny["variants"]["deit_a"]["kwargs"]["num_heads"] = raw_tiny["variants"]["deit_a"]["kwargs"].pop("num_head")
+    raw_tiny["variants"]["deit_a"]["kwargs"]["zzz"] = 1  # nothing close: the build's own words
+    assert "variants.deit_a.kwargs: deit_tiny_patch16_224 does not build with" in _error(raw_tiny)

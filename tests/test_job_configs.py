@@ -5,14 +5,20 @@ a job reads that its config lacks fails here; and given their config file they r
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from locvit.config import load_schema, validate_params
 from locvit.errors import InputError
 from locvit.io import JobConfig
-from locvit.job_configs import job_configs, report_config, search_table_config, throughput_config
+from locvit.job_configs import (changed_job_configs, job_configs, report_config, search_table_config,
+                                throughput_config, write_job_configs, write_plan_copies)
 from locvit.layout import StudyLayout
+
+from helpers import copy_workflow, snakemake
 
 
 def test_a_job_config_names_a_key_its_job_reads_and_it_lacks():
@@ -110,3 +116,82 @@ def test_the_reports_tables_keep_the_order_of_params(tiny_params, tmp_path):
     written = json.loads(encode(report_config(reordered)))
     assert list(written["variants"]) == sorted(names) and written["order"] == names[::-1]
     assert list(load_study(JobConfig(written, "report config"), tmp_path).variants) == names[::-1]
+
+
+def test_only_the_changed_configs_are_written_and_a_plan_copies_them_aside(tmp_path, monkeypatch, raw_tiny):
+    """changed_job_configs reads only; write_job_configs writes what it found; a plan's copies go under their
+    folder (replacing an earlier plan's), the study's files untouched."""
+    monkeypatch.chdir(tmp_path)
+    params = validate_params(raw_tiny)
+    assert set(changed_job_configs(params)) == set(job_configs(params)) and not Path("results").exists()
+    assert set(write_job_configs(params)) == set(job_configs(params)) and changed_job_configs(params) == {}
+    raw_tiny["variants"]["deit_a"]["train"] = {"lr": 0.001}
+    changed = changed_job_configs(validate_params(raw_tiny))
+    layout = StudyLayout.of(params)
+    assert set(changed) == {layout.train_config("deit_a", 0), layout.train_config("deit_a", 1)}
+    before = {path: (path.read_text(), path.stat().st_mtime_ns) for path in job_configs(params)}
+    stale = tmp_path / "plan" / "results" / "earlier.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    copies = write_plan_copies(changed, tmp_path / "plan")
+    assert {copy.relative_to(tmp_path / "plan") for copy in copies.values()} == set(changed)
+    assert json.loads(copies[layout.train_config("deit_a", 0)].read_text())["train"]["lr"] == 0.001
+    assert not stale.exists()  # an earlier plan's copy
+    assert {path: (path.read_text(), path.stat().st_mtime_ns) for path in job_configs(params)} == before
+
+
+def _files(work: Path) -> dict[str, int]:
+    """Every file of ``work`` but Snakemake's own folder, with its modification time."""
+    return {str(p.relative_to(work)): p.stat().st_mtime_ns for p in work.rglob("*")
+            if p.is_file() and ".snakemake" not in p.relative_to(work).parts}
+
+
+LIMITS = {k: v["default"] for k, v in load_schema()["properties"]["limits"]["properties"].items()}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("bound", ["max_seeds_per_variant", "max_runs"])
+def test_a_study_at_its_limits_plans_in_under_a_minute_and_writes_nothing(tmp_path, raw_tiny, bound):
+    """A study at the default limits (one variant with the most seeds; the most runs, a job each) plans quickly,
+    and its dry run leaves every file of the checkout as it was: the job configs it would write are read from
+    copies in Snakemake's folder. Every command line stays short enough for any shell (128 KiB, Linux's most for
+    one argument, as in `bash -c`): a variant's lists its seeds' files, the report's and throughput's no run's."""
+    work = copy_workflow(tmp_path)
+    seeds = LIMITS["max_seeds_per_variant"]
+    variants = 1 if bound == "max_seeds_per_variant" else LIMITS["max_runs"] // seeds
+    del raw_tiny["mask_search"]
+    raw_tiny.update(seeds=list(range(seeds)), train_jobs="per_variant" if variants == 1 else "per_run",
+                    variants={f"v{i}": raw_tiny["variants"]["deit_a"] for i in range(variants)})
+    (work / "bound.yaml").write_text(yaml.safe_dump(raw_tiny))
+    before = _files(work)
+    start = time.monotonic()
+    out = snakemake(work, "-n", "-p", "all", "--config", "params=bound.yaml", timeout=300)
+    took = time.monotonic() - start
+    assert took < 60, took
+    assert _files(work) == before
+    trains = sum(1 for line in out.stdout.splitlines() if line.startswith("rule train:"))
+    assert trains == (1 if variants == 1 else variants * seeds)
+    plan = work / ".snakemake" / "locvit-plan" / "results" / "tiny" / "config" / "train"
+    assert len(list(plan.rglob("*.json"))) == variants * seeds
+    assert f"the {variants * seeds + 4} missing or changed" in out.stderr  # and prepare, analyse, throughput, report
+    commands = [line for line in out.stdout.splitlines() if " -m locvit " in line]
+    assert len(commands) >= 5 and max(map(len, commands)) < 128 * 1024  # report's, throughput's: no list of runs
+
+
+@pytest.mark.e2e
+def test_a_dry_run_after_a_change_plans_its_jobs_from_copies(tmp_path, raw_tiny, monkeypatch):
+    """The study's configs as a run wrote them, then one variant's lr changed: the dry run plans that variant's
+    training from a copy of its new config, and the study's files keep their content and times."""
+    work = copy_workflow(tmp_path)
+    monkeypatch.chdir(work)
+    write_job_configs(validate_params(raw_tiny))
+    raw_tiny["variants"]["mait_b"]["train"] = {"lr": 0.001}
+    (work / "study.yaml").write_text(yaml.safe_dump(raw_tiny))
+    before = _files(work)
+    out = snakemake(work, "-n", "-p", "all", "--config", "params=study.yaml")
+    assert _files(work) == before
+    assert "the 3 missing or changed" in out.stderr  # mait_b's two run configs and the search's (its variant)
+    copy = ".snakemake/locvit-plan/results/tiny/config/train/mait_b/seed0.json"
+    assert f"--run-config {copy} " in out.stdout and "--run-config results/tiny/config/train/deit_a/seed0.json " \
+        in out.stdout
+    assert json.loads((work / copy).read_text())["train"]["lr"] == 0.001

@@ -269,8 +269,9 @@ def cmd_job_configs(args) -> None:
 
     params = load_params(args.params, check_models=False)
     written = write_job_configs(params)
+    shown = ", ".join(map(str, written[:5])) + (f", ... ({len(written) - 5} more)" if len(written) > 5 else "")
     print(f"{len(job_configs(params))} job config(s) of study {params['study']!r} under "
-          f"{StudyLayout.of(params).configs}; {len(written)} changed: {', '.join(map(str, written)) or 'none'}")
+          f"{StudyLayout.of(params).configs}; {len(written)} changed: {shown or 'none'}")
 
 
 def cmd_dvc_yaml(args) -> None:

@@ -3,9 +3,10 @@
 ``src/locvit/schemas/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
-fills defaults (the default ``baseline`` from the family protocol), expands
-``train_fractions`` and ``seed_budget`` into variants and seeds, then checks what a
-schema cannot: a coherent recipe, and every variant's model
+refuses NaN and infinity in every number (JSON Schema's bounds let them through), fills
+defaults (the default ``baseline`` from the family protocol), expands ``train_fractions``
+and ``seed_budget`` into variants and seeds, holds the study within its ``limits``, then
+checks what a schema cannot: a coherent recipe, and every variant's model
 (:func:`locvit.model_checks.check_model`). Nothing runs and nothing is written before
 this passes. A validated study's runs and their configs: :mod:`locvit.run_config`.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 from importlib import resources
 from pathlib import Path
@@ -64,11 +66,27 @@ def _describe(err: jsonschema.ValidationError) -> str:
     if err.validator == "enum":
         return f"{key}: {err.instance!r} is not allowed; allowed values: {', '.join(map(repr, err.validator_value))}"
     if err.validator == "pattern":
+        if "x-pattern-message" in schema:  # what the pattern means, said in words
+            return f"{key}: {err.instance!r} {schema['x-pattern-message']}"
         if "file name" in schema.get("description", ""):
             return (f"{key}: name {err.instance!r} is not safe as a file name; use letters, digits, '_' and '-', "
                     "starting with a letter or digit (at most 64)")
         return f"{key}: {err.instance!r} does not match the pattern {err.validator_value!r}"
     return f"{key}: {err.message}"
+
+
+def non_finite(value: Any, path: tuple = ()) -> list[str]:
+    """One line per NaN or infinite number in ``value`` (parsed YAML or JSON), naming its key.
+
+    Checked before the schema, which cannot: NaN compares false with every bound, so ``minimum`` and
+    ``maximum`` pass it, and ``multipleOf`` raises on it. No key of params takes infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{_key(path)}: {value!r} is not a finite number"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in non_finite(v, (*path, i))]
+    return []
 
 
 def schema_errors(params: Any, schema: dict) -> list[str]:
@@ -83,7 +101,7 @@ def schema_errors(params: Any, schema: dict) -> list[str]:
 def _fill_defaults(params: dict, schema: dict) -> dict:
     """Fill the declared defaults of the top-level sections (not of variant overrides)."""
     out = _fill_defaults_section(params, schema)
-    for section in ("data", "train", "analysis", "mask_search", "tracking"):
+    for section in ("data", "train", "analysis", "mask_search", "tracking", "limits"):
         if section not in out:  # an optional section left out (mask_search)
             continue
         sub = schema["properties"][section]
@@ -179,6 +197,28 @@ def _budget_seeds(params: dict) -> None:
         for name, spec in params["variants"].items():
             fraction = spec.get("train_fraction", params["data"]["train_fraction"])  # a train_fractions copy's own
             spec.setdefault("seeds", budget_seeds(params["seeds"], fraction, budget, params["fraction_protocol"]))
+
+
+def _check_limits(params: dict, own_seeds: set[str]) -> list[str]:
+    """The study stays within ``limits``: seeds per variant (seed_budget's included) and runs in all, each
+    counted as :func:`locvit.run_config.variant_seeds` counts them. ``own_seeds``: the variants that set
+    their own ``seeds`` (the others' come from ``seeds`` or seed_budget)."""
+    limits, problems = params["limits"], []
+    most = load_schema()["properties"]["limits"]["properties"]  # how far each limit may be raised
+    counts = {name: len(spec.get("seeds") or params["seeds"]) for name, spec in params["variants"].items()}
+    name, seeds = max(counts.items(), key=lambda item: item[1])
+    if seeds > limits["max_seeds_per_variant"]:
+        key = (f"variants.{params['variants'][name].get('base', name)}.seeds" if name in own_seeds else
+               "seed_budget" if params.get("seed_budget") else "seeds")
+        problems.append(f"{key}: variant {name!r} would train {seeds} seeds, more than limits.max_seeds_per_variant "
+                        f"({limits['max_seeds_per_variant']}); use fewer seeds, or raise limits.max_seeds_per_variant "
+                        f"(at most {most['max_seeds_per_variant']['maximum']})")
+    runs = sum(counts.values())
+    if runs > limits["max_runs"]:
+        problems.append(f"variants: {len(counts)} variant(s) x their seeds would make {runs} training runs, more than "
+                        f"limits.max_runs ({limits['max_runs']}); use fewer variants, fractions or seeds, or raise "
+                        f"limits.max_runs (at most {most['max_runs']['maximum']})")
+    return problems
 
 
 def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
@@ -341,14 +381,18 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     schema = load_schema()
     if not isinstance(params, dict):
         raise ConfigError([f"the file must hold a mapping of keys, not {type(params).__name__}"], source)
-    problems = schema_errors(params, schema)
+    problems = non_finite(params) or schema_errors(params, schema)
     if problems:
         raise ConfigError(problems, source)
     params = _fill_defaults(params, schema)
     problems = _expand_fractions(params)
     if problems:
         raise ConfigError(problems, source)
+    own_seeds = {name for name, spec in params["variants"].items() if "seeds" in spec}
     _budget_seeds(params)
+    problems = _check_limits(params, own_seeds)  # before anything that costs per run
+    if problems:
+        raise ConfigError(problems, source)
     problems = (_check_baseline(params) + _check_fraction_epochs(params) + _check_tracking(params)
                 + (_check_semantics(params) if check_models else []))
     if problems:
@@ -386,7 +430,7 @@ def validate_section(name: str, section: dict, source: str) -> dict:
     """Validate one top-level section given on its own (as Snakemake hands it to a job)."""
     schema = load_schema()
     sub = {**schema, "required": [name], "properties": {name: schema["properties"][name]}}
-    problems = schema_errors({name: section}, sub)
+    problems = non_finite(section, (name,)) or schema_errors({name: section}, sub)
     if problems:
         raise ConfigError(problems, source)
     return _fill_defaults_section(section, schema["properties"][name])

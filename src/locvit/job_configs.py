@@ -6,7 +6,9 @@ part changed, through the two records that watch files: Snakemake re-runs a job 
 is newer than its output (which holds in a fresh clone too, where Snakemake has no record of
 past params), and DVC compares the file's hash (the ``configs`` stage writes them, the other
 stages depend on their own). Like a source file under make, a param changed and changed back
-before its jobs ran still re-runs them.
+before its jobs ran still re-runs them. A plan (``snakemake -n``) writes none of them: it reads
+the changed ones from copies in Snakemake's own folder (:func:`write_plan_copies`), so it plans
+exactly what the run will do. The files are strict JSON: a NaN or an infinity is an error.
 
 Every job reads its config file and nothing else of params.yaml: the training, data, analysis
 and mask-search jobs, the throughput job (:func:`throughput_config`), the report
@@ -18,6 +20,7 @@ fails naming the key (``tests/test_job_configs.py`` runs each job on its exact c
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from locvit.io import write_text
@@ -99,15 +102,38 @@ def search_table_config(params: dict) -> dict:
 
 
 def encode(config: object) -> str:
-    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+    """A config file's text: strict JSON (a NaN or an infinity raises ValueError; validated params hold none)."""
+    return json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_job_configs(params: dict) -> list[Path]:
-    """Write every job's config file whose content changed (atomically); the files written."""
-    written = []
+def changed_job_configs(params: dict) -> dict[Path, str]:
+    """The job config files that are missing or hold other content than ``params`` gives them: path -> text.
+    Reads only."""
+    changed = {}
     for path, config in job_configs(params).items():
         text = encode(config)
         if not path.is_file() or path.read_text() != text:
-            write_text(path, text)
-            written.append(path)
-    return written
+            changed[path] = text
+    return changed
+
+
+def write_job_configs(params: dict, changed: dict[Path, str] | None = None) -> list[Path]:
+    """Write every job's config file whose content changed (atomically; ``changed``: the
+    :func:`changed_job_configs` of ``params``, when found before); the files written."""
+    changed = changed_job_configs(params) if changed is None else changed
+    for path, text in changed.items():
+        write_text(path, text)
+    return list(changed)
+
+
+def write_plan_copies(changed: dict[Path, str], folder: Path) -> dict[Path, Path]:
+    """A plan's copies of the ``changed`` configs (:func:`changed_job_configs`) under ``folder``, which they
+    replace: path -> its copy, at the path's place under ``folder``. A plan that takes a changed config from
+    its copy (written now: newer than every output) plans the jobs that read it, and leaves the study as it was."""
+    shutil.rmtree(folder, ignore_errors=True)
+    copies = {}
+    for path, text in changed.items():
+        copies[path] = folder / Path(path).relative_to(Path(path).anchor)  # results_dir is inside the working dir
+        copies[path].parent.mkdir(parents=True, exist_ok=True)
+        copies[path].write_text(text)  # a plan's scratch: no need for write_text's atomic rename and fsync
+    return copies

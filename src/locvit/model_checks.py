@@ -20,7 +20,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib.util
+import inspect
 import json
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -87,6 +89,11 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
             built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
                                                                    "num_classes": num_classes, **variant["kwargs"]}})
     except Exception as err:  # any build failure is a config problem of this variant
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err)) if isinstance(err, TypeError) else None
+        close = difflib.get_close_matches(unknown[1], _taken(model, image_size, num_classes), n=1) if unknown else []
+        if close:
+            return [f"variants.{name}.kwargs.{unknown[1]}: {model} takes no keyword argument {unknown[1]!r}; "
+                    f"did you mean {close[0]!r}?"]
         return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size} "
                 f"(img_size goes only to models that take it): {err}"]
     from locvit.models.family import family_of
@@ -103,6 +110,22 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
         return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
                 f"choose a patch size that divides the image"]
     return []
+
+
+def _taken(model: str, image_size: int, num_classes: int) -> list[str]:
+    """The keyword arguments the class of ``model`` takes (its ``__init__``'s and its bases'), from a build
+    on meta with the pipeline's own arguments only; none when that does not build either."""
+    import torch
+
+    from locvit import models
+
+    try:
+        with torch.device("meta"):
+            built = models.create({"model": model, "model_kwargs": {"img_size": image_size, "num_classes": num_classes}})
+    except Exception:
+        return []
+    return sorted({p.name for cls in type(built).__mro__ for p in inspect.signature(cls.__init__).parameters.values()
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"})
 
 
 def claiming_family(model: str, modules: list[str] = ()) -> dict | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from locvit.config import ConfigError, fraction_recipe, load_schema, schema_errors
+from locvit.config import ConfigError, fraction_recipe, load_schema, non_finite, schema_errors
 
 RUN_CONFIG_KEYS = ("study", "variant", "seed", "model", "model_kwargs", "data", "train")
 OPTIONAL_RUN_CONFIG_KEYS = ("model_modules",)  # present only when params set them
@@ -75,7 +75,7 @@ def validate_run_config(cfg: dict) -> dict:
     recipe = {**schema["$defs"]["recipe"], "required": list(schema["$defs"]["recipe"]["properties"])}
     sub = {**schema, "required": ["train", "data"],
            "properties": {"train": recipe, "data": schema["properties"]["data"]}}
-    problems = schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
+    problems = non_finite(cfg) or schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
     if problems:
         raise ConfigError(problems, "--run-config")
     return cfg

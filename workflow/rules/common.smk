@@ -1,15 +1,18 @@
 # Target lists, paths and input functions shared by the rules (no logic in rules).
+import functools
 import os
 import re
 import shlex
+import shutil
 import sys
+from pathlib import Path
 
 from locvit.run_config import seed_sets, train_resources, variant_fraction, variant_seeds
-from locvit.job_configs import write_job_configs
+from locvit.job_configs import changed_job_configs, write_job_configs, write_plan_copies
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, STUDY_PARAMS_ENV, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit.train import gpus, launch
-from locvit.versioning import code_digest
+from locvit import versioning
 
 # Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
 LAYOUT = StudyLayout.of(P)
@@ -28,17 +31,49 @@ REPORT_DIR = str(LAYOUT.report)
 REPORT = {role: LAYOUT.report_file(role) for role in (*REPORT_FILES, *REPORT_FOLDERS)}  # results.md, ...
 THROUGHPUT_FILE = str(LAYOUT.throughput_file)  # every variant's images/s, measured side by side (CSV)
 LOG_DIR = str(LAYOUT.logs)
-# Each job's part of params.yaml, resolved into a file it takes as input (locvit.job_configs), written
-# here when it changed: a params change re-runs the jobs whose file changed, in a fresh clone too.
-write_job_configs(P)
+# Each job's part of params.yaml, resolved into a file it takes as input (locvit.job_configs): a params change
+# re-runs the jobs whose file changed, in a fresh clone too. The files missing or out of date are found here,
+# reading only, and written when Snakemake first asks for a job's inputs, when it knows whether it runs: a run
+# writes them in place; a plan (-n; --summary, --dag) writes copies under PLAN_DIR, in Snakemake's own folder,
+# and its jobs take those, so it plans what the run will do and leaves the study as it was.
+CHANGED_CONFIGS = changed_job_configs(P)
+PLAN_DIR = Path(".snakemake") / "locvit-plan"
+
+
+@functools.cache
+def config_copies():
+    """The changed configs written, once: in place by a run (--touch included), as copies by a plan (path ->
+    its copy; a dry run knows it is one, and --summary or --dag has no executor)."""
+    if workflow.executor_plugin is not None and not workflow.dryrun:
+        write_job_configs(P, CHANGED_CONFIGS)
+        shutil.rmtree(PLAN_DIR, ignore_errors=True)  # an earlier plan's copies
+        return {}
+    if CHANGED_CONFIGS:
+        print(f"locvit: a plan writes no job config; the {len(CHANGED_CONFIGS)} missing or changed (e.g. "
+              f"{next(iter(CHANGED_CONFIGS))}) are planned from copies under {PLAN_DIR}/", file=sys.stderr)
+    return write_plan_copies(CHANGED_CONFIGS, PLAN_DIR)
+
+
+def config_path(path):
+    """A job config's path for this Snakemake: the file (a run writes the changed ones first), or a plan's copy."""
+    return str(config_copies().get(Path(path), path))
+
+
+def job_config(pattern):
+    """An input function: the job's config file, ``pattern`` with the job's wildcards (config_path)."""
+    def config_file(wildcards):
+        return config_path(pattern.format(**dict(wildcards.items())))
+    return config_file
+
+
 RUN_CONFIG = str(LAYOUT.train_config("{variant}", "{seed}"))
-PREPARE_CONFIG = str(LAYOUT.job_config("prepare", "{datadir}"))
-ANALYSE_CONFIG = str(LAYOUT.job_config("analyse"))
-THROUGHPUT_CONFIG = str(LAYOUT.job_config("throughput"))
-REPORT_CONFIG = str(LAYOUT.job_config("report"))
-SEARCH_CONFIG = str(LAYOUT.job_config("search"))
-SEARCH_TRAIN_CONFIG = str(LAYOUT.job_config("search_train"))
-SEARCH_TABLE_CONFIG = str(LAYOUT.job_config("search_table"))
+PREPARE_CONFIG = job_config(str(LAYOUT.job_config("prepare", "{datadir}")))
+ANALYSE_CONFIG = job_config(str(LAYOUT.job_config("analyse")))
+THROUGHPUT_CONFIG = job_config(str(LAYOUT.job_config("throughput")))
+REPORT_CONFIG = job_config(str(LAYOUT.job_config("report")))
+SEARCH_CONFIG = job_config(str(LAYOUT.job_config("search")))
+SEARCH_TRAIN_CONFIG = job_config(str(LAYOUT.job_config("search_train")))
+SEARCH_TABLE_CONFIG = job_config(str(LAYOUT.job_config("search_table")))
 # Default MLflow backend (MLFLOW_TRACKING_URI overrides it); artifacts go to mlartifacts/ beside it.
 TRACKING_DB = str(LAYOUT.tracking_db)
 # How often training samples MLflow's system metrics, handed to the jobs (local or sbatch) in the environment:
@@ -61,6 +96,12 @@ SEARCH_ROUNDS = list(range(SEARCH["rounds"])) if SEARCH else []
 # nothing. A job's code is its `code` param instead: a digest of the source its command runs.
 os.environ[launch.PYTHON_ENV] = sys.executable
 LOCVIT = f"{launch.PYTHON} -m locvit"
+
+
+def code_digest(command):
+    """A rule's `code` param: the source `locvit <command>` runs, the study's model_modules (found in the working
+    directory or on PYTHONPATH) among it where the command builds models (locvit.versioning.code_digest)."""
+    return versioning.code_digest(command, model_modules=P["model_modules"])
 
 
 wildcard_constraints:
@@ -272,7 +313,7 @@ def job_seeds(wildcards):
 
 def run_configs(wildcards):
     """The config files of the job's runs (locvit.job_configs): a changed variant re-trains only itself."""
-    return expand(RUN_CONFIG, variant=wildcards.variant, seed=job_seeds(wildcards))
+    return [config_path(path) for path in expand(RUN_CONFIG, variant=wildcards.variant, seed=job_seeds(wildcards))]
 
 
 def keep_finished(wildcards):
