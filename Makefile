@@ -88,10 +88,12 @@ FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
 
 test: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
 	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
 
 test-fast: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
 
 # The floor lane: the fast lane in a second environment (.venv-floor, CPython 3.12 as on the GPU node) holding the
@@ -119,7 +121,10 @@ test-cluster: install
 cluster-deps:
 	@$(call apt_deps,$(CLUSTER_PACKAGES),CLUSTER_DEPS_MISSING)
 
+# ruff's rules are listed in pyproject.toml; `ruff format .` and `ruff check --fix .` repair most of what it finds
 lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/snakemake --lint
 
 # Speed comparisons, measured as ratios side by side; results in benchmarks/results/*.json.

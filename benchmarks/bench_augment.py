@@ -56,7 +56,7 @@ def torch_side(size: int, batch: int, repeats: int) -> dict:
     erase_tensor = TrainAugment(MEAN, STD, random_erasing=0.25, seed=0)
     tv = v2.RandAugment(num_ops=2, magnitude=9)
     normalised = to_model_input(x, MEAN, STD)
-    step = iter(range(10 ** 9))
+    step = iter(range(10**9))
     fns = {
         "randaugment_timm_pil_1_thread": lambda: one.before_normalise(x, next(step)),
         "randaugment_timm_pil_2_threads": lambda: two.before_normalise(x, next(step)),
@@ -78,12 +78,13 @@ def side_by_side(size: int, batch: int, repeats: int) -> dict:
     from locvit.data.ffcv_io import to_model_input
 
     x = smooth_batch(batch, size)
-    step = iter(range(10 ** 9))
+    step = iter(range(10**9))
 
     def full(aug):
         def run():
             s = next(step)
             return aug.after_normalise(to_model_input(aug.before_normalise(x, s), MEAN, STD), s)
+
         return run
 
     out, before = {}, torch.get_num_threads()
@@ -91,16 +92,23 @@ def side_by_side(size: int, batch: int, repeats: int) -> dict:
         torch.set_num_threads(threads)
         tensor = TrainAugment(MEAN, STD, DEIT, 0.25, seed=0)
         pil = TrainAugment(MEAN, STD, DEIT, 0.25, seed=0, workers=threads, backend="pil")
-        fns = {"tensor": full(tensor), "timm_pil": full(pil),
-               "tensor_randaugment_only": lambda: tensor.before_normalise(x, next(step)),
-               "timm_pil_randaugment_only": lambda: pil.before_normalise(x, next(step))}
+        fns = {
+            "tensor": full(tensor),
+            "timm_pil": full(pil),
+            "tensor_randaugment_only": lambda: tensor.before_normalise(x, next(step)),
+            "timm_pil_randaugment_only": lambda: pil.before_normalise(x, next(step)),
+        }
         times = alternate(fns, repeats, warmup=1)
         ips = {name: batch / median(t) for name, t in times.items()}
         out[f"{threads}_thread{'s' if threads > 1 else ''}"] = {
-            "images_per_s": ips, "ratio_tensor_over_pil": ips["tensor"] / ips["timm_pil"],
-            "ratio_tensor_over_pil_randaugment_only": ips["tensor_randaugment_only"] / ips["timm_pil_randaugment_only"]}
-        print(f"{size} px, batch {batch}, {threads} thread(s): RandAugment m9 + erasing, tensor {ips['tensor']:.0f}, "
-              f"timm PIL {ips['timm_pil']:.0f} img/s, ratio {ips['tensor'] / ips['timm_pil']:.2f}")
+            "images_per_s": ips,
+            "ratio_tensor_over_pil": ips["tensor"] / ips["timm_pil"],
+            "ratio_tensor_over_pil_randaugment_only": ips["tensor_randaugment_only"] / ips["timm_pil_randaugment_only"],
+        }
+        print(
+            f"{size} px, batch {batch}, {threads} thread(s): RandAugment m9 + erasing, tensor {ips['tensor']:.0f}, "
+            f"timm PIL {ips['timm_pil']:.0f} img/s, ratio {ips['tensor'] / ips['timm_pil']:.2f}"
+        )
     torch.set_num_threads(before)
     return {"batch": batch, "spec": DEIT, "random_erasing": 0.25, **out}
 
@@ -115,9 +123,12 @@ def pil_differences(size: int, n: int = 48) -> dict:
     ops = {}
     for spec in (DEIT, "rand-m9-mstd0.5", "rand-m9-t3a"):
         ops.update({op.name: op for op in TrainAugment(MEAN, STD, spec)._policy(size, size).ops})
-    images = {"smooth": smooth_batch(n, size),
-              "noise": torch.randint(0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(1),
-                                     dtype=torch.uint8)}
+    images = {
+        "smooth": smooth_batch(n, size),
+        "noise": torch.randint(
+            0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(1), dtype=torch.uint8
+        ),
+    }
     out = {}
     for name, op in sorted(ops.items()):
         plans = []
@@ -126,11 +137,18 @@ def pil_differences(size: int, n: int = 48) -> dict:
             plans.append([(op, op.level_fn(10 * i / (n - 1), op.hparams) if op.level_fn else ())])
         out[name] = {}
         for kind, x in images.items():
-            ref = torch.stack([torch.from_numpy(_apply(img.permute(1, 2, 0).numpy(), plan).copy()).permute(2, 0, 1)
-                               for img, plan in zip(x, plans)])
+            ref = torch.stack(
+                [
+                    torch.from_numpy(_apply(img.permute(1, 2, 0).numpy(), plan).copy()).permute(2, 0, 1)
+                    for img, plan in zip(x, plans)
+                ]
+            )
             d = (apply_plans(x, plans).int() - ref.int()).abs().float()
-            out[name][kind] = {"mean": d.mean().item(), "share_over_2": (d > 2).float().mean().item(),
-                               "max": int(d.max().item())}
+            out[name][kind] = {
+                "mean": d.mean().item(),
+                "share_over_2": (d > 2).float().mean().item(),
+                "max": int(d.max().item()),
+            }
     return out
 
 
@@ -158,8 +176,9 @@ def ffcv_side(n: int, batch: int, repeats: int) -> dict:
         loaders = {
             "plain": make_loader(path, batch, True, cpu, seed=0, jit=False),
             "flip_translate4": make_loader(path, batch, True, cpu, seed=0, jit=False, hflip=True, translate=4),
-            "flip_translate4_repeated3": make_loader(path, batch, True, cpu, seed=0, jit=False, hflip=True,
-                                                    translate=4, repeated_aug=3),
+            "flip_translate4_repeated3": make_loader(
+                path, batch, True, cpu, seed=0, jit=False, hflip=True, translate=4, repeated_aug=3
+            ),
         }
         counts = {name: len(loader) * batch for name, loader in loaders.items()}
 
@@ -175,8 +194,12 @@ def ffcv_side(n: int, batch: int, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads outside the side-by-side cases (those run at 1 and 2)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads outside the side-by-side cases (those run at 1 and 2)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()  # a shared machine: other jobs' load is part of the context

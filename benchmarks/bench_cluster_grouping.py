@@ -76,8 +76,17 @@ def run_study(slurm, mode: str, epochs: int, root: Path) -> dict:
             profile.pop(key, None)
         (work / "cluster" / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     before = {j["job_id"] for j in slurm.sacct()}
-    cmd = [str(BIN / "snakemake"), "--profile", "cluster", "all", "--config", "params=bench.yaml",
-           "--slurm-init-seconds-before-status-checks", "2", *node_overrides(default_runtime=60)]
+    cmd = [
+        str(BIN / "snakemake"),
+        "--profile",
+        "cluster",
+        "all",
+        "--config",
+        "params=bench.yaml",
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        *node_overrides(default_runtime=60),
+    ]
     env = {**slurm.env, "PATH": f"{BIN}:{slurm.env.get('PATH', '')}"}
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
@@ -88,18 +97,27 @@ def run_study(slurm, mode: str, epochs: int, root: Path) -> dict:
     jobs = [j for j in slurm.sacct() if j["job_id"] not in before]
     sizes = usage(slurm, {j["job_id"] for j in jobs})
     print(f"{mode}: {len(jobs)} SLURM jobs in {wall:.0f} s", flush=True)
-    return {"slurm_jobs": len(jobs), "slurm_jobs_by_rule_or_group": submitted(jobs),
-            "snakemake_jobs": ran(log), "wall_s": round(wall, 1),
-            "jobs_elapsed_s": sum(s["elapsed_s"] for s in sizes.values()),
-            "allocated_cpu_s": sum(s["elapsed_s"] * s["cpus"] for s in sizes.values()),
-            "cpus_per_job": sorted({s["cpus"] for s in sizes.values()}),
-            "states": sorted({j["state"] for j in jobs})}
+    return {
+        "slurm_jobs": len(jobs),
+        "slurm_jobs_by_rule_or_group": submitted(jobs),
+        "snakemake_jobs": ran(log),
+        "wall_s": round(wall, 1),
+        "jobs_elapsed_s": sum(s["elapsed_s"] for s in sizes.values()),
+        "allocated_cpu_s": sum(s["elapsed_s"] * s["cpus"] for s in sizes.values()),
+        "cpus_per_job": sorted({s["cpus"] for s in sizes.values()}),
+        "states": sorted({j["state"] for j in jobs}),
+    }
 
 
 def usage(slurm, ids: set[str]) -> dict[str, dict]:
     """Each job's elapsed seconds and allocated CPUs (sacct)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--starttime=2000-01-01", "-o", "JobIDRaw,ElapsedRaw,AllocCPUS"],
-                         env=slurm.env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--starttime=2000-01-01", "-o", "JobIDRaw,ElapsedRaw,AllocCPUS"],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [line.split("|") for line in out.splitlines() if line]
     return {r[0]: {"elapsed_s": int(r[1]), "cpus": int(r[2])} for r in rows if r[0] in ids}
 
@@ -121,11 +139,15 @@ def main() -> None:
             results[mode] = run_study(slurm, mode, epochs, Path(tmp))
     payload = {
         "command": "flock /tmp/locvit-slurm.lock .venv/bin/python -m benchmarks.bench_cluster_grouping"
-                   + (f" --epochs {args.epochs}" if args.epochs else ""),
-        "study": "params.yaml (the demo)" + (f", train.epochs {epochs} instead of {full} (warm-up {epochs / 2} "
-                                             "epochs where it was longer)" if epochs != full else ""),
+        + (f" --epochs {args.epochs}" if args.epochs else ""),
+        "study": "params.yaml (the demo)"
+        + (
+            f", train.epochs {epochs} instead of {full} (warm-up {epochs / 2} epochs where it was longer)"
+            if epochs != full
+            else ""
+        ),
         "node": "one SLURM node, 2 CPUs, no GPU; every job 1 CPU and 2 GB; a variant's group job Snakemake's "
-                "estimate for its jobs (cpus_per_job), which run one after another",
+        "estimate for its jobs (cpus_per_job), which run one after another",
         **results,
         "jobs_saved": results["ungrouped"]["slurm_jobs"] - results["grouped"]["slurm_jobs"],
         "wall_ratio_grouped_over_ungrouped": round(results["grouped"]["wall_s"] / results["ungrouped"]["wall_s"], 3),

@@ -45,6 +45,7 @@ RAW = 1  # FFCV's mode of an image stored raw (ffcv.fields.rgb_image.IMAGE_MODES
 
 # --- the data -----------------------------------------------------------------------------
 
+
 class GeneratedSource:
     """A CIFAR-sized source for write_beton: n smooth 32x32 RGB images, 10 labels, the same every time.
 
@@ -66,7 +67,7 @@ class GeneratedSource:
         for start in range(0, n, 5000):
             small = rng.integers(0, 256, (min(5000, n - start), grid, grid, 3)).astype(np.float32)
             rows = np.einsum("yi,nijc->nyjc", up, small)  # (n, size, grid, 3)
-            self._images[start:start + len(small)] = np.einsum("nyjc,xj->nyxc", rows, up).round().astype(np.uint8)
+            self._images[start : start + len(small)] = np.einsum("nyjc,xj->nyxc", rows, up).round().astype(np.uint8)
         self.labels = rng.integers(0, 10, n)
 
     def image(self, index: int, crop: bool = True) -> np.ndarray:
@@ -87,8 +88,9 @@ class BetonImages(torch.utils.data.Dataset):
         reader = Reader(str(path))
         columns = reader.metadata.dtype.names  # one per field, in the file's order
         image = reader.metadata[columns[reader.field_names.index("image")]]
-        self.ptr, self.height, self.width = (image[k].astype(np.int64).tolist()
-                                             for k in ("data_ptr", "height", "width"))
+        self.ptr, self.height, self.width = (
+            image[k].astype(np.int64).tolist() for k in ("data_ptr", "height", "width")
+        )
         self.mode = image["mode"].tolist()
         self.labels = reader.metadata[columns[reader.field_names.index("label")]].tolist()
         self.nbytes = dict(zip(reader.alloc_table["ptr"].tolist(), reader.alloc_table["size"].tolist()))
@@ -101,7 +103,7 @@ class BetonImages(torch.utils.data.Dataset):
     def _state(self) -> tuple[np.ndarray, np.random.Generator]:
         if self._pid != os.getpid():  # first item in this process (a forked worker)
             self._file = np.memmap(self.path, np.uint8, mode="r").view(np.ndarray)
-            self._rng, self._pid = np.random.default_rng(torch.initial_seed() % 2 ** 63), os.getpid()
+            self._rng, self._pid = np.random.default_rng(torch.initial_seed() % 2**63), os.getpid()
         return self._file, self._rng
 
     def decode(self, i: int) -> np.ndarray:
@@ -109,10 +111,10 @@ class BetonImages(torch.utils.data.Dataset):
         file, _ = self._state()
         h, w, ptr = self.height[i], self.width[i], self.ptr[i]
         if self.mode[i] == RAW:
-            return file[ptr:ptr + h * w * 3].reshape(h, w, 3)  # a view of the map
+            return file[ptr : ptr + h * w * 3].reshape(h, w, 3)  # a view of the map
         import cv2
 
-        return cv2.cvtColor(cv2.imdecode(file[ptr:ptr + self.nbytes[ptr]], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        return cv2.cvtColor(cv2.imdecode(file[ptr : ptr + self.nbytes[ptr]], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         img = self.decode(i)  # (H, W, 3)
@@ -123,8 +125,9 @@ class BetonImages(torch.utils.data.Dataset):
             h, w, _ = img.shape
             dy, dx = (int(d) for d in rng.integers(-self.translate, self.translate + 1, size=2))
             out = np.zeros_like(img)  # out[y, x] = img[y + dy, x + dx], zero outside
-            out[max(0, -dy):h - max(0, dy), max(0, -dx):w - max(0, dx)] = \
-                img[max(0, dy):h - max(0, -dy), max(0, dx):w - max(0, -dx)]
+            out[max(0, -dy) : h - max(0, dy), max(0, -dx) : w - max(0, dx)] = img[
+                max(0, dy) : h - max(0, -dy), max(0, dx) : w - max(0, -dx)
+            ]
         else:
             out = img.copy()  # out of the read-only map
         return torch.from_numpy(out).permute(2, 0, 1), self.labels[i]  # (3, H, W)
@@ -137,8 +140,9 @@ def torch_loader(dataset, batch: int, workers: int, samples: int | None = None) 
     preparing batches nobody takes while the next measurement runs.
     """
     sampler = torch.utils.data.RandomSampler(dataset, num_samples=samples, generator=torch.Generator().manual_seed(0))
-    return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True,
-                                       num_workers=workers, persistent_workers=True)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch, sampler=sampler, drop_last=True, num_workers=workers, persistent_workers=True
+    )
 
 
 def epochs(loader, passes: int):
@@ -146,6 +150,7 @@ def epochs(loader, passes: int):
         for _ in range(passes):
             for _batch in loader:
                 pass
+
     return run
 
 
@@ -178,6 +183,7 @@ class Steps:
 
 # --- children: one process per FFCV JIT setting --------------------------------------------
 
+
 def loaders_child(spec: dict) -> dict:
     """Loaders alone: images/s of FFCV and torch, alternating, with this process's JIT setting."""
     from locvit.data.ffcv_io import make_loader
@@ -199,8 +205,17 @@ def loaders_child(spec: dict) -> dict:
     for name, d in spec["datasets"].items():
         cpu = torch.device("cpu")
         for w in workers:
-            loaders[name][f"ffcv_w{w}"] = make_loader(d["path"], d["batch"], True, cpu, num_workers=w, seed=0,
-                                                      translate=d["translate"], hflip=d["hflip"], jit=jit)
+            loaders[name][f"ffcv_w{w}"] = make_loader(
+                d["path"],
+                d["batch"],
+                True,
+                cpu,
+                num_workers=w,
+                seed=0,
+                translate=d["translate"],
+                hflip=d["hflip"],
+                jit=jit,
+            )
         loaders[name]["ffcv_plain_w1"] = make_loader(d["path"], d["batch"], True, cpu, num_workers=1, seed=0, jit=jit)
         for key, loader in loaders[name].items():
             if key.startswith("ffcv"):
@@ -213,23 +228,40 @@ def loaders_child(spec: dict) -> dict:
         images = len(loaders[name]["ffcv_plain_w1"]) * d["batch"]  # per epoch: full batches only, on both sides
         cases = {f"w{w}": (f"ffcv_w{w}", f"torch_w{w}") for w in workers}
         cases["plain_w1"] = ("ffcv_plain_w1", "torch_plain_w1")
-        out[name] = {"images_per_epoch": images, "cases": {
-            case: {"ffcv_images_per_s": images / epoch_s[f], "torch_images_per_s": images / epoch_s[t],
-                   "ratio_ffcv_over_torch": epoch_s[t] / epoch_s[f],
-                   "ffcv_first_epoch_s": first[name][f], "ffcv_later_epoch_s": epoch_s[f],
-                   "torch_first_epoch_s": first[name][t], "torch_later_epoch_s": epoch_s[t]}
-            for case, (f, t) in cases.items()}}
+        out[name] = {
+            "images_per_epoch": images,
+            "cases": {
+                case: {
+                    "ffcv_images_per_s": images / epoch_s[f],
+                    "torch_images_per_s": images / epoch_s[t],
+                    "ratio_ffcv_over_torch": epoch_s[t] / epoch_s[f],
+                    "ffcv_first_epoch_s": first[name][f],
+                    "ffcv_later_epoch_s": epoch_s[f],
+                    "torch_first_epoch_s": first[name][t],
+                    "torch_later_epoch_s": epoch_s[t],
+                }
+                for case, (f, t) in cases.items()
+            },
+        }
         for case, r in out[name]["cases"].items():
-            print(f"loaders, {name}, jit {jit}, {case}: FFCV {r['ffcv_images_per_s']:,.0f} img/s, torch "
-                  f"{r['torch_images_per_s']:,.0f}, ratio {r['ratio_ffcv_over_torch']:.2f}; FFCV first epoch "
-                  f"{r['ffcv_first_epoch_s']:.2f} s", file=sys.stderr, flush=True)
+            print(
+                f"loaders, {name}, jit {jit}, {case}: FFCV {r['ffcv_images_per_s']:,.0f} img/s, torch "
+                f"{r['torch_images_per_s']:,.0f}, ratio {r['ratio_ffcv_over_torch']:.2f}; FFCV first epoch "
+                f"{r['ffcv_first_epoch_s']:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         loaders[name].clear()  # the next data set's timings run without these workers
         gc.collect()
     return out
 
 
 def run_child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_dataloader", "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_dataloader", "--child", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"child {spec.get('part')} failed (exit {proc.returncode}); its stderr is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -246,37 +278,63 @@ def make_datasets(tmp: Path, images: int, batch: int, passes: int, data: dict, r
     start = time.perf_counter()
     write_beton(generated, GeneratedSource(images), np.arange(images), 32)
     datasets = {
-        "digits": dict(name="digits", path=str(paths["train"]), batch=recipe["batch_size"], hflip=recipe["hflip"],
-                       translate=recipe["translate"], passes=passes),
-        "generated": dict(name="generated", path=str(generated), batch=batch, hflip=True, translate=4, passes=1,
-                          write_s=time.perf_counter() - start),
+        "digits": dict(
+            name="digits",
+            path=str(paths["train"]),
+            batch=recipe["batch_size"],
+            hflip=recipe["hflip"],
+            translate=recipe["translate"],
+            passes=passes,
+        ),
+        "generated": dict(
+            name="generated",
+            path=str(generated),
+            batch=batch,
+            hflip=True,
+            translate=4,
+            passes=1,
+            write_s=time.perf_counter() - start,
+        ),
     }
     for d in datasets.values():  # "same files": the torch Dataset decodes exactly what FFCV's loader reads
         ffcv_images, ffcv_labels = read_all(d["path"], limit=512, jit=False)
         ours = BetonImages(d["path"])
         assert np.array_equal(ffcv_images, np.stack([ours.decode(i) for i in range(len(ffcv_images))]))
-        assert np.array_equal(ffcv_labels, np.asarray(ours.labels[:len(ffcv_labels)]))
+        assert np.array_equal(ffcv_labels, np.asarray(ours.labels[: len(ffcv_labels)]))
         d["images"] = len(ours)
     return datasets
 
 
 def goals(loaders: dict) -> dict:
     """FFCV's loader at least 2x torch's (with augmentation)."""
-    ratios = {f"{name}/{jit}/{case}": r["ratio_ffcv_over_torch"] for jit, per in loaders.items()
-              for name, d in per.items() for case, r in d["cases"].items() if case != "plain_w1"}
+    ratios = {
+        f"{name}/{jit}/{case}": r["ratio_ffcv_over_torch"]
+        for jit, per in loaders.items()
+        for name, d in per.items()
+        for case, r in d["cases"].items()
+        if case != "plain_w1"
+    }
     best = {}  # each loader at its fastest worker count, both measured in the same process
     for jit, per in loaders.items():
         for name, d in per.items():
             runs = {case: r for case, r in d["cases"].items() if case != "plain_w1"}
             f, t = (max(runs, key=lambda case: runs[case][f"{side}_images_per_s"]) for side in ("ffcv", "torch"))
             f_s, t_s = runs[f]["ffcv_images_per_s"], runs[t]["torch_images_per_s"]
-            best[f"{name}/{jit}"] = {"ffcv": f, "ffcv_images_per_s": f_s, "torch": t, "torch_images_per_s": t_s,
-                                     "ratio": f_s / t_s}
+            best[f"{name}/{jit}"] = {
+                "ffcv": f,
+                "ffcv_images_per_s": f_s,
+                "torch": t,
+                "torch_images_per_s": t_s,
+                "ratio": f_s / t_s,
+            }
     return {
         "ffcv_loader_2x_torch": {
-            "ratios": ratios, "met_in": [k for k, v in ratios.items() if v >= 2],
-            "not_met_in": [k for k, v in ratios.items() if v < 2], "best_vs_best": best,
-            "met_best_vs_best_with_jit": all(b["ratio"] >= 2 for k, b in best.items() if k.endswith("/jit"))},
+            "ratios": ratios,
+            "met_in": [k for k, v in ratios.items() if v >= 2],
+            "not_met_in": [k for k, v in ratios.items() if v < 2],
+            "best_vs_best": best,
+            "met_best_vs_best_with_jit": all(b["ratio"] >= 2 for k, b in best.items() if k.endswith("/jit")),
+        },
     }
 
 
@@ -302,9 +360,10 @@ def main() -> None:
     workers = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         datasets = make_datasets(Path(tmp), args.images, args.batch, args.digits_passes, params["data"], recipe)
-        loaders = {name: run_child(dict(part="loaders", jit=jit, datasets=datasets, workers=workers,
-                                        repeats=args.repeats))
-                   for name, jit in (("jit", True), ("no_jit", False))}
+        loaders = {
+            name: run_child(dict(part="loaders", jit=jit, datasets=datasets, workers=workers, repeats=args.repeats))
+            for name, jit in (("jit", True), ("no_jit", False))
+        }
     result = {
         "command": " ".join([".venv/bin/python -m benchmarks.bench_dataloader", *sys.argv[1:]]),
         "settings": {"repeats": args.repeats, "workers": workers},
@@ -315,10 +374,16 @@ def main() -> None:
         "elapsed_s": time.perf_counter() - began,
     }
     loader_goal = result["goals"]["ffcv_loader_2x_torch"]
-    print("FFCV loader >= 2x torch's, met in:", {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["met_in"]},
-          "not met in:", {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["not_met_in"]})
-    print("each at its best worker count:", {k: f"FFCV {b['ffcv']} / torch {b['torch']}: {b['ratio']:.2f}"
-                                             for k, b in loader_goal["best_vs_best"].items()})
+    print(
+        "FFCV loader >= 2x torch's, met in:",
+        {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["met_in"]},
+        "not met in:",
+        {k: round(loader_goal["ratios"][k], 2) for k in loader_goal["not_met_in"]},
+    )
+    print(
+        "each at its best worker count:",
+        {k: f"FFCV {b['ffcv']} / torch {b['torch']}: {b['ratio']:.2f}" for k, b in loader_goal["best_vs_best"].items()},
+    )
     print("wrote", write_result("dataloader", result), f"in {result['elapsed_s']:.0f} s")
 
 

@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from bench_dataloader import RAW, BetonImages, GeneratedSource, Steps, torch_loader
+
 from benchmarks.common import SHAPES, alternate, median, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT's
@@ -107,9 +107,9 @@ class JpegBytes(torch.utils.data.Dataset):
         ptr = self.beton.ptr[i]
         if self.beton.mode[i] == RAW:
             h, w = self.beton.height[i], self.beton.width[i]
-            img = Image.fromarray(np.asarray(file[ptr:ptr + h * w * 3]).reshape(h, w, 3))
+            img = Image.fromarray(np.asarray(file[ptr : ptr + h * w * 3]).reshape(h, w, 3))
         else:
-            img = Image.open(io.BytesIO(file[ptr:ptr + self.beton.nbytes[ptr]].tobytes())).convert("RGB")
+            img = Image.open(io.BytesIO(file[ptr : ptr + self.beton.nbytes[ptr]].tobytes())).convert("RGB")
         return self.transform(img), int(self.beton.labels[i])
 
 
@@ -118,8 +118,17 @@ def timm_train_transform(size: int):
     from timm.data import create_transform
     from timm.data.auto_augment import RandAugment, posterize
 
-    transform = create_transform(input_size=size, is_training=True, auto_augment=DEIT_RA, re_prob=0.25,
-                                 re_mode="pixel", re_count=1, interpolation="bicubic", mean=MEAN, std=STD)
+    transform = create_transform(
+        input_size=size,
+        is_training=True,
+        auto_augment=DEIT_RA,
+        re_prob=0.25,
+        re_mode="pixel",
+        re_count=1,
+        interpolation="bicubic",
+        mean=MEAN,
+        std=STD,
+    )
     for t in transform.transforms:  # magnitude 10 posterize: black, as locvit (Pillow 13 refuses 0 bits)
         for op in t.ops if isinstance(t, RandAugment) else ():
             if op.aug_fn is posterize:
@@ -133,14 +142,27 @@ def write_data(tmp: Path, images32: int, images224: int) -> dict:
     sets = {}
     start = time.perf_counter()
     write_beton(tmp / "32.beton", GeneratedSource(images32), np.arange(images32), 32)
-    sets["32px"] = dict(path=str(tmp / "32.beton"), size=32, images=images32, stored="raw 32x32",
-                        write_s=time.perf_counter() - start)
+    sets["32px"] = dict(
+        path=str(tmp / "32.beton"), size=32, images=images32, stored="raw 32x32", write_s=time.perf_counter() - start
+    )
     start = time.perf_counter()
-    write_beton(tmp / "224.beton", PhotoSource(images224), np.arange(images224), 256, crop=False, write_mode="jpg",
-                jpeg_quality=90)
-    sets["224px"] = dict(path=str(tmp / "224.beton"), size=224, images=images224,
-                         stored="JPEG q90, longer side 256, aspect 3/4-4/3", write_s=time.perf_counter() - start,
-                         mb=os.path.getsize(tmp / "224.beton") / 2 ** 20)
+    write_beton(
+        tmp / "224.beton",
+        PhotoSource(images224),
+        np.arange(images224),
+        256,
+        crop=False,
+        write_mode="jpg",
+        jpeg_quality=90,
+    )
+    sets["224px"] = dict(
+        path=str(tmp / "224.beton"),
+        size=224,
+        images=images224,
+        stored="JPEG q90, longer side 256, aspect 3/4-4/3",
+        write_s=time.perf_counter() - start,
+        mb=os.path.getsize(tmp / "224.beton") / 2**20,
+    )
     return sets
 
 
@@ -148,8 +170,9 @@ def ffcv_loader(d: dict, batch: int, workers: int):
     from locvit.data.ffcv_io import make_loader
 
     crop = dict(translate=4) if d["size"] == 32 else dict(image_size=d["size"])
-    return make_loader(d["path"], batch, True, torch.device("cpu"), num_workers=workers, seed=0, hflip=True,
-                       jit=True, **crop)
+    return make_loader(
+        d["path"], batch, True, torch.device("cpu"), num_workers=workers, seed=0, hflip=True, jit=True, **crop
+    )
 
 
 def child(spec: dict) -> dict:
@@ -164,8 +187,9 @@ def child(spec: dict) -> dict:
     batch, steps = spec["batch"], spec["steps"]
     samples = steps * batch
     # every DataLoader forks its workers here, before FFCV starts numba's threads
-    timm_loaders = {w: torch_loader(JpegBytes(d["path"], timm_train_transform(size)), batch, w, samples)
-                    for w in spec["workers"]}
+    timm_loaders = {
+        w: torch_loader(JpegBytes(d["path"], timm_train_transform(size)), batch, w, samples) for w in spec["workers"]
+    }
     for loader in timm_loaders.values():
         next(iter(loader))
     ffcv = {w: ffcv_loader(d, batch, w) for w in spec["workers"]}
@@ -182,10 +206,13 @@ def child(spec: dict) -> dict:
             torch.set_num_threads(1)  # FFCV's Loader sets torch's thread count to num_workers at each epoch
             for _ in TrainFeed(Steps(ffcv[w], steps), augment, Compute(), MEAN, STD, 0, ahead, feed_workers):
                 pass
+
         return run
 
-    fns = {f"timm_dataloader_w{w}": (lambda loader=timm_loaders[w]: [None for _ in Steps(loader, steps)])
-           for w in spec["workers"]}
+    fns = {
+        f"timm_dataloader_w{w}": (lambda loader=timm_loaders[w]: [None for _ in Steps(loader, steps)])
+        for w in spec["workers"]
+    }
     for w in spec["workers"]:
         for f in (1, 2):
             fns[f"locvit_ffcv_w{w}_f{f}"] = feed(w, f)
@@ -196,15 +223,25 @@ def child(spec: dict) -> dict:
     best_locvit = max((k for k in feed_img_s if k.startswith("locvit_")), key=feed_img_s.get)
     best_timm = max((k for k in feed_img_s if k.startswith("timm")), key=feed_img_s.get)
     best_loader = max((k for k in feed_img_s if k.startswith("ffcv_loader_only")), key=feed_img_s.get)
-    capacity = {"images_per_s": feed_img_s, "best_locvit": best_locvit, "best_timm": best_timm,
-                "ratio_ffcv_loader_only_over_best_timm": feed_img_s[best_loader] / feed_img_s[best_timm],
-                "ratio_best_over_best": feed_img_s[best_locvit] / feed_img_s[best_timm],
-                "ratio_per_round": sorted(t / f for f, t in zip(times[best_locvit], times[best_timm])),
-                "ratio_at_equal_workers": {w: feed_img_s[f"locvit_ffcv_w{w}_f{w}"] / feed_img_s[f"timm_dataloader_w{w}"]
-                                           for w in spec["workers"]},
-                "ffcv_first_batch_s": first}
-    print(f"{size} px feed: " + ", ".join(f"{k} {v:,.0f}" for k, v in feed_img_s.items())
-          + f" img/s; best/best {capacity['ratio_best_over_best']:.2f}", file=sys.stderr, flush=True)
+    capacity = {
+        "images_per_s": feed_img_s,
+        "best_locvit": best_locvit,
+        "best_timm": best_timm,
+        "ratio_ffcv_loader_only_over_best_timm": feed_img_s[best_loader] / feed_img_s[best_timm],
+        "ratio_best_over_best": feed_img_s[best_locvit] / feed_img_s[best_timm],
+        "ratio_per_round": sorted(t / f for f, t in zip(times[best_locvit], times[best_timm])),
+        "ratio_at_equal_workers": {
+            w: feed_img_s[f"locvit_ffcv_w{w}_f{w}"] / feed_img_s[f"timm_dataloader_w{w}"] for w in spec["workers"]
+        },
+        "ffcv_first_batch_s": first,
+    }
+    print(
+        f"{size} px feed: "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in feed_img_s.items())
+        + f" img/s; best/best {capacity['ratio_best_over_best']:.2f}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     # (b) end to end: one loader worker each, the training thread on --threads torch threads
     e2e_steps, e2e_batch = spec["e2e_steps"], spec["e2e_batch"]
@@ -228,24 +265,43 @@ def child(spec: dict) -> dict:
         def run():
             torch.set_num_threads(spec["threads"])
             feed = TrainFeed(batches, augment, compute, MEAN, STD, first_step=0, ahead=feed_ahead)
-            train_one_epoch(nets[side], feed, opts[side], lambda step: 1e-3,
-                            recipe=StepRecipe(label_smoothing=0.1, clip_grad=1.0), compute=compute)
+            train_one_epoch(
+                nets[side],
+                feed,
+                opts[side],
+                lambda step: 1e-3,
+                recipe=StepRecipe(label_smoothing=0.1, clip_grad=1.0),
+                compute=compute,
+            )
+
         return run
 
-    fns = {"ffcv_fed": train("ffcv", Steps(e2e_ffcv, e2e_steps), augment=augment, feed_ahead=2),
-           "ffcv_fed_inline": train("ffcv", Steps(e2e_ffcv, e2e_steps), augment=augment, feed_ahead=0),
-           "timm_fed": train("timm", Steps(e2e_timm, e2e_steps), compute=Prenormalised()),
-           "compute_only": train("compute", [fixed] * e2e_steps)}
+    fns = {
+        "ffcv_fed": train("ffcv", Steps(e2e_ffcv, e2e_steps), augment=augment, feed_ahead=2),
+        "ffcv_fed_inline": train("ffcv", Steps(e2e_ffcv, e2e_steps), augment=augment, feed_ahead=0),
+        "timm_fed": train("timm", Steps(e2e_timm, e2e_steps), compute=Prenormalised()),
+        "compute_only": train("compute", [fixed] * e2e_steps),
+    }
     times = alternate(fns, repeats, warmup=1)
     e2e_img_s = {k: e2e_steps * e2e_batch / median(v) for k, v in times.items()}
     paired = sorted(t / f for f, t in zip(times["ffcv_fed"], times["timm_fed"]))  # each round's FFCV-fed / timm-fed
-    e2e = {"images_per_s": e2e_img_s, "ratio_ffcv_fed_over_timm_fed": e2e_img_s["ffcv_fed"] / e2e_img_s["timm_fed"],
-           "ratio_per_round": paired,
-           "ratio_inline_over_timm_fed": e2e_img_s["ffcv_fed_inline"] / e2e_img_s["timm_fed"],
-           "model": "deit_tiny_patch16_224 " + json.dumps(shape), "batch": e2e_batch, "steps": e2e_steps,
-           "torch_threads": spec["threads"]}
-    print(f"{size} px end to end: " + ", ".join(f"{k} {v:,.1f}" for k, v in e2e_img_s.items())
-          + f" img/s; FFCV-fed / timm-fed {e2e['ratio_ffcv_fed_over_timm_fed']:.2f}", file=sys.stderr, flush=True)
+    e2e = {
+        "images_per_s": e2e_img_s,
+        "ratio_ffcv_fed_over_timm_fed": e2e_img_s["ffcv_fed"] / e2e_img_s["timm_fed"],
+        "ratio_per_round": paired,
+        "ratio_inline_over_timm_fed": e2e_img_s["ffcv_fed_inline"] / e2e_img_s["timm_fed"],
+        "model": "deit_tiny_patch16_224 " + json.dumps(shape),
+        "batch": e2e_batch,
+        "steps": e2e_steps,
+        "torch_threads": spec["threads"],
+    }
+    print(
+        f"{size} px end to end: "
+        + ", ".join(f"{k} {v:,.1f}" for k, v in e2e_img_s.items())
+        + f" img/s; FFCV-fed / timm-fed {e2e['ratio_ffcv_fed_over_timm_fed']:.2f}",
+        file=sys.stderr,
+        flush=True,
+    )
     return {"feed_capacity": capacity, "end_to_end": e2e}
 
 
@@ -266,27 +322,54 @@ def main() -> None:
     began, load_before = time.perf_counter(), os.getloadavg()
     workers = [int(w) for w in args.workers.split(",")]
     cores = sorted(os.sched_getaffinity(0))
-    shapes = {"32px": dict(batch=256, steps=8, e2e_batch=128, e2e_steps=6),
-              "224px": dict(batch=32, steps=6, e2e_batch=32, e2e_steps=4)}
+    shapes = {
+        "32px": dict(batch=256, steps=8, e2e_batch=128, e2e_steps=6),
+        "224px": dict(batch=32, steps=6, e2e_batch=32, e2e_steps=4),
+    }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         sets = write_data(Path(tmp), args.images32, args.images224)
         for name, d in sets.items():
             spec = dict(dataset=d, repeats=args.repeats, workers=workers, threads=args.threads, **shapes[name])
-            proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "benchmarks.bench_feed", "--child",
-                                   json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+            proc = subprocess.run(
+                [
+                    "taskset",
+                    "-c",
+                    ",".join(map(str, cores)),
+                    sys.executable,
+                    "-m",
+                    "benchmarks.bench_feed",
+                    "--child",
+                    json.dumps(spec),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed (exit {proc.returncode}); its stderr is above")
             results[name] = {**json.loads(proc.stdout.strip().splitlines()[-1]), "data": d, **shapes[name]}
-    goals = {"feed_capacity_2x": {k: r["feed_capacity"]["ratio_best_over_best"] >= 2 for k, r in results.items()},
-             "end_to_end_1x": {k: r["end_to_end"]["ratio_ffcv_fed_over_timm_fed"] >= 1 for k, r in results.items()}}
-    path = write_result("feed", {
-        "command": " ".join([".venv/bin/python -m benchmarks.bench_feed", *sys.argv[1:]]),
-        "settings": {"repeats": args.repeats, "workers": workers, "cores": cores, "e2e_torch_threads": args.threads,
-                     "randaugment": DEIT_RA, "random_erasing": 0.25},
-        "results": results, "goals": goals,
-        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
-        "elapsed_s": time.perf_counter() - began})
+    goals = {
+        "feed_capacity_2x": {k: r["feed_capacity"]["ratio_best_over_best"] >= 2 for k, r in results.items()},
+        "end_to_end_1x": {k: r["end_to_end"]["ratio_ffcv_fed_over_timm_fed"] >= 1 for k, r in results.items()},
+    }
+    path = write_result(
+        "feed",
+        {
+            "command": " ".join([".venv/bin/python -m benchmarks.bench_feed", *sys.argv[1:]]),
+            "settings": {
+                "repeats": args.repeats,
+                "workers": workers,
+                "cores": cores,
+                "e2e_torch_threads": args.threads,
+                "randaugment": DEIT_RA,
+                "random_erasing": 0.25,
+            },
+            "results": results,
+            "goals": goals,
+            "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+            "elapsed_s": time.perf_counter() - began,
+        },
+    )
     print(f"wrote {path}: goals {json.dumps(goals)}")
 
 

@@ -35,8 +35,11 @@ def child(train: str, val: str, jit: bool, epochs: int) -> dict:
     start = time.perf_counter()
     for _x, _y in val_loader:
         pass
-    return {"first_epoch_s": epoch_s[0], "later_epoch_s": sorted(epoch_s[1:])[len(epoch_s[1:]) // 2],
-            "val_pass_s": time.perf_counter() - start}
+    return {
+        "first_epoch_s": epoch_s[0],
+        "later_epoch_s": sorted(epoch_s[1:])[len(epoch_s[1:]) // 2],
+        "val_pass_s": time.perf_counter() - start,
+    }
 
 
 def main() -> None:
@@ -58,9 +61,22 @@ def main() -> None:
         paths = {s: Path(tmp) / f"{s}.beton" for s in ("train", "val", "test")}
         prepare(data, paths, Path(tmp) / "manifest.json")
         for name, jit in (("jit", "1"), ("no_jit", "0")):
-            out = subprocess.run([sys.executable, "-m", "benchmarks.bench_loader", "--epochs", str(args.epochs), "--child",
-                                  str(paths["train"]), str(paths["val"]), jit],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.bench_loader",
+                    "--epochs",
+                    str(args.epochs),
+                    "--child",
+                    str(paths["train"]),
+                    str(paths["val"]),
+                    jit,
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             results[name] = json.loads(out.strip().splitlines()[-1])
             print(name, {k: round(v, 3) for k, v in results[name].items()})
     path = write_result("loader", {"data": data, "batch": 32, "epochs": args.epochs, "results": results})

@@ -50,17 +50,20 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
 
-    models = {"lsa_tiny_cifar": timm.create_model("lsa_tiny_cifar", num_classes=10),
-              "nest_tiny_32": timm.create_model("nest_tiny", num_classes=10, **CIFAR_32["nest_tiny"]),
-              "nest_tiny_cifar": timm.create_model("nest_tiny_cifar", num_classes=10)}
+    models = {
+        "lsa_tiny_cifar": timm.create_model("lsa_tiny_cifar", num_classes=10),
+        "nest_tiny_32": timm.create_model("nest_tiny", num_classes=10, **CIFAR_32["nest_tiny"]),
+        "nest_tiny_cifar": timm.create_model("nest_tiny_cifar", num_classes=10),
+    }
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    times = alternate({name: infer_fn(m.to(device), args.batch, device) for name, m in models.items()},
-                      args.repeats)
+    times = alternate({name: infer_fn(m.to(device), args.batch, device) for name, m in models.items()}, args.repeats)
     throughput = {name: args.batch / median(t) for name, t in times.items()}
     ratio = throughput["lsa_tiny_cifar"] / throughput["nest_tiny_32"]
     ratio_paper_nest = throughput["lsa_tiny_cifar"] / throughput["nest_tiny_cifar"]
-    print({k: round(v, 1) for k, v in throughput.items()},
-          f"lsa/nest_tiny = {ratio:.2f}, lsa/nest_tiny_cifar = {ratio_paper_nest:.2f} (paper: 2.7)")
+    print(
+        {k: round(v, 1) for k, v in throughput.items()},
+        f"lsa/nest_tiny = {ratio:.2f}, lsa/nest_tiny_cifar = {ratio_paper_nest:.2f} (paper: 2.7)",
+    )
 
     # The first level of lsa_tiny_cifar: 1024 tokens, 192-d, 3 heads, T = 18, shared K/V.
     b, n, d, t = max(1, args.batch // 8), 1024, 192, 18
@@ -72,13 +75,28 @@ def main() -> None:
     block_ratio = median(block_times["local"]) / median(block_times["global"])
     print(f"local block / global block (N={n}, T={t}, D={d}, fwd+bwd) = {block_ratio:.2f}")
 
-    path = write_result("lsa", {
-        "device": str(device), "repeats": args.repeats, "batch": args.batch,
-        "throughput_img_per_s": throughput, "params": params, "lsa_over_nest": ratio, "lsa_over_nest_tiny_cifar": ratio_paper_nest, "paper_lsa_over_nest": 1700.2 / 627.9,
-        "block": {"batch": b, "tokens": n, "dim": d, "variants": t,
-                  "local_s": median(block_times["local"]), "global_s": median(block_times["global"]),
-                  "local_over_global": block_ratio},
-    })
+    path = write_result(
+        "lsa",
+        {
+            "device": str(device),
+            "repeats": args.repeats,
+            "batch": args.batch,
+            "throughput_img_per_s": throughput,
+            "params": params,
+            "lsa_over_nest": ratio,
+            "lsa_over_nest_tiny_cifar": ratio_paper_nest,
+            "paper_lsa_over_nest": 1700.2 / 627.9,
+            "block": {
+                "batch": b,
+                "tokens": n,
+                "dim": d,
+                "variants": t,
+                "local_s": median(block_times["local"]),
+                "global_s": median(block_times["global"]),
+                "local_over_global": block_ratio,
+            },
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench_tracking import sampler_cost
+
 from benchmarks.common import alternate, median, write_result
 from doctools.publish import publish
 
@@ -55,9 +56,9 @@ def job_times(log: str) -> dict[str, list[float]]:
     started, rule_of, out = {}, {}, {}
     stamp, rule = None, None
     for line in log.splitlines():
-        if (m := STAMP.match(line.strip())):
+        if m := STAMP.match(line.strip()):
             stamp = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
-        elif (m := re.match(r"^(?:local)?rule (\w+):$", line.strip())):
+        elif m := re.match(r"^(?:local)?rule (\w+):$", line.strip()):
             rule = m.group(1)
         elif (m := re.match(r"^jobid: (\d+)$", line.strip())) and rule:
             started[m.group(1)], rule_of[m.group(1)] = stamp, rule
@@ -93,13 +94,19 @@ def mlflow_share(study_dir: Path, job_s: float, sample_cpu_s: float) -> dict:
     evaluate = sum(float(x) for p in logs.glob("evaluate/*.log") for x in MLFLOW_LINE.findall(p.read_text()))
     report = sum(float(x) for x in MLFLOW_LINE.findall((logs / "report.log").read_text()))
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
-    samples = sum(len(client.get_metric_history(m["mlflow_run_id"], "system/cpu_utilization_percentage"))
-                  for m in runs)
+    samples = sum(len(client.get_metric_history(m["mlflow_run_id"], "system/cpu_utilization_percentage")) for m in runs)
     sampling = samples * sample_cpu_s
     total = train + evaluate + report + sampling
-    return {"train_s": round(train, 2), "evaluate_s": round(evaluate, 2), "report_s": round(report, 2),
-            "system_metrics_samples": samples, "system_metrics_s": round(sampling, 2), "total_s": round(total, 2),
-            "job_s": round(job_s, 1), "share_of_job_time": round(total / job_s, 4)}
+    return {
+        "train_s": round(train, 2),
+        "evaluate_s": round(evaluate, 2),
+        "report_s": round(report, 2),
+        "system_metrics_samples": samples,
+        "system_metrics_s": round(sampling, 2),
+        "total_s": round(total, 2),
+        "job_s": round(job_s, 1),
+        "share_of_job_time": round(total / job_s, 4),
+    }
 
 
 def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
@@ -119,12 +126,23 @@ def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
         params = load_params(work / "params.yaml", check_models=False)
         study = work / params["results_dir"] / params["study"]
         keep = Path(__file__).parent / "results" / keep_name  # the table this run produced, quoted by the README
-        publish(study / "report", keep, ["results.md", "results.csv", "results_seeds.csv", "throughput.csv",
-                                         "figures/curves.png", "figures/attention_distance.png",
-                                         "tables/locality.csv"])
+        publish(
+            study / "report",
+            keep,
+            [
+                "results.md",
+                "results.csv",
+                "results_seeds.csv",
+                "throughput.csv",
+                "figures/curves.png",
+                "figures/attention_distance.png",
+                "tables/locality.csv",
+            ],
+        )
         where = breakdown(log, study)
-        where["mlflow"] = mlflow_share(study, sum(r["job_s"] for r in where.values()),
-                                       sampler_cost(samples=20)["cpu_ms_per_sample"] / 1000)
+        where["mlflow"] = mlflow_share(
+            study, sum(r["job_s"] for r in where.values()), sampler_cost(samples=20)["cpu_ms_per_sample"] / 1000
+        )
         return wall, where
 
 
@@ -132,9 +150,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--demo", action="store_true", help="also time the whole demo from scratch")
-    parser.add_argument("--keep", default="demo", metavar="NAME",
-                        help="with --demo: keep its table and figures in results/NAME/ and the timings in "
-                             "pipeline_NAME.json (default demo: results/demo/ and pipeline.json)")
+    parser.add_argument(
+        "--keep",
+        default="demo",
+        metavar="NAME",
+        help="with --demo: keep its table and figures in results/NAME/ and the timings in "
+        "pipeline_NAME.json (default demo: results/demo/ and pipeline.json)",
+    )
     args = parser.parse_args()
     if not re.fullmatch(r"\w[\w.-]*", args.keep):
         parser.error(f"--keep {args.keep!r}: a folder name under benchmarks/results (letters, digits, _ . -)")
@@ -144,19 +166,34 @@ def main() -> None:
     payload = {"goal_s": GOAL_S, "repeats": args.repeats, "study": "params.yaml (demo)"}
     dry = run([str(BIN / "snakemake"), "-n", "all"])
     if "Nothing to be done" in dry:
-        times = alternate({
-            "snakemake -n all": lambda: run([str(BIN / "snakemake"), "-n", "all"]),
-            "dvc status": lambda: run([str(BIN / "dvc"), "status"]),
-        }, repeats=args.repeats, warmup=1)
-        result = {name: {"median_s": round(median(t), 2), "min_s": round(min(t), 2), "max_s": round(max(t), 2),
-                         "under_goal": median(t) < GOAL_S} for name, t in times.items()}
+        times = alternate(
+            {
+                "snakemake -n all": lambda: run([str(BIN / "snakemake"), "-n", "all"]),
+                "dvc status": lambda: run([str(BIN / "dvc"), "status"]),
+            },
+            repeats=args.repeats,
+            warmup=1,
+        )
+        result = {
+            name: {
+                "median_s": round(median(t), 2),
+                "min_s": round(min(t), 2),
+                "max_s": round(max(t), 2),
+                "under_goal": median(t) < GOAL_S,
+            }
+            for name, t in times.items()
+        }
         payload["commands"] = result
         for name, r in result.items():
-            print(f"{name:18s} median {r['median_s']:.2f} s (min {r['min_s']:.2f}, max {r['max_s']:.2f}); "
-                  f"goal < {GOAL_S:g} s: {'yes' if r['under_goal'] else 'NO'}")
+            print(
+                f"{name:18s} median {r['median_s']:.2f} s (min {r['min_s']:.2f}, max {r['max_s']:.2f}); "
+                f"goal < {GOAL_S:g} s: {'yes' if r['under_goal'] else 'NO'}"
+            )
     elif not args.demo:
-        raise SystemExit("the study of params.yaml is not finished (snakemake -n all has jobs to run): "
-                         "run `make demo` first, then this benchmark")
+        raise SystemExit(
+            "the study of params.yaml is not finished (snakemake -n all has jobs to run): "
+            "run `make demo` first, then this benchmark"
+        )
     else:
         print("the study of params.yaml is not finished here: timing only the demo from scratch")
     if args.demo:
@@ -167,12 +204,16 @@ def main() -> None:
         share = where.pop("mlflow")
         payload["demo_mlflow"] = share
         for rule, r in where.items():
-            print(f"  {rule:16s} {r['jobs']:3d} job(s), {r['job_s']:7.1f} s of job time" +
-                  (f" ({r['epochs_s']:.1f} s in epochs, {r['other_s']:.1f} s around them)" if "epochs_s" in r else ""))
-        print(f"  MLflow: {share['total_s']:.1f} s of {share['job_s']:.0f} s of job time "
-              f"({100 * share['share_of_job_time']:.1f} %; goal < 5 %): training {share['train_s']:.1f} s, "
-              f"evaluation {share['evaluate_s']:.1f} s, report {share['report_s']:.1f} s, system metrics "
-              f"{share['system_metrics_s']:.2f} s ({share['system_metrics_samples']} samples)")
+            print(
+                f"  {rule:16s} {r['jobs']:3d} job(s), {r['job_s']:7.1f} s of job time"
+                + (f" ({r['epochs_s']:.1f} s in epochs, {r['other_s']:.1f} s around them)" if "epochs_s" in r else "")
+            )
+        print(
+            f"  MLflow: {share['total_s']:.1f} s of {share['job_s']:.0f} s of job time "
+            f"({100 * share['share_of_job_time']:.1f} %; goal < 5 %): training {share['train_s']:.1f} s, "
+            f"evaluation {share['evaluate_s']:.1f} s, report {share['report_s']:.1f} s, system metrics "
+            f"{share['system_metrics_s']:.2f} s ({share['system_metrics_samples']} samples)"
+        )
     print(f"wrote {write_result('pipeline' if args.keep == 'demo' else f'pipeline_{args.keep}', payload)}")
 
 

@@ -60,8 +60,12 @@ def sampler_cost(samples: int = 40, interval: float = 0.25) -> dict:
         monitor.finish()
         logged = len(mlflow.MlflowClient().get_metric_history(run_id, "system/cpu_utilization_percentage"))
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-    return {"samples_logged": logged, "wall_s": round(wall, 2), "thread_cpu_s": round(cpu, 4),
-            "cpu_ms_per_sample": round(1000 * cpu / max(logged, 1), 2)}
+    return {
+        "samples_logged": logged,
+        "wall_s": round(wall, 2),
+        "thread_cpu_s": round(cpu, 4),
+        "cpu_ms_per_sample": round(1000 * cpu / max(logged, 1), 2),
+    }
 
 
 def main() -> None:
@@ -75,11 +79,19 @@ def main() -> None:
     cost = sampler_cost(args.samples, args.interval)
     interval = default["system_metrics_s"]
     share = cost["cpu_ms_per_sample"] / 1000 / interval if interval else 0.0
-    payload = {**cost, "measured_interval_s": args.interval, "default_interval_s": interval,
-               "share_of_one_core_at_default": round(share, 6), "goal": GOAL, "under_goal": share < GOAL}
-    print(f"MLflow's system metrics: {cost['cpu_ms_per_sample']:.1f} ms of CPU per sample "
-          f"({cost['samples_logged']} samples logged); at one sample every {interval:g} s: "
-          f"{100 * share:.3f} % of one core (goal < {100 * GOAL:g} %)")
+    payload = {
+        **cost,
+        "measured_interval_s": args.interval,
+        "default_interval_s": interval,
+        "share_of_one_core_at_default": round(share, 6),
+        "goal": GOAL,
+        "under_goal": share < GOAL,
+    }
+    print(
+        f"MLflow's system metrics: {cost['cpu_ms_per_sample']:.1f} ms of CPU per sample "
+        f"({cost['samples_logged']} samples logged); at one sample every {interval:g} s: "
+        f"{100 * share:.3f} % of one core (goal < {100 * GOAL:g} %)"
+    )
     print(f"wrote {write_result('tracking_cost', payload)}")
 
 

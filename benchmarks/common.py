@@ -10,8 +10,8 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -56,11 +56,16 @@ def commit() -> str | None:
 
     root = RESULTS.parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks", "gpu_node",
-                                ":!benchmarks/results"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src", "benchmarks", "gpu_node", ":!benchmarks/results"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("LOCVIT_COMMIT") or None
     return head + ("+changes" if dirty else "")
@@ -100,8 +105,9 @@ def train_step_fn(model: torch.nn.Module, batch: int, size: int, device: torch.d
     return step
 
 
-def step_ratios(baseline: str, cases: dict[str, tuple[str, dict]], repeats: int, batch: int,
-                device: torch.device) -> dict:
+def step_ratios(
+    baseline: str, cases: dict[str, tuple[str, dict]], repeats: int, batch: int, device: torch.device
+) -> dict:
     """Step time of each case over ``baseline`` (timm's fused attention) and over its eager twin.
 
     ``cases`` maps a label to (timm model name, keyword arguments); every model is built
@@ -114,17 +120,24 @@ def step_ratios(baseline: str, cases: dict[str, tuple[str, dict]], repeats: int,
         size = shape["img_size"]
         b = batch if size <= 32 else max(8, batch // 4)
         torch.manual_seed(0)
-        fns = {"baseline": train_step_fn(timm.create_model(baseline, num_classes=10, **shape).to(device), b, size, device)}
+        fns = {
+            "baseline": train_step_fn(timm.create_model(baseline, num_classes=10, **shape).to(device), b, size, device)
+        }
         eager = timm.create_model(baseline, num_classes=10, **shape).to(device)
         for block in eager.blocks:  # the same model with timm's eager attention
             block.attn.fused_attn = False
         fns["baseline_eager"] = train_step_fn(eager, b, size, device)
         for case, (name, kwargs) in cases.items():
-            fns[case] = train_step_fn(timm.create_model(name, num_classes=10, **shape, **kwargs).to(device), b, size, device)
+            fns[case] = train_step_fn(
+                timm.create_model(name, num_classes=10, **shape, **kwargs).to(device), b, size, device
+            )
         times = alternate(fns, repeats)
         base = median(times["baseline"])
         results[shape_name] = {
-            "batch": b, "shape": shape, "baseline": baseline, "baseline_step_s": base,
+            "batch": b,
+            "shape": shape,
+            "baseline": baseline,
+            "baseline_step_s": base,
             "ratios": {case: median(times[case]) / base for case in cases},
             "ratios_vs_eager_twin": {case: median(times[case]) / median(times["baseline_eager"]) for case in cases},
         }

@@ -21,25 +21,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-UNIT = r"(?:ms|s|min|minutes?|seconds?|hours?|h|%|(?:×|x)(?!\s?\d)|MiB|GiB|KiB|MB|GB|images?|img/s|tests?|seeds?|epochs?)"
+UNIT = (
+    r"(?:ms|s|min|minutes?|seconds?|hours?|h|%|(?:×|x)(?!\s?\d)|MiB|GiB|KiB|MB|GB|images?|img/s|tests?|seeds?|epochs?)"
+)
 NUMBER = r"\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w.\-/#]){NUMBER}\s?(?:(?:-|–|to)\s?{NUMBER}\s?)?{UNIT}(?![\w/])")
 
 # (line pattern, why a figure on such a line needs no file). At most 20; each matches lines, not files.
 ALLOWED: list[tuple[str, str]] = [
-    (r"\b(?:95|90) ?% (?:interval|CI|confidence)|\b(?:95|90) ?%\]|\[95 ?%|(?:95|90) ?% intervals?",
-     "the level of an interval is a definition (locvit.report.stats.CONFIDENCE, TOST's 1 - 2 alpha), not a measurement"),
-    (r"\b80 ?% power|at 80 ?%|power of 80 ?%",
-     "the MDE's power is a definition (locvit.report.stats.POWER)"),
-    (r"\bgoals?\b[^.;]*(?:≥|≤|<|>|at least|under)",
-     "a goal is the target its benchmark script sets and records in its file (`goals`, `goal_s`), not a measurement"),
-    (r"64 MiB|at most 10 minutes|15 minutes of device time",
-     "the GPU node's limits (a command, a visit, the files carried), which the check's plans and the wheelhouse are "
-     "sized to and tests/test_gpu_check.py and tests/test_wheelhouse.py check them against"),
-    (r"within \d+ ?% of the papers?'?",
-     "a tolerance a test asserts against the papers' counts (tests/test_paper_baselines.py), not a measurement"),
-    (r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",
-     "SLURM's documented defaults and the signal lead a site sets are configuration quoted with their names, not measurements"),
+    (
+        r"\b(?:95|90) ?% (?:interval|CI|confidence)|\b(?:95|90) ?%\]|\[95 ?%|(?:95|90) ?% intervals?",
+        "the level of an interval is a definition (locvit.report.stats.CONFIDENCE, TOST's 1 - 2 alpha), "
+        "not a measurement",
+    ),
+    (r"\b80 ?% power|at 80 ?%|power of 80 ?%", "the MDE's power is a definition (locvit.report.stats.POWER)"),
+    (
+        r"\bgoals?\b[^.;]*(?:≥|≤|<|>|at least|under)",
+        "a goal is the target its benchmark script sets and records in its file (`goals`, `goal_s`), not a measurement",
+    ),
+    (
+        r"64 MiB|at most 10 minutes|15 minutes of device time",
+        "the GPU node's limits (a command, a visit, the files carried), which the check's plans and the wheelhouse are "
+        "sized to and tests/test_gpu_check.py and tests/test_wheelhouse.py check them against",
+    ),
+    (
+        r"within \d+ ?% of the papers?'?",
+        "a tolerance a test asserts against the papers' counts (tests/test_paper_baselines.py), not a measurement",
+    ),
+    (
+        r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",
+        "SLURM's documented defaults and the signal lead a site sets are configuration quoted with their names, "
+        "not measurements",
+    ),
 ]
 
 GENERATED = (
@@ -51,8 +64,12 @@ GENERATED = (
 
 
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
-            ROOT / "tests" / "README.md"]
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "benchmarks" / "README.md",
+        ROOT / "tests" / "README.md",
+    ]
 
 
 def prose(text: str) -> str:
@@ -75,8 +92,12 @@ def figures(text: str) -> list[tuple[int, str]]:
 
 def check(paths: list[Path] | None = None) -> list[str]:
     """Every figure outside a file's keeping, as ``path:line: figure``."""
-    return [f"{path.relative_to(ROOT)}:{line}: {figure}" for path in (paths or docs()) if path.is_file()
-            for line, figure in figures(path.read_text())]
+    return [
+        f"{path.relative_to(ROOT)}:{line}: {figure}"
+        for path in (paths or docs())
+        if path.is_file()
+        for line, figure in figures(path.read_text())
+    ]
 
 
 def main() -> None:
@@ -84,8 +105,11 @@ def main() -> None:
     for line in found:
         print(line)
     if found:
-        print(f"{len(found)} figures in prose: put each in a '<!-- value FILE KEY -->' span or a generated table, "
-              "or describe without it (doctools/doc_figures.py)", file=sys.stderr)
+        print(
+            f"{len(found)} figures in prose: put each in a '<!-- value FILE KEY -->' span or a generated table, "
+            "or describe without it (doctools/doc_figures.py)",
+            file=sys.stderr,
+        )
     sys.exit(1 if found else 0)
 
 

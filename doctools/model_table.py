@@ -28,8 +28,7 @@ from locvit.io import write_text
 from locvit.report.reported import reported
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "model_table.csv"
-COLUMNS = ("entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
-           "paper GFLOPs")
+COLUMNS = ("entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs", "paper GFLOPs")
 
 ENTRYPOINTS = {  # locvit's models: name -> (paper model, params and "GFLOPs" (= GMACs) in the paper)
     "mait_xtiny_d24_patch16_224": ("MaiT-XT*, 24 layers, Sch.2 (MaiT Table 4)", "6.3", "1.5"),
@@ -120,10 +119,26 @@ def rows() -> list[dict]:
         paper = _paper(key)
         setting = CIFAR if paper["dataset"].startswith("cifar") else IMAGENET
         n, g, size = _measure(name, {**setting, **kwargs})
-        shown = ", ".join(f"{k}={v}" for k, v in {**({"num_classes": 10} if setting is CIFAR else {}),
-                                                   **kwargs}.items())
-        out.append(dict(zip(COLUMNS, (name, shown, f"{key[2]} ({key[0]} Table {key[1]})", size, f"{n / 1e6:.2f}",
-                                      _num(paper.get("params_m")), f"{g:.2f}", _num(paper.get("gflops"))))))
+        shown = ", ".join(
+            f"{k}={v}" for k, v in {**({"num_classes": 10} if setting is CIFAR else {}), **kwargs}.items()
+        )
+        out.append(
+            dict(
+                zip(
+                    COLUMNS,
+                    (
+                        name,
+                        shown,
+                        f"{key[2]} ({key[0]} Table {key[1]})",
+                        size,
+                        f"{n / 1e6:.2f}",
+                        _num(paper.get("params_m")),
+                        f"{g:.2f}",
+                        _num(paper.get("gflops")),
+                    ),
+                )
+            )
+        )
     return out
 
 

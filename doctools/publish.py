@@ -1,4 +1,4 @@
-"""Copy a study's report files into the repository (docs/, benchmarks/results/) for readers who lack its MLflow database.
+"""Copy a study's report files into the repository (docs/, benchmarks/results/) for readers without its MLflow.
 
 A report's Markdown links each run to the MLflow UI that served the study (``[s0](http://...)``);
 a reader of the committed copy has no such server, so in the copy each link becomes the run's

@@ -91,16 +91,30 @@ def settings(device: torch.device, quick: bool) -> dict:
     """Sizes and switches: the real ones on CUDA, tiny ones for --quick (the CPU self-test)."""
     cuda = device.type == "cuda"
     return {
-        "quick": quick, "amp": "bf16" if cuda else "off", "compile": cuda, "channels_last": cuda,
-        "smoke_size": 32, "smoke_batch": 16 if quick else 64, "smoke_steps": 20,
-        "image_size": 64 if quick else 224, "train_batch": 2 if quick else 128, "repeats": 2 if quick else 10,
+        "quick": quick,
+        "amp": "bf16" if cuda else "off",
+        "compile": cuda,
+        "channels_last": cuda,
+        "smoke_size": 32,
+        "smoke_batch": 16 if quick else 64,
+        "smoke_steps": 20,
+        "image_size": 64 if quick else 224,
+        "train_batch": 2 if quick else 128,
+        "repeats": 2 if quick else 10,
         "steps_per_repeat": 1 if quick else 5,
-        "attention_sides": (4, 8) if quick else (14, 32, 64), "attention_tokens_per_batch": 256 if quick else 65536,
-        "augment_size": 32 if quick else 224, "augment_batch": 8 if quick else 256,
-        "demo_epochs": 2, "demo_variants": DEMO_VARIANTS[:1] if quick else DEMO_VARIANTS,
-        "feed_images": 96 if quick else 4096, "feed_size": 16 if quick else 64, "feed_batch": 8 if quick else 256,
-        "feed_timed_batches": 12 if quick else 64, "feed_lag_matmul": 64 if quick else 8192,
-        "deterministic_size": 32 if quick else 224, "deterministic_batch": 2 if quick else 128,
+        "attention_sides": (4, 8) if quick else (14, 32, 64),
+        "attention_tokens_per_batch": 256 if quick else 65536,
+        "augment_size": 32 if quick else 224,
+        "augment_batch": 8 if quick else 256,
+        "demo_epochs": 2,
+        "demo_variants": DEMO_VARIANTS[:1] if quick else DEMO_VARIANTS,
+        "feed_images": 96 if quick else 4096,
+        "feed_size": 16 if quick else 64,
+        "feed_batch": 8 if quick else 256,
+        "feed_timed_batches": 12 if quick else 64,
+        "feed_lag_matmul": 64 if quick else 8192,
+        "deterministic_size": 32 if quick else 224,
+        "deterministic_batch": 2 if quick else 128,
     }
 
 
@@ -109,17 +123,24 @@ def provenance(device: torch.device) -> dict:
     A local helper for now: locvit is getting one provenance function for every machine's fields."""
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     cuda = device.type == "cuda"
-    found = {"gpu": torch.cuda.get_device_name(device) if cuda else None, "cuda": torch.version.cuda,
-             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-             "triton": triton_version, "torch": torch.__version__, "python": platform.python_version(),
-             "driver": None}
+    found = {
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": triton_version,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "driver": None,
+    }
     if cuda:
         try:
             import pynvml  # nvidia-ml-py (pyproject's gpu extra; the wheelhouse carries it)
+
             pynvml.nvmlInit()
             found["driver"] = pynvml.nvmlSystemGetDriverVersion()
         except Exception:  # noqa: BLE001 - no NVML here: the driver stays unknown
@@ -133,13 +154,16 @@ def _autocast(device: torch.device, amp: str):
 
 # ---------------------------------------------------------------- sections
 
+
 def graph_counts() -> dict:
     """torch.compile's graphs and graph breaks so far in this process (torch._dynamo's counters)."""
     from torch._dynamo.utils import counters
 
-    return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "break_reasons": sorted(counters["graph_break"])[:5]}
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "break_reasons": sorted(counters["graph_break"])[:5],
+    }
 
 
 def gemm_peak(device: torch.device, quick: bool) -> dict:
@@ -148,7 +172,11 @@ def gemm_peak(device: torch.device, quick: bool) -> dict:
     n, dtype = (512, torch.float32) if quick or device.type != "cuda" else (8192, torch.bfloat16)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     times = common.alternate({"matmul": lambda: a @ b}, 3 if quick else 20, warmup=3)
-    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "tflops": 2 * n ** 3 / common.median(times["matmul"]) / 1e12}
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "tflops": 2 * n**3 / common.median(times["matmul"]) / 1e12,
+    }
 
 
 def smoke(device: torch.device, s: dict) -> dict:
@@ -183,16 +211,36 @@ def smoke(device: torch.device, s: dict) -> dict:
     losses = []
     start = time.perf_counter()
     for step in range(steps):  # one step an epoch: each loss is read as the run's epoch would read it
-        stats = train_one_epoch(net, [(x, y)], optimizer, lambda _: 1e-3, start=_epoch_start(step),
-                                recipe=StepRecipe(clip_grad=1.0, read_every=50), compute=compute,
-                                on_step=lambda k, ok: update_ema(ema, model, k, ok))
+        stats = train_one_epoch(
+            net,
+            [(x, y)],
+            optimizer,
+            lambda _: 1e-3,
+            start=_epoch_start(step),
+            recipe=StepRecipe(clip_grad=1.0, read_every=50),
+            compute=compute,
+            on_step=lambda k, ok: update_ema(ema, model, k, ok),
+        )
         losses.append(stats["train_loss"])
-    out.update(model="deit_tiny_patch16_224 (2 layers, patch 8)", image_size=size, batch=batch, steps=steps,
-               amp=str(dtype).removeprefix("torch.") if dtype else "off", compiled=s["compile"],
-               channels_last=compute.channels_last, fused_adamw=device.type == "cuda", clip_grad=1.0, ema=0.99,
-               first_loss=losses[0], last_loss=losses[-1], seconds=time.perf_counter() - start,
-               getters={"float32_matmul_precision": torch.get_float32_matmul_precision(),
-                        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32})
+    out.update(
+        model="deit_tiny_patch16_224 (2 layers, patch 8)",
+        image_size=size,
+        batch=batch,
+        steps=steps,
+        amp=str(dtype).removeprefix("torch.") if dtype else "off",
+        compiled=s["compile"],
+        channels_last=compute.channels_last,
+        fused_adamw=device.type == "cuda",
+        clip_grad=1.0,
+        ema=0.99,
+        first_loss=losses[0],
+        last_loss=losses[-1],
+        seconds=time.perf_counter() - start,
+        getters={
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        },
+    )
     if s["compile"]:
         out["compile"] = graph_counts()
     out["ok"] = all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0]
@@ -210,8 +258,10 @@ def mixed_tf32_apis(device: torch.device) -> dict:
     try:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
-        for name, get in (("get_float32_matmul_precision", torch.get_float32_matmul_precision),
-                          ("cuda_matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32)):
+        for name, get in (
+            ("get_float32_matmul_precision", torch.get_float32_matmul_precision),
+            ("cuda_matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ):
             try:
                 found[name] = get()
             except Exception as err:  # noqa: BLE001 - the raise is the finding
@@ -248,26 +298,56 @@ def cuda_tests(timeout: float = 60) -> dict:
     files = cuda_test_files()
     # Only the plugins named here: whatever else a node has installed stays out of the run.
     plugins = ["-p", "pytest_timeout"] if importlib.util.find_spec("pytest_timeout") else []
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *plugins,
-           *(str(f.relative_to(REPO)) for f in files)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "cuda",
+        "-p",
+        "no:cacheprovider",
+        *plugins,
+        *(str(f.relative_to(REPO)) for f in files),
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
+        )
     except subprocess.TimeoutExpired as err:
         out = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
-        return {"command": " ".join(cmd[1:]), "ran": False, "ok": False, "counts": {}, "summary": "",
-                "reason": f"timed out after {timeout:.0f} s (its budget)", "output_tail": out[-3000:]}
+        return {
+            "command": " ".join(cmd[1:]),
+            "ran": False,
+            "ok": False,
+            "counts": {},
+            "summary": "",
+            "reason": f"timed out after {timeout:.0f} s (its budget)",
+            "output_tail": out[-3000:],
+        }
     out = proc.stdout + proc.stderr
     summary = out.strip().splitlines()[-1] if out.strip() else ""
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
-                                                summary)}
+    counts = {
+        k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)", summary)
+    }
     # every test skipped (no CUDA device: the CPU self-test) checks nothing
     ran = any(counts.get(k) for k in ("passed", "failed", "error", "errors", "xfailed", "xpassed"))
-    return {"command": " ".join(cmd[1:]), "files": [str(f.relative_to(REPO)) for f in files],
-            "ran": ran, **({} if ran else {"reason": f"no CUDA-marked test ran ({summary or 'no output'})"}),
-            "returncode": proc.returncode, "counts": counts, "summary": summary,
-            "ok": proc.returncode == 0 and not counts.get("failed") and not counts.get("error"),
-            "output_tail": out[-3000:]}
+    return {
+        "command": " ".join(cmd[1:]),
+        "files": [str(f.relative_to(REPO)) for f in files],
+        "ran": ran,
+        **({} if ran else {"reason": f"no CUDA-marked test ran ({summary or 'no output'})"}),
+        "returncode": proc.returncode,
+        "counts": counts,
+        "summary": summary,
+        "ok": proc.returncode == 0 and not counts.get("failed") and not counts.get("error"),
+        "output_tail": out[-3000:],
+    }
 
 
 def ffcv_status() -> dict:
@@ -279,9 +359,11 @@ def ffcv_status() -> dict:
         needs = (_wheelhouse_info() or {}).get("node_needs")
         if isinstance(err, OSError) and needs:
             system = (_wheelhouse_info() or {}).get("system_libraries") or []
-            reason += (f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')}, a libstdc++ "
-                       f"with GLIBCXX_{needs.get('glibcxx')}{' and ' + ', '.join(system) if system else ''} from the "
-                       f"system; this node: glibc {platform.libc_ver()[1] or 'unknown'})")
+            reason += (
+                f" (the wheelhouse's shared libraries need glibc >= {needs.get('glibc')}, a libstdc++ "
+                f"with GLIBCXX_{needs.get('glibcxx')}{' and ' + ', '.join(system) if system else ''} from the "
+                f"system; this node: glibc {platform.libc_ver()[1] or 'unknown'})"
+            )
         return {"available": False, "reason": reason}
     return {"available": True, "version": getattr(ffcv, "__version__", None)}
 
@@ -302,10 +384,27 @@ def demo_data(work: Path, given: Path | None = None) -> tuple[Path | None, str]:
         return done, str(done.relative_to(REPO))
     out = work / "demo-data"
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(REPO / "params.yaml"),
-                           "--train", str(out / "train.beton"), "--val", str(out / "val.beton"),
-                           "--test", str(out / "test.beton"), "--manifest", str(out / "manifest.json")],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locvit",
+            "prepare",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--train",
+            str(out / "train.beton"),
+            "--val",
+            str(out / "val.beton"),
+            "--test",
+            str(out / "test.beton"),
+            "--manifest",
+            str(out / "manifest.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         return None, f"locvit prepare failed: {(proc.stdout + proc.stderr)[-1500:]}"
     return out, "locvit prepare (params.yaml) in a temporary folder"
@@ -316,8 +415,15 @@ def demo_data_or_skip(work: Path, s: dict, without_ffcv: str) -> tuple[Path | No
     missing: ``without_ffcv`` says what happens instead)."""
     status = ffcv_status()
     if not status["available"]:
-        return None, None, {"ran": False, "skipped_for": "ffcv",
-                            "reason": f"FFCV cannot be imported here ({status['reason']}){without_ffcv}"}
+        return (
+            None,
+            None,
+            {
+                "ran": False,
+                "skipped_for": "ffcv",
+                "reason": f"FFCV cannot be imported here ({status['reason']}){without_ffcv}",
+            },
+        )
     data, source = demo_data(work, s.get("demo_data"))
     return (data, source, None) if data is not None else (None, None, {"ran": False, "reason": source})
 
@@ -326,12 +432,19 @@ def demo_training(device: torch.device, s: dict, work: Path, timeout: float = 24
     import yaml
 
     data, source, skipped = demo_data_or_skip(
-        work, s, ": locvit train cannot read its data; the model and augmentation sections use synthetic batches")
+        work, s, ": locvit train cannot read its data; the model and augmentation sections use synthetic batches"
+    )
     if skipped:
         return skipped
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    recipe = dict(epochs=s["demo_epochs"], warmup_epochs=1, device=device.type, amp=s["amp"],
-                  compile=s["compile"], channels_last=s["channels_last"])
+    recipe = dict(
+        epochs=s["demo_epochs"],
+        warmup_epochs=1,
+        device=device.type,
+        amp=s["amp"],
+        compile=s["compile"],
+        channels_last=s["channels_last"],
+    )
     params["train"].update(recipe)
     for v in params["variants"].values():  # a variant's own warm-up must stay below the epochs
         if "warmup_epochs" in v.get("train", {}):
@@ -341,10 +454,16 @@ def demo_training(device: torch.device, s: dict, work: Path, timeout: float = 24
     for i, variant in enumerate(s["demo_variants"]):
         left = end - time.monotonic()  # the section's budget shared by the runs still to go
         runs[variant] = _demo_run(params, variant, data, work, max(5.0, left / (len(s["demo_variants"]) - i)))
-    return {"ran": True, "data": source, "recipe": recipe, "seed": 0, "runs": runs,
-            "ok": all(r["returncode"] == 0 and "history" in r for r in runs.values()),
-            "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains "
-                    "(deterministic_cost measures train.deterministic)"}
+    return {
+        "ran": True,
+        "data": source,
+        "recipe": recipe,
+        "seed": 0,
+        "runs": runs,
+        "ok": all(r["returncode"] == 0 and "history" in r for r in runs.values()),
+        "note": "the demo's 32 px images at batch 16: shows that training works, not how fast a GPU trains "
+        "(deterministic_cost measures train.deterministic)",
+    }
 
 
 def _demo_run(params: dict, variant: str, data: Path, work: Path, timeout: float) -> dict:
@@ -355,25 +474,50 @@ def _demo_run(params: dict, variant: str, data: Path, work: Path, timeout: float
     params_file = work / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
     runs_dir = work / "runs" / variant
-    cmd = [sys.executable, "-m", "locvit", "train", "--params", str(params_file), "--variant", variant,
-           "--train-data", str(data / "train.beton"), "--val-data", str(data / "val.beton"),
-           "--manifest", str(data / "manifest.json"), "--runs-dir", str(runs_dir),
-           "--tracking-db", str(work / "mlflow.db"), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locvit",
+        "train",
+        "--params",
+        str(params_file),
+        "--variant",
+        variant,
+        "--train-data",
+        str(data / "train.beton"),
+        "--val-data",
+        str(data / "val.beton"),
+        "--manifest",
+        str(data / "manifest.json"),
+        "--runs-dir",
+        str(runs_dir),
+        "--tracking-db",
+        str(work / "mlflow.db"),
+        "--no-progress",
+    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"returncode": None, "wall_s": time.perf_counter() - start,
-                "output_tail": f"timed out after {timeout:.0f} s (its share of the section's budget)"}
+        return {
+            "returncode": None,
+            "wall_s": time.perf_counter() - start,
+            "output_tail": f"timed out after {timeout:.0f} s (its share of the section's budget)",
+        }
     wall = time.perf_counter() - start
     metrics_file = runs_dir / "seed0" / "metrics.json"
     run = {"returncode": proc.returncode, "wall_s": wall}
     if proc.returncode == 0 and metrics_file.is_file():
         m = json.loads(metrics_file.read_text())
-        run.update(history=[{k: row.get(k) for k in ("epoch", "train_loss", "train_images_per_s", "val_top1")}
-                            for row in m["history"]],
-                   final_val_top1=m["final_val_top1"], train_time_s=m["train_time_s"],
-                   tracking=(m.get("tracking") or {}).get("status"))
+        run.update(
+            history=[
+                {k: row.get(k) for k in ("epoch", "train_loss", "train_images_per_s", "val_top1")}
+                for row in m["history"]
+            ],
+            final_val_top1=m["final_val_top1"],
+            train_time_s=m["train_time_s"],
+            tracking=(m.get("tracking") or {}).get("status"),
+        )
     else:
         run["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
     return run
@@ -401,8 +545,9 @@ def _train_step(model: torch.nn.Module, device: torch.device, s: dict, batch: in
     return step
 
 
-def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile_: bool = False,
-               saved=lambda rows: None) -> dict:
+def throughput(
+    device: torch.device, s: dict, families: dict = FAMILIES, compile_: bool = False, saved=lambda rows: None
+) -> dict:
     """Training images/s and MFU of ``families`` side by side (``compile_``: under torch.compile; then each family
     is timed as soon as it has compiled and ``saved(rows)`` is called after each, so a cut process keeps the
     families done)."""
@@ -431,8 +576,14 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile
             model = timm.create_model(name, img_size=size, **kwargs)
             gm = gmacs(model, size)  # on the CPU: dense attention, every matmul counted
             model = model.to(device).train()
-            row = {"model": name, "kwargs": kwargs, "gmacs_forward": gm, "train_flops_per_image": 3 * 2 * gm * 1e9,
-                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "compiled": compile_}
+            row = {
+                "model": name,
+                "kwargs": kwargs,
+                "gmacs_forward": gm,
+                "train_flops_per_image": 3 * 2 * gm * 1e9,
+                "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                "compiled": compile_,
+            }
             before = graph_counts() if compile_ else None
             try:
                 compile_start = time.perf_counter()
@@ -440,10 +591,12 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile
                 fn()  # the first steps compile: out of the timing, and a failure is this family's alone
                 if compile_:
                     after = graph_counts()
-                    row.update(compile_s=time.perf_counter() - compile_start,
-                               graphs=after["graphs"] - before["graphs"],
-                               graph_breaks=after["graph_breaks"] - before["graph_breaks"],
-                               break_reasons=after["break_reasons"])
+                    row.update(
+                        compile_s=time.perf_counter() - compile_start,
+                        graphs=after["graphs"] - before["graphs"],
+                        graph_breaks=after["graph_breaks"] - before["graph_breaks"],
+                        break_reasons=after["break_reasons"],
+                    )
             except Exception as err:
                 if not compile_:
                     raise
@@ -453,18 +606,30 @@ def throughput(device: torch.device, s: dict, families: dict = FAMILIES, compile
                 fn()
             fns[label], rows[label] = fn, row
         except Exception as err:
-            rows[label] = {"model": name, "kwargs": kwargs, "error": f"{type(err).__name__}: {str(err)[:2000]}",
-                           "images_per_s": None, "mfu": None}
+            rows[label] = {
+                "model": name,
+                "kwargs": kwargs,
+                "error": f"{type(err).__name__}: {str(err)[:2000]}",
+                "images_per_s": None,
+                "mfu": None,
+            }
         if compile_:  # timed now, and kept: the next family's compile may be cut
             time_them({label: fns.pop(label)} if label in fns else {})
             saved(rows)
     time_them(fns)  # eager: side by side, alternating
-    return {"image_size": size, "batch": batch, "amp": s["amp"], "compile": compile_,
-            "channels_last": s["channels_last"], "peak_bf16_tflops": peak, "peak_note": peak_note,
-            "measured_peak_tflops": measured,
-            "flops_note": "training FLOPs = 3 x forward; forward counted by torch's FlopCounterMode on the CPU with "
-                          "dense attention (matmuls and convolutions only)",
-            "families": rows}
+    return {
+        "image_size": size,
+        "batch": batch,
+        "amp": s["amp"],
+        "compile": compile_,
+        "channels_last": s["channels_last"],
+        "peak_bf16_tflops": peak,
+        "peak_note": peak_note,
+        "measured_peak_tflops": measured,
+        "flops_note": "training FLOPs = 3 x forward; forward counted by torch's FlopCounterMode on the CPU with "
+        "dense attention (matmuls and convolutions only)",
+        "families": rows,
+    }
 
 
 def mfu(device: torch.device, s: dict, saved=lambda rows: None) -> dict:
@@ -474,10 +639,13 @@ def mfu(device: torch.device, s: dict, saved=lambda rows: None) -> dict:
 
 def lsa_vs_nest(tp: dict) -> dict:
     lsa, nest = tp["families"].get("lsa_tiny", {}), tp["families"].get("nest_tiny", {})
-    ratio = lsa["images_per_s"] / nest["images_per_s"] if lsa.get("images_per_s") and nest.get("images_per_s") \
-        else None
-    return {"lsa_tiny_images_per_s": lsa.get("images_per_s"), "nest_tiny_images_per_s": nest.get("images_per_s"),
-            "ratio": ratio, "paper_ratio": LSA_PAPER_RATIO}
+    ratio = lsa["images_per_s"] / nest["images_per_s"] if lsa.get("images_per_s") and nest.get("images_per_s") else None
+    return {
+        "lsa_tiny_images_per_s": lsa.get("images_per_s"),
+        "nest_tiny_images_per_s": nest.get("images_per_s"),
+        "ratio": ratio,
+        "paper_ratio": LSA_PAPER_RATIO,
+    }
 
 
 # What FlexAttention may differ from the dense masked kernel by (torch.testing's bf16 rtol; an atol for outputs
@@ -503,11 +671,11 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
         tokens = side * side
         batch = max(1, s["attention_tokens_per_batch"] // tokens)
         fns, row, outs = {}, {"patch_tokens": tokens, "sequence": tokens + 1, "batch": batch}, {}
-        for label, kwargs in (("flex", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
-                                            restrict_kernel="flex")),
-                              ("dense_masked", dict(masked_heads="all", mask_mode="restrict", mask_type="hard",
-                                                    restrict_kernel="dense")),
-                              ("full_fused", dict(masked_heads="none"))):
+        for label, kwargs in (
+            ("flex", dict(masked_heads="all", mask_mode="restrict", mask_type="hard", restrict_kernel="flex")),
+            ("dense_masked", dict(masked_heads="all", mask_mode="restrict", mask_type="hard", restrict_kernel="dense")),
+            ("full_fused", dict(masked_heads="none")),
+        ):
             torch.manual_seed(0)  # the same weights and input for every kernel: flex and dense must agree
             model = timm.create_model("mait_tiny_patch16_224", img_size=side * 16, depth=1, num_classes=0, **kwargs)
             attn = model.blocks[0].attn.to(device).train(backward)
@@ -523,8 +691,11 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
             try:
                 outs[label] = fn().detach().float()  # the compile's call, and the output compared
                 fns[label] = fn
-                row[f"{label}_kernel_used"] = "flex" if label == "flex" and attn._flex(x) else \
-                    ("sdpa" if label != "flex" else "dense (FlexAttention not taken here)")
+                row[f"{label}_kernel_used"] = (
+                    "flex"
+                    if label == "flex" and attn._flex(x)
+                    else ("sdpa" if label != "flex" else "dense (FlexAttention not taken here)")
+                )
             except Exception as err:
                 row[f"{label}_error"] = f"{type(err).__name__}: {err}"
         if "flex" in outs and "dense_masked" in outs:  # the same attention by two kernels
@@ -542,11 +713,17 @@ def restrict_attention(device: torch.device, s: dict) -> dict:
             if f"{label}_ms" in row and "dense_masked_ms" in row:
                 row[f"dense_masked_over_{label}"] = row["dense_masked_ms"] / row[f"{label}_ms"]
         after = graph_counts()
-        row.update(graphs=after["graphs"] - before["graphs"], graph_breaks=after["graph_breaks"] - before["graph_breaks"])
+        row.update(
+            graphs=after["graphs"] - before["graphs"], graph_breaks=after["graph_breaks"] - before["graph_breaks"]
+        )
         rows[str(tokens)] = row
-    return {"pass": "forward+backward" if backward else "forward only (FlexAttention off CUDA has no backward)",
-            "mask": "restrict, hard 3x3 neighbourhood on all 3 heads (mait_tiny: 192-d)", "amp": s["amp"],
-            "tolerance": {"rtol": rtol, "atol": atol}, "by_patch_tokens": rows}
+    return {
+        "pass": "forward+backward" if backward else "forward only (FlexAttention off CUDA has no backward)",
+        "mask": "restrict, hard 3x3 neighbourhood on all 3 heads (mait_tiny: 192-d)",
+        "amp": s["amp"],
+        "tolerance": {"rtol": rtol, "atol": atol},
+        "by_patch_tokens": rows,
+    }
 
 
 def _augment(device: torch.device):
@@ -569,8 +746,14 @@ def augmentation(device: torch.device, s: dict) -> dict:
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
     apply = _augment(device)
     times = common.alternate({"augment": lambda: apply(images)}, s["repeats"], warmup=1)
-    return {"backend": "tensor", "policy": f"{RANDAUGMENT} + normalise + erasing {ERASING}", "image_size": size,
-            "batch": batch, "images_per_s": batch / common.median(times["augment"]), "input": "synthetic uint8 on the device"}
+    return {
+        "backend": "tensor",
+        "policy": f"{RANDAUGMENT} + normalise + erasing {ERASING}",
+        "image_size": size,
+        "batch": batch,
+        "images_per_s": batch / common.median(times["augment"]),
+        "input": "synthetic uint8 on the device",
+    }
 
 
 class _SyntheticImages:
@@ -602,14 +785,20 @@ def synthetic_file(work: Path, s: dict) -> tuple[Path, str]:
     images, out = _SyntheticImages(s["feed_images"], s["feed_size"]), work / "synthetic"
     try:
         import sklearn.model_selection  # noqa: F401  (what locvit prepare splits with)
+
         has_sklearn = True
     except ImportError:
         has_sklearn = False
     if not has_sklearn:
         path = out / "synthetic.beton"
         out.mkdir(parents=True, exist_ok=True)
-        write_beton(path, images, range(len(images.labels)), max_resolution=s["feed_size"],
-                    num_workers=min(8, os.cpu_count() or 1))
+        write_beton(
+            path,
+            images,
+            range(len(images.labels)),
+            max_resolution=s["feed_size"],
+            num_workers=min(8, os.cpu_count() or 1),
+        )
         return path, "locvit.data.ffcv_io.write_beton (locvit prepare splits with scikit-learn, which this node lacks)"
     from PIL import Image
 
@@ -619,12 +808,31 @@ def synthetic_file(work: Path, s: dict) -> tuple[Path, str]:
         Image.fromarray(images.image(i)).save(folder / f"{i}.png")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     held_out = min(0.3, max(0.05, 20 / len(images.labels)))  # at least 2 images a class in val and in test
-    params["data"] = {"source": "imagefolder", "root": str(out / "images"), "image_size": s["feed_size"],
-                      "val_fraction": held_out, "test_fraction": held_out, "write_workers": min(8, os.cpu_count() or 1)}
+    params["data"] = {
+        "source": "imagefolder",
+        "root": str(out / "images"),
+        "image_size": s["feed_size"],
+        "val_fraction": held_out,
+        "test_fraction": held_out,
+        "write_workers": min(8, os.cpu_count() or 1),
+    }
     (out / "params.yaml").write_text(yaml.safe_dump(params))
-    proc = subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(out / "params.yaml"),
-                           *(a for split in ("train", "val", "test") for a in (f"--{split}", str(out / f"{split}.beton"))),
-                           "--manifest", str(out / "manifest.json")], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locvit",
+            "prepare",
+            "--params",
+            str(out / "params.yaml"),
+            *(a for split in ("train", "val", "test") for a in (f"--{split}", str(out / f"{split}.beton"))),
+            "--manifest",
+            str(out / "manifest.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"locvit prepare of the synthetic images failed: {(proc.stdout + proc.stderr)[-1500:]}")
     return out / "train.beton", "locvit prepare (an image folder of the synthetic images; its training split)"
@@ -646,9 +854,13 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
     at least ``feed_timed_batches`` timed, alone and through the training feed with the augmentation."""
     status = ffcv_status()
     if not status["available"]:
-        return {"ran": False, "skipped_for": "ffcv", "reason": f"FFCV cannot be imported here ({status['reason']}); "
-                                                               "the augmentation section measures the device side "
-                                                               "on synthetic batches"}
+        return {
+            "ran": False,
+            "skipped_for": "ffcv",
+            "reason": f"FFCV cannot be imported here ({status['reason']}); "
+            "the augmentation section measures the device side "
+            "on synthetic batches",
+        }
     from locvit.data.feed import TrainFeed, bounded
     from locvit.data.ffcv_io import make_loader, read_all
 
@@ -658,7 +870,9 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
     # The integrity epoch: the consumer never syncs and queues a slow matmul per batch, so the device falls
     # behind the loader, as a training step's would; per image, the pixel sum the consumer received.
     # the file's pixels as FFCV reads them on the CPU (its plain-Python pipeline: no compile for one pass)
-    expected_t = torch.from_numpy(read_all(path, jit=False)[0].reshape(-1, s["feed_size"] ** 2 * 3).astype("int64").sum(1))
+    expected_t = torch.from_numpy(
+        read_all(path, jit=False)[0].reshape(-1, s["feed_size"] ** 2 * 3).astype("int64").sum(1)
+    )
     lag = torch.randn(s["feed_lag_matmul"], s["feed_lag_matmul"], device=device)
     loader, mismatched = make_loader(path, batch, False, device, num_workers=workers, jit=True), {}
     for label, new_event in (("bounded", None), ("unbounded", lambda: None)):  # one epoch each, one loader
@@ -683,9 +897,15 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
         if label == "loader":
             batches = ((images_, None) for images_, _ in bounded(loader))
         else:
-            batches = TrainFeed(loader, TrainAugment(MEAN, STD, RANDAUGMENT, ERASING, seed=0),
-                                Compute(channels_last=s["channels_last"]), MEAN, STD, first_step=epoch * per_epoch,
-                                ahead=2)
+            batches = TrainFeed(
+                loader,
+                TrainAugment(MEAN, STD, RANDAUGMENT, ERASING, seed=0),
+                Compute(channels_last=s["channels_last"]),
+                MEAN,
+                STD,
+                first_step=epoch * per_epoch,
+                ahead=2,
+            )
         sync()
         start = time.perf_counter()
         n = k = 0
@@ -697,15 +917,26 @@ def feed(device: torch.device, s: dict, work: Path) -> dict:
             images[label] += n
             timed[label] += k
     rates = {k: {"images_per_s": images[k] / seconds[k], "batches_timed": timed[k]} for k in labels}
-    return {"ran": True, "file": how, "images": int(expected_t.numel()), "image_size": s["feed_size"], "batch": batch,
-            "jit": True, "num_workers": workers, "integrity": {
-                "images_checked": int(expected_t.numel()), "mismatched_images": mismatched["bounded"],
-                "mismatched_images_without_the_bound": mismatched["unbounded"], "ok": mismatched["bounded"] == 0,
-                "how": f"one epoch in file order behind {s['feed_lag_matmul']}-square matmuls per batch; per image "
-                       "the pixel sum the consumer got against the file's (read_all)"},
-            "loader_images_per_s": rates["loader"]["images_per_s"],
-            "feed_augment_images_per_s": rates["feed_augment"]["images_per_s"],
-            "batches_timed": min(r["batches_timed"] for r in rates.values())}
+    return {
+        "ran": True,
+        "file": how,
+        "images": int(expected_t.numel()),
+        "image_size": s["feed_size"],
+        "batch": batch,
+        "jit": True,
+        "num_workers": workers,
+        "integrity": {
+            "images_checked": int(expected_t.numel()),
+            "mismatched_images": mismatched["bounded"],
+            "mismatched_images_without_the_bound": mismatched["unbounded"],
+            "ok": mismatched["bounded"] == 0,
+            "how": f"one epoch in file order behind {s['feed_lag_matmul']}-square matmuls per batch; per image "
+            "the pixel sum the consumer got against the file's (read_all)",
+        },
+        "loader_images_per_s": rates["loader"]["images_per_s"],
+        "feed_augment_images_per_s": rates["feed_augment"]["images_per_s"],
+        "batches_timed": min(r["batches_timed"] for r in rates.values()),
+    }
 
 
 def deterministic_cost(device: torch.device, s: dict) -> dict:
@@ -726,6 +957,7 @@ def deterministic_cost(device: torch.device, s: dict) -> dict:
             torch.use_deterministic_algorithms(deterministic)
             set_backends(device, dtype, deterministic)
             step()
+
         return fn
 
     try:
@@ -734,10 +966,16 @@ def deterministic_cost(device: torch.device, s: dict) -> dict:
         torch.use_deterministic_algorithms(False)
         set_backends(device, dtype, False)
     ms = {k: 1e3 * common.median(t) / s["steps_per_repeat"] for k, t in times.items()}
-    return {"model": "deit_tiny_patch16_224", "image_size": size, "batch": batch, "amp": s["amp"],
-            "step_ms": ms, "slowdown": ms["deterministic"] / ms["default"],
-            "note": "both on warm caches (2 untimed repeats each first), timed in alternation; eager, so compile "
-                    "caches play no part"}
+    return {
+        "model": "deit_tiny_patch16_224",
+        "image_size": size,
+        "batch": batch,
+        "amp": s["amp"],
+        "step_ms": ms,
+        "slowdown": ms["deterministic"] / ms["default"],
+        "note": "both on warm caches (2 untimed repeats each first), timed in alternation; eager, so compile "
+        "caches play no part",
+    }
 
 
 # ---------------------------------------------------------------- the node
@@ -811,30 +1049,45 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
     glibc, cxx, timm_version = probe_glibc(), probe_libstdcxx(), probe_timm()
     missing = toolchain.missing_pieces(cc, headers)  # the compiler and headers Triton builds with
     if older(glibc, needs["glibc"]):
-        missing["glibc"] = (f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "
-                            f"{needs['glibc']}: use a node with a newer one (Ubuntu 22.04, Debian 12, RHEL 9 or later) "
-                            f"or build the wheelhouse (make -C gpu_node wheelhouse) on a system no newer than this node")
+        missing["glibc"] = (
+            f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "
+            f"{needs['glibc']}: use a node with a newer one (Ubuntu 22.04, Debian 12, RHEL 9 or later) "
+            f"or build the wheelhouse (make -C gpu_node wheelhouse) on a system no newer than this node"
+        )
     if older(cxx["glibcxx"], needs["glibcxx"]):
-        missing["libstdcxx"] = (f"libstdc++ {cxx['path'] or 'not found'} ({cxx['how']}) provides GLIBCXX_"
-                                f"{cxx['glibcxx'] or '?'} at most; the wheelhouse's libraries need GLIBCXX_"
-                                f"{needs['glibcxx']} (gcc 12's): install gcc 12's libstdc++ or newer (apt-get install "
-                                f"libstdc++6, module load gcc/12, conda install -c conda-forge 'libstdcxx-ng>=12') "
-                                f"and put its folder first on LD_LIBRARY_PATH")
+        missing["libstdcxx"] = (
+            f"libstdc++ {cxx['path'] or 'not found'} ({cxx['how']}) provides GLIBCXX_"
+            f"{cxx['glibcxx'] or '?'} at most; the wheelhouse's libraries need GLIBCXX_"
+            f"{needs['glibcxx']} (gcc 12's): install gcc 12's libstdc++ or newer (apt-get install "
+            f"libstdc++6, module load gcc/12, conda install -c conda-forge 'libstdcxx-ng>=12') "
+            f"and put its folder first on LD_LIBRARY_PATH"
+        )
     if timm_version != needs["timm"]:
-        missing["timm"] = (f"timm {timm_version or 'not installed'}; locvit pins timm=={needs['timm']} "
-                           f"(constraints.txt): install it (gpu_node/visit.py installs the wheelhouse's; a wheelhouse "
-                           f"without it: make -C gpu_node wheelhouse again, or pip install timm=={needs['timm']})")
-    return {"compiler": cc, "python_headers": headers, "glibc": glibc, "libstdcxx": cxx, "timm": timm_version,
-            "needs": needs, "missing": missing}
+        missing["timm"] = (
+            f"timm {timm_version or 'not installed'}; locvit pins timm=={needs['timm']} "
+            f"(constraints.txt): install it (gpu_node/visit.py installs the wheelhouse's; a wheelhouse "
+            f"without it: make -C gpu_node wheelhouse again, or pip install timm=={needs['timm']})"
+        )
+    return {
+        "compiler": cc,
+        "python_headers": headers,
+        "glibc": glibc,
+        "libstdcxx": cxx,
+        "timm": timm_version,
+        "needs": needs,
+        "missing": missing,
+    }
 
 
 def _parse_names(allowed):
     """An argparse type: a comma-separated list of names out of ``allowed``."""
+
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
         if bad := [n for n in names if n not in allowed]:
             raise argparse.ArgumentTypeError(f"{', '.join(bad)}: not one of {', '.join(allowed)}")
         return names
+
     return parse
 
 
@@ -856,46 +1109,79 @@ def summary_line(name: str, section: dict | None) -> str:
     if name == "smoke":
         g = section["gemm"]
         mix = section.get("mixed_tf32_apis", {}).get("compile")
-        return (f"{g['dtype']} matmul {g['tflops']:.1f} TFLOP/s; mixed TF32 APIs + compile: {mix or 'not tried'}; loss {section['first_loss']:.3f} -> "
-                f"{section['last_loss']:.3f} in {section['steps']} steps (compiled {section['compiled']}"
-                + (f", {section['compile']['graphs']} graph(s), {section['compile']['graph_breaks']} break(s)"
-                   if "compile" in section else "") + f"); ffcv {'ok' if section['ffcv']['available'] else 'MISSING'}")
+        return (
+            f"{g['dtype']} matmul {g['tflops']:.1f} TFLOP/s; mixed TF32 APIs + compile: {mix or 'not tried'}; "
+            f"loss {section['first_loss']:.3f} -> "
+            f"{section['last_loss']:.3f} in {section['steps']} steps (compiled {section['compiled']}"
+            + (
+                f", {section['compile']['graphs']} graph(s), {section['compile']['graph_breaks']} break(s)"
+                if "compile" in section
+                else ""
+            )
+            + f"); ffcv {'ok' if section['ffcv']['available'] else 'MISSING'}"
+        )
     if name == "cuda_tests":
         return f"{section['summary']} (exit {section['returncode']})"
     if name in ("throughput", "mfu"):
-        return "; ".join(f"{k} {_figure(r.get('images_per_s'))} img/s" + (
-            f" MFU {100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "") + (
-            f" ({100 * r['mfu_of_measured_peak']:.1f} % of measured)" if r.get("mfu_of_measured_peak") else "") + (
-            f" {r['graphs']} graph(s) {r['graph_breaks']} break(s)" if "graphs" in r else "") + (
-            " ERROR" if "error" in r else "") for k, r in section["families"].items())
+        return "; ".join(
+            f"{k} {_figure(r.get('images_per_s'))} img/s"
+            + (f" MFU {100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "")
+            + (f" ({100 * r['mfu_of_measured_peak']:.1f} % of measured)" if r.get("mfu_of_measured_peak") else "")
+            + (f" {r['graphs']} graph(s) {r['graph_breaks']} break(s)" if "graphs" in r else "")
+            + (" ERROR" if "error" in r else "")
+            for k, r in section["families"].items()
+        )
     if name == "lsa_vs_nest":
         return f"LSA-T / NesT-T {_figure(section['ratio'], '.2f')} (paper {section['paper_ratio']})"
     if name == "restrict_attention":
-        return "; ".join(f"{t} tokens: flex {_figure(r.get('flex_ms'), '.2f')} ms, dense {_figure(r.get('dense_masked_ms'), '.2f')} "
-                         f"ms, fused unmasked {_figure(r.get('full_fused_ms'), '.2f')} ms, |flex-dense| "
-                         f"{_figure(r.get('flex_vs_dense_max_abs_diff'), '.1e')}, {r.get('graphs')} graph(s)"
-                         for t, r in section["by_patch_tokens"].items())
+        return "; ".join(
+            f"{t} tokens: flex {_figure(r.get('flex_ms'), '.2f')} ms, dense {_figure(r.get('dense_masked_ms'), '.2f')} "
+            f"ms, fused unmasked {_figure(r.get('full_fused_ms'), '.2f')} ms, |flex-dense| "
+            f"{_figure(r.get('flex_vs_dense_max_abs_diff'), '.1e')}, {r.get('graphs')} graph(s)"
+            for t, r in section["by_patch_tokens"].items()
+        )
     if name == "augmentation":
         return f"{section['images_per_s']:.0f} img/s at {section['image_size']} px"
     if name == "feed":
         i = section["integrity"]
-        return (f"{i['mismatched_images']} of {i['images_checked']} images differ ({i['mismatched_images_without_the_bound']} "
-                f"without the bound); loader {section['loader_images_per_s']:.0f} img/s, with the augmentation "
-                f"{section['feed_augment_images_per_s']:.0f} img/s over {section['batches_timed']} batches")
+        return (
+            f"{i['mismatched_images']} of {i['images_checked']} images differ "
+            f"({i['mismatched_images_without_the_bound']} "
+            f"without the bound); loader {section['loader_images_per_s']:.0f} img/s, with the augmentation "
+            f"{section['feed_augment_images_per_s']:.0f} img/s over {section['batches_timed']} batches"
+        )
     if name == "demo_training":
-        return "; ".join(f"{v}: exit {r['returncode']}" + (f", val top-1 {r['final_val_top1']:.3f}, last epoch "
-                                                           f"{r['history'][-1]['train_images_per_s']:.0f} img/s"
-                                                           if "history" in r else "") for v, r in section["runs"].items())
+        return "; ".join(
+            f"{v}: exit {r['returncode']}"
+            + (
+                f", val top-1 {r['final_val_top1']:.3f}, last epoch {r['history'][-1]['train_images_per_s']:.0f} img/s"
+                if "history" in r
+                else ""
+            )
+            for v, r in section["runs"].items()
+        )
     if name == "deterministic_cost":
-        return (f"step {section['step_ms']['default']:.1f} ms, deterministic {section['step_ms']['deterministic']:.1f} ms: "
-                f"x{section['slowdown']:.2f}")
+        return (
+            f"step {section['step_ms']['default']:.1f} ms, deterministic {section['step_ms']['deterministic']:.1f} ms: "
+            f"x{section['slowdown']:.2f}"
+        )
     return "ran"
 
 
-def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-visit"], families: dict = FAMILIES,
-              demo_data_dir: Path | None = None, node: dict | None = None, allow_skipped=(),
-              allow_no_ffcv: bool = False, deadline_s: float | None = None, started: float | None = None,
-              out_name: str = "gpu", measured_peak_tflops: float | None = None) -> dict:
+def run_check(
+    device: torch.device,
+    quick: bool = False,
+    sections=PLANS["first-visit"],
+    families: dict = FAMILIES,
+    demo_data_dir: Path | None = None,
+    node: dict | None = None,
+    allow_skipped=(),
+    allow_no_ffcv: bool = False,
+    deadline_s: float | None = None,
+    started: float | None = None,
+    out_name: str = "gpu",
+    measured_peak_tflops: float | None = None,
+) -> dict:
     """Every section in ``sections`` (a failing one records its error), ``<out_name>.json`` written atomically
     (benchmarks/common.py's ``write_result``, into ``common.RESULTS``) before the first and after each; a section
     whose :data:`BUDGETS` entry is over the time left to ``deadline_s`` (seconds from ``started``, a
@@ -905,13 +1191,24 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
     s = settings(device, quick)
     s["measured_peak_tflops"] = measured_peak_tflops
     prov = provenance(device)
-    payload = {"device": str(device), "device_name": prov["gpu"], "provenance": prov, "quick": quick,
-               "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-               "ffcv": ffcv_status(), "glibc": "".join(platform.libc_ver()),
-               "wheelhouse": _wheelhouse_info(), "node": node, "sections_run": list(sections),
-               "deadline_s": deadline_s, "budgets_s": {n: BUDGETS[n][1] for n in sections},
-               "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv}, "errors": {},
-               "section_seconds": {}, "summary": {}}
+    payload = {
+        "device": str(device),
+        "device_name": prov["gpu"],
+        "provenance": prov,
+        "quick": quick,
+        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+        "ffcv": ffcv_status(),
+        "glibc": "".join(platform.libc_ver()),
+        "wheelhouse": _wheelhouse_info(),
+        "node": node,
+        "sections_run": list(sections),
+        "deadline_s": deadline_s,
+        "budgets_s": {n: BUDGETS[n][1] for n in sections},
+        "allowed": {"skipped": list(allow_skipped), "no_ffcv": allow_no_ffcv},
+        "errors": {},
+        "section_seconds": {},
+        "summary": {},
+    }
     for name in sections:
         payload[name] = {"ran": False, "reason": "not reached: the check stopped before it (a cut command)"}
     s["demo_data"] = demo_data_dir
@@ -924,14 +1221,18 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
             left = None if deadline_s is None else deadline_s - (time.monotonic() - started)
             start = time.perf_counter()
             if left is not None and left < budget:
-                payload[name] = {"ran": False, "skipped_for": "deadline",
-                                 "reason": f"{max(left, 0):.0f} s left of --deadline-s {deadline_s:.0f}, under its "
-                                           f"budget of {budget} s (gpu_check.BUDGETS)"}
+                payload[name] = {
+                    "ran": False,
+                    "skipped_for": "deadline",
+                    "reason": f"{max(left, 0):.0f} s left of --deadline-s {deadline_s:.0f}, under its "
+                    f"budget of {budget} s (gpu_check.BUDGETS)",
+                }
             else:
                 # what its subprocesses may take: its budget on a GPU; the CPU self-test (--quick) is slower than a
                 # GPU node in places (pytest's start on 2 cores), so there only the deadline bounds them
                 limit = (600.0 if quick else budget) if left is None else (left if quick else min(budget, left))
                 try:
+
                     def saved(section, name=name):  # a section's figures so far (mfu's families, one by one)
                         payload[name] = {**section, "provenance": prov}
                         save()
@@ -953,8 +1254,16 @@ def run_check(device: torch.device, quick: bool = False, sections=PLANS["first-v
     return payload
 
 
-def _run_section(name: str, device: torch.device, s: dict, work: Path, families: dict, payload: dict, limit: float,
-                 saved=lambda section: None):
+def _run_section(
+    name: str,
+    device: torch.device,
+    s: dict,
+    work: Path,
+    families: dict,
+    payload: dict,
+    limit: float,
+    saved=lambda section: None,
+):
     if name == "smoke":
         return smoke(device, s)
     if name == "cuda_tests":
@@ -988,9 +1297,11 @@ def problems(payload: dict) -> list[str]:
     ffcv = payload.get("ffcv") or {}
     needs_ffcv = [n for n in FFCV_SECTIONS if n in payload.get("sections_run", ()) and n not in skip_ok]
     if not ffcv.get("available", True) and needs_ffcv and not no_ffcv_ok:
-        found.append(f"ffcv: cannot be imported ({ffcv.get('reason')}), so {' and '.join(needs_ffcv)} did not run "
-                     f"(only synthetic batches were measured): install it (gpu_node/visit.py installs the wheelhouse's) "
-                     f"or pass --allow-no-ffcv")
+        found.append(
+            f"ffcv: cannot be imported ({ffcv.get('reason')}), so {' and '.join(needs_ffcv)} did not run "
+            f"(only synthetic batches were measured): install it (gpu_node/visit.py installs the wheelhouse's) "
+            f"or pass --allow-no-ffcv"
+        )
     for name in payload.get("sections_run", ()):
         section = payload.get(name)
         if not isinstance(section, dict) or section.get("ran", True) or name in skip_ok:
@@ -1010,16 +1321,22 @@ def problems(payload: dict) -> list[str]:
                 found.append(f"{name} {label}: {row['error'][:300]}")
     integrity = (payload.get("feed") or {}).get("integrity")
     if integrity and not integrity["ok"]:
-        found.append(f"feed: {integrity['mismatched_images']} of {integrity['images_checked']} images reached the "
-                     f"consumer with other pixels than the file's")
+        found.append(
+            f"feed: {integrity['mismatched_images']} of {integrity['images_checked']} images reached the "
+            f"consumer with other pixels than the file's"
+        )
     for tokens, row in ((payload.get("restrict_attention") or {}).get("by_patch_tokens") or {}).items():
         found += [f"restrict_attention {tokens} tokens {k}: {v[:300]}" for k, v in row.items() if k.endswith("_error")]
         if row.get("flex_matches_dense") is False:
-            found.append(f"restrict_attention {tokens} tokens: FlexAttention differs from the dense kernel by "
-                         f"{row['flex_vs_dense_max_abs_diff']:.2e}, over the tolerance (gpu_check.FLEX_TOLERANCE)")
+            found.append(
+                f"restrict_attention {tokens} tokens: FlexAttention differs from the dense kernel by "
+                f"{row['flex_vs_dense_max_abs_diff']:.2e}, over the tolerance (gpu_check.FLEX_TOLERANCE)"
+            )
         if row.get("mask_applied") is False:
-            found.append(f"restrict_attention {tokens} tokens: FlexAttention's output equals the unmasked one: "
-                         "the mask is not applied")
+            found.append(
+                f"restrict_attention {tokens} tokens: FlexAttention's output equals the unmasked one: "
+                "the mask is not applied"
+            )
     return found
 
 
@@ -1028,36 +1345,63 @@ def _wheelhouse_info() -> dict | None:
     if not f.is_file():
         return None
     info = json.loads(f.read_text())
-    return {"total_bytes": info.get("total_bytes"), "requirements": info.get("requirements"),
-            "shared_libraries": info.get("shared_libraries"), "system_libraries": info.get("system_libraries"),
-            "built_against": info.get("built_against"),
-            "node_needs": info.get("node_needs")}
+    return {
+        "total_bytes": info.get("total_bytes"),
+        "requirements": info.get("requirements"),
+        "shared_libraries": info.get("shared_libraries"),
+        "system_libraries": info.get("system_libraries"),
+        "built_against": info.get("built_against"),
+        "node_needs": info.get("node_needs"),
+    }
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
         description="locvit's GPU check, one group of sections in this process (gpu_node/visit.py runs the groups of "
-                    "a visit, each in a process of its own); writes RESULTS_DIR/OUT.json after every section and "
-                    "exits 1 when anything failed or was not checked.")
+        "a visit, each in a process of its own); writes RESULTS_DIR/OUT.json after every section and "
+        "exits 1 when anything failed or was not checked."
+    )
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the self-test's device)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks that every section runs, measures nothing")
-    ap.add_argument("--node", action="store_true", help="print the node's report (compiler, Python headers, glibc, "
-                                                        "libstdc++, timm, provenance) as JSON and stop")
+    ap.add_argument(
+        "--node",
+        action="store_true",
+        help="print the node's report (compiler, Python headers, glibc, libstdc++, timm, provenance) as JSON and stop",
+    )
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=[], help="the sections to run, in order")
     ap.add_argument("--out", default="gpu", help="the results file's name, without .json (default %(default)s)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS, help="its folder (default %(default)s)")
-    ap.add_argument("--deadline-s", type=float, help="seconds the sections may take: one whose budget "
-                                                     "(gpu_check.BUDGETS) is over the time left is skipped")
-    ap.add_argument("--measured-peak-tflops", type=float, help="the smoke section's measured matmul rate: MFU is "
-                                                               "reported against it beside the data sheet's")
-    ap.add_argument("--demo-data", type=Path, help="a folder with the demo's train.beton, val.beton and manifest.json "
-                                                   "(default: the wheelhouse's, results/demo/data, or locvit prepare)")
-    ap.add_argument("--allow-skipped", type=_parse_names(SECTIONS), action="extend", default=[],
-                    metavar="SECTION[,SECTION]", help="a section that did not run is not a problem (cuda_tests on "
-                                                      "--device cpu, where every CUDA-marked test skips); by default it is")
-    ap.add_argument("--allow-no-ffcv", action="store_true",
-                    help="an FFCV that cannot be imported is not a problem (demo_training and feed then do not run, "
-                         "and only synthetic batches are measured); by default it is")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        help="seconds the sections may take: one whose budget (gpu_check.BUDGETS) is over the time left is skipped",
+    )
+    ap.add_argument(
+        "--measured-peak-tflops",
+        type=float,
+        help="the smoke section's measured matmul rate: MFU is reported against it beside the data sheet's",
+    )
+    ap.add_argument(
+        "--demo-data",
+        type=Path,
+        help="a folder with the demo's train.beton, val.beton and manifest.json "
+        "(default: the wheelhouse's, results/demo/data, or locvit prepare)",
+    )
+    ap.add_argument(
+        "--allow-skipped",
+        type=_parse_names(SECTIONS),
+        action="extend",
+        default=[],
+        metavar="SECTION[,SECTION]",
+        help="a section that did not run is not a problem (cuda_tests on "
+        "--device cpu, where every CUDA-marked test skips); by default it is",
+    )
+    ap.add_argument(
+        "--allow-no-ffcv",
+        action="store_true",
+        help="an FFCV that cannot be imported is not a problem (demo_training and feed then do not run, "
+        "and only synthetic batches are measured); by default it is",
+    )
     args = ap.parse_args(argv)
     started = time.monotonic()
     device = torch.device(args.device)
@@ -1065,12 +1409,23 @@ def main(argv=None) -> None:
         print(json.dumps({**node_report(), "provenance": provenance(device), "ffcv": ffcv_status()}))
         return
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
-                         "--device cpu runs the check on the CPU")
+        raise SystemExit(
+            "gpu-check: no CUDA device visible to torch (torch.cuda.is_available() is False); "
+            "--device cpu runs the check on the CPU"
+        )
     common.RESULTS = args.results_dir
-    payload = run_check(device, quick=args.quick, sections=args.sections, demo_data_dir=args.demo_data,
-                        allow_skipped=args.allow_skipped, allow_no_ffcv=args.allow_no_ffcv, deadline_s=args.deadline_s,
-                        started=started, out_name=args.out, measured_peak_tflops=args.measured_peak_tflops)
+    payload = run_check(
+        device,
+        quick=args.quick,
+        sections=args.sections,
+        demo_data_dir=args.demo_data,
+        allow_skipped=args.allow_skipped,
+        allow_no_ffcv=args.allow_no_ffcv,
+        deadline_s=args.deadline_s,
+        started=started,
+        out_name=args.out,
+        measured_peak_tflops=args.measured_peak_tflops,
+    )
     print(f"gpu-check: wrote {payload['path']}", flush=True)
     if payload["problems"]:
         sys.exit(1)

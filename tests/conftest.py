@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import CHROMIUM, CHROMIUM_ARGS, DURATIONS, REPO, locvit_families
+
 from locvit import logs
 
 logs.configure()  # locvit's messages on stdout and stderr, as the CLI sends them
@@ -82,8 +82,10 @@ def cache_in_tmp(session_cache, monkeypatch) -> Path:
 def browser():
     """Headless Chromium (Debian's package, driven by Playwright; nothing downloaded)."""
     if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's `chromium` package (apt-get install chromium) "
-                    f"to check pages in a browser")
+        pytest.skip(
+            f"{CHROMIUM} is missing: install Debian's `chromium` package (apt-get install chromium) "
+            f"to check pages in a browser"
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -119,11 +121,18 @@ def _guarded(what: str, start, exempt=lambda *args, **kwargs: False):
     @functools.wraps(start)
     def guarded(*args, **kwargs):
         item = _running.get("item")
-        if item is not None and getattr(_guard, "depth", 0) == 0 and item.get_closest_marker("e2e") is None \
-                and item.get_closest_marker("cluster") is None and not exempt(*args, **kwargs):
+        if (
+            item is not None
+            and getattr(_guard, "depth", 0) == 0
+            and item.get_closest_marker("e2e") is None
+            and item.get_closest_marker("cluster") is None
+            and not exempt(*args, **kwargs)
+        ):
             command = f" {args[1]!r:.200}" if what == "subprocess.Popen" else ""  # _execute_child(self, args, ...)
-            message = (f"{item.nodeid} starts a process ({what}{command}) without the e2e marker: mark it "
-                       "@pytest.mark.e2e (make test-fast runs -m 'not e2e', the tests that start no process)")
+            message = (
+                f"{item.nodeid} starts a process ({what}{command}) without the e2e marker: mark it "
+                "@pytest.mark.e2e (make test-fast runs -m 'not e2e', the tests that start no process)"
+            )
             item.stash[PROCESS_GUARD].append(message)
             pytest.fail(message, pytrace=True)
         _guard.depth = getattr(_guard, "depth", 0) + 1
@@ -131,6 +140,7 @@ def _guarded(what: str, start, exempt=lambda *args, **kwargs: False):
             return start(*args, **kwargs)
         finally:
             _guard.depth -= 1
+
     guarded.__wrapped__ = start
     return guarded
 
@@ -146,9 +156,12 @@ def _library_lookup(*args, **kwargs) -> bool:
     return frame is not None
 
 
-_GUARDED = [(subprocess.Popen, "_execute_child", "subprocess.Popen", _library_lookup),
-            (multiprocessing.process.BaseProcess, "start", "a multiprocessing Process", _ffcv_writer),
-            (os, "system", "os.system", None), (os, "fork", "os.fork", None)]
+_GUARDED = [
+    (subprocess.Popen, "_execute_child", "subprocess.Popen", _library_lookup),
+    (multiprocessing.process.BaseProcess, "start", "a multiprocessing Process", _ffcv_writer),
+    (os, "system", "os.system", None),
+    (os, "fork", "os.fork", None),
+]
 
 
 def pytest_configure(config):
@@ -213,9 +226,13 @@ LANE_START = pytest.StashKey[float]()
 
 
 def pytest_addoption(parser):
-    parser.addoption("--record-lane", metavar="NAME", default=None,
-                     help="write this session's test counts and wall time as lane NAME into "
-                          "test-artifacts/durations.json (make test; git ignores it)")
+    parser.addoption(
+        "--record-lane",
+        metavar="NAME",
+        default=None,
+        help="write this session's test counts and wall time as lane NAME into "
+        "test-artifacts/durations.json (make test; git ignores it)",
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -228,14 +245,31 @@ def pytest_sessionfinish(session, exitstatus):
     from locvit.tracking.run import git_commit
 
     stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
-    count = {outcome: len([r for r in stats.get(outcome, []) if getattr(r, "when", "call") in ("call", "setup")])
-             for outcome in ("passed", "failed", "skipped", "error")}
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None
+    count = {
+        outcome: len([r for r in stats.get(outcome, []) if getattr(r, "when", "call") in ("call", "setup")])
+        for outcome in ("passed", "failed", "skipped", "error")
+    }
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            None,
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else None
+    )
     data = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {"lanes": {}}
-    data["lanes"][lane] = {"marker": session.config.getoption("markexpr"), "tests": len(session.items), **count,
-                           "wall_s": round(time.monotonic() - session.stash[LANE_START], 1), "commit": git_commit(),
-                           "machine": f"{cpu or _processor()}, {os.cpu_count()} cores"}
+    data["lanes"][lane] = {
+        "marker": session.config.getoption("markexpr"),
+        "tests": len(session.items),
+        **count,
+        "wall_s": round(time.monotonic() - session.stash[LANE_START], 1),
+        "commit": git_commit(),
+        "machine": f"{cpu or _processor()}, {os.cpu_count()} cores",
+    }
     DURATIONS.parent.mkdir(parents=True, exist_ok=True)
     write_text(DURATIONS, json.dumps(data, indent=2) + "\n")
 

@@ -74,8 +74,9 @@ def env_with_venv() -> dict:
 
 def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
     """Run the venv's snakemake in ``cwd``; with ``check``, fail with the end of its output."""
-    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), *args], cwd=cwd, env=env_with_venv(), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -105,10 +106,27 @@ def train_cmd(cfg: dict, prepared: dict, out_dir, db) -> list[str]:
     """`locvit train` of one run config (written beside ``out_dir``) on the prepared tiny data (one thread,
     no progress bar)."""
     run_config = config_file(cfg, Path(out_dir).with_name(f"{Path(out_dir).name}.config.json"))
-    return [sys.executable, "-m", "locvit", "train", "--run-config", run_config,
-            "--train-data", str(prepared["train"]), "--val-data", str(prepared["val"]),
-            "--manifest", str(prepared["manifest"]), "--out-dir", str(out_dir), "--tracking-db", str(db),
-            "--threads", "1", "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "locvit",
+        "train",
+        "--run-config",
+        run_config,
+        "--train-data",
+        str(prepared["train"]),
+        "--val-data",
+        str(prepared["val"]),
+        "--manifest",
+        str(prepared["manifest"]),
+        "--out-dir",
+        str(out_dir),
+        "--tracking-db",
+        str(db),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
 
 
 #: A process that creates an MLflow database and SIGKILLs itself at its k-th CREATE TABLE; argv: how
@@ -144,16 +162,29 @@ else:
 
 def create_and_die(how: str, db: Path, at: int) -> None:
     """Run :data:`CREATE_AND_DIE`; it must have died at the ``at``-th table."""
-    proc = subprocess.run([str(BIN / "python"), "-c", CREATE_AND_DIE, how, str(db), str(at)], env=env_with_venv(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(BIN / "python"), "-c", CREATE_AND_DIE, how, str(db), str(at)],
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
 # The MLflow UI's browser ----------------------------------------------------------------------------------
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 # Small data in the real formats ---------------------------------------------------------------------------
@@ -238,28 +269,56 @@ CAIT = dict(VIT, depth_token_only=1)  # 2 talking-heads layers, then 1 class-att
 #: own attention path switched on (MaiT: hard masks on heads 1, then 0 and 2; LSA: nine shifts).
 FAMILY_SHAPES: dict[str, Shape] = {
     "deit": Shape("deit_tiny_patch16_224", VIT, kinds=("softmax",) * 2),
-    "mait": Shape("mait_tiny_patch16_224", dict(VIT, masked_heads=[1, [0, 2]], mask_type="hard"),
-                  kinds=("softmax",) * 2),
+    "mait": Shape(
+        "mait_tiny_patch16_224", dict(VIT, masked_heads=[1, [0, 2]], mask_type="hard"), kinds=("softmax",) * 2
+    ),
     "mait_cait": Shape("mait_cait_xxs24_224", CAIT, kinds=("talking", "talking", "class")),
-    "lsa": Shape("lsa_tiny_cifar", dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24,
-                                        depths=(2, 1), num_heads=3, shifts="axes9"),
-                 kinds=("shift", "softmax", "softmax")),
+    "lsa": Shape(
+        "lsa_tiny_cifar",
+        dict(
+            img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1), num_heads=3, shifts="axes9"
+        ),
+        kinds=("shift", "softmax", "softmax"),
+    ),
     "ibit": Shape("ibit_tiny_patch16_224", dict(VIT, mask_fit_steps=2000), kinds=("frobenius",) * 2),
-    "convit": Shape("convit_tiny", dict(img_size=32, patch_size=8, embed_dim=8, num_heads=4, depth=3,
-                                        local_up_to_layer=2), kinds=("gpsa", "gpsa", "softmax")),
+    "convit": Shape(
+        "convit_tiny",
+        dict(img_size=32, patch_size=8, embed_dim=8, num_heads=4, depth=3, local_up_to_layer=2),
+        kinds=("gpsa", "gpsa", "softmax"),
+    ),
     "cait": Shape("cait_xxs24_224", CAIT, kinds=("talking", "talking", "class")),
-    "nest": Shape("nest_tiny_cifar", dict(img_size=16, num_levels=3, embed_dims=(24,) * 3, num_heads=(3,) * 3,
-                                          depths=(1,) * 3), kinds=("block",) * 3),
+    "nest": Shape(
+        "nest_tiny_cifar",
+        dict(img_size=16, num_levels=3, embed_dims=(24,) * 3, num_heads=(3,) * 3, depths=(1,) * 3),
+        kinds=("block",) * 3,
+    ),
     # PVT v1: one block per stage on a 32-pixel image; stages 1-3 attend to a pooled key grid, stage 4 to its own.
-    "pvt_v1": Shape("pvt_v1_tiny", dict(img_size=32, depths=(1, 1, 1, 1)),
-                    kinds=("pooled_keys", "pooled_keys", "pooled_keys", "softmax")),
+    "pvt_v1": Shape(
+        "pvt_v1_tiny",
+        dict(img_size=32, depths=(1, 1, 1, 1)),
+        kinds=("pooled_keys", "pooled_keys", "pooled_keys", "softmax"),
+    ),
     "localvit": Shape("localvit_tiny_patch16_224", VIT, kinds=("softmax",) * 2),
     # timm's Swin and Twins-SVT, which the swin and twins families claim: windows that divide every stage's grid.
-    "swin": Shape("swin_tiny_patch4_window7_224", dict(img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2),
-                                                       window_size=2), kinds=("block",) * 4),
-    "twins": Shape("twins_svt_small", dict(img_size=16, patch_size=2, embed_dims=(16, 32, 32), depths=(2, 2, 2),
-                                           num_heads=(1, 2, 2), mlp_ratios=(2, 2, 2), sr_ratios=(4, 2, 1), wss=(4, 2, 2)),
-                   kinds=("block", "pooled_keys", "block", "pooled_keys", "block", "softmax")),
+    "swin": Shape(
+        "swin_tiny_patch4_window7_224",
+        dict(img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=2),
+        kinds=("block",) * 4,
+    ),
+    "twins": Shape(
+        "twins_svt_small",
+        dict(
+            img_size=16,
+            patch_size=2,
+            embed_dims=(16, 32, 32),
+            depths=(2, 2, 2),
+            num_heads=(1, 2, 2),
+            mlp_ratios=(2, 2, 2),
+            sr_ratios=(4, 2, 1),
+            wss=(4, 2, 2),
+        ),
+        kinds=("block", "pooled_keys", "block", "pooled_keys", "block", "softmax"),
+    ),
     "wrn": Shape("wrn_16_2", dict(depth=10, widen_factor=1), size=32),  # a CNN: no attention layers
     "pyramidnet": Shape("pyramidnet164_a48", dict(depth=11, alpha=12), size=32),  # a CNN: no attention layers
 }
@@ -286,8 +345,10 @@ ENTRYPOINT_SHAPES: dict[str, Shape] = {
     "lsa_tiny_224": Shape("lsa_tiny_224", dict(img_size=112, depths=(1,) * 4)),
     "lsa_small_224": Shape("lsa_small_224", dict(img_size=112, depths=(1,) * 3)),
     "nest_tiny_cifar": Shape("nest_tiny_cifar", dict(img_size=32, depths=(1,) * 4)),
-    **{name: Shape(name, dict(img_size=32, depths=(1, 1, 1, 1)))
-       for name in ("pvt_v1_tiny", "pvt_v1_small", "pvt_v1_medium", "pvt_v1_large")},
+    **{
+        name: Shape(name, dict(img_size=32, depths=(1, 1, 1, 1)))
+        for name in ("pvt_v1_tiny", "pvt_v1_small", "pvt_v1_medium", "pvt_v1_large")
+    },
     "localvit_tiny_patch16_224": Shape("localvit_tiny_patch16_224", DEPTH3),
     "localvit_small_patch16_224": Shape("localvit_small_patch16_224", DEPTH3),
     "wrn_28_10": Shape("wrn_28_10", dict(depth=10, widen_factor=1), size=32),
@@ -323,8 +384,9 @@ def locvit_families() -> dict:
 
 def locvit_entrypoints() -> list[str]:
     """The timm entrypoints a ``locvit.*`` module registers."""
-    import locvit.models  # noqa: F401
     from timm.models._registry import _model_entrypoints
+
+    import locvit.models  # noqa: F401
 
     return sorted(name for name, fn in _model_entrypoints.items() if fn.__module__.startswith("locvit."))
 
@@ -336,20 +398,33 @@ def missing_shapes(families: dict | None = None, entrypoints: list[str] | None =
 
     families = locvit_families() if families is None else families
     entrypoints = locvit_entrypoints() if entrypoints is None else entrypoints
-    problems = [f"family {name!r} has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py"
-                for name in sorted(set(families) - set(FAMILY_SHAPES))]
-    problems += [f"entrypoint {name!r} has no small shape: add one entry to ENTRYPOINT_SHAPES in tests/helpers.py"
-                 for name in sorted(set(entrypoints) - set(ENTRYPOINT_SHAPES))]
-    problems += [f"FAMILY_SHAPES[{name!r}]: no such family is registered" for name in set(FAMILY_SHAPES) - set(families)]
-    problems += [f"ENTRYPOINT_SHAPES[{name!r}]: locvit registers no such entrypoint"
-                 for name in set(ENTRYPOINT_SHAPES) - set(entrypoints)]
+    problems = [
+        f"family {name!r} has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py"
+        for name in sorted(set(families) - set(FAMILY_SHAPES))
+    ]
+    problems += [
+        f"entrypoint {name!r} has no small shape: add one entry to ENTRYPOINT_SHAPES in tests/helpers.py"
+        for name in sorted(set(entrypoints) - set(ENTRYPOINT_SHAPES))
+    ]
+    problems += [
+        f"FAMILY_SHAPES[{name!r}]: no such family is registered" for name in set(FAMILY_SHAPES) - set(families)
+    ]
+    problems += [
+        f"ENTRYPOINT_SHAPES[{name!r}]: locvit registers no such entrypoint"
+        for name in set(ENTRYPOINT_SHAPES) - set(entrypoints)
+    ]
     for name, shape in FAMILY_SHAPES.items():
         claimed = family_claiming(shape.model)
         if name in families and (claimed is None or claimed.name != name):
-            problems.append(f"FAMILY_SHAPES[{name!r}] builds {shape.model!r}, which family "
-                            f"{claimed.name if claimed else None!r} claims, not {name!r}")
-    problems += [f"ENTRYPOINT_SHAPES[{name!r}] builds {shape.model!r}" for name, shape in ENTRYPOINT_SHAPES.items()
-                 if shape.model != name]
+            problems.append(
+                f"FAMILY_SHAPES[{name!r}] builds {shape.model!r}, which family "
+                f"{claimed.name if claimed else None!r} claims, not {name!r}"
+            )
+    problems += [
+        f"ENTRYPOINT_SHAPES[{name!r}] builds {shape.model!r}"
+        for name, shape in ENTRYPOINT_SHAPES.items()
+        if shape.model != name
+    ]
     return problems
 
 

@@ -55,7 +55,10 @@ def main() -> None:
         nc = optimize.brentq(lambda d: power_quad(d, df, alpha) - 0.8, 0.1, 200, xtol=1e-12)
         check = power_mc(nc, df, alpha)
         half = power_quad(nc / 2, df, alpha)
-        print(f"({se}, {df}, {alpha!r}, {nc * se:.5f}, {nc / 2!r}, {half:.6f}),  # Monte Carlo power at the MDE: {check:.4f}")
+        print(
+            f"({se}, {df}, {alpha!r}, {nc * se:.5f}, {nc / 2!r}, {half:.6f}),"
+            f"  # Monte Carlo power at the MDE: {check:.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,21 @@ from pathlib import Path
 from tests.helpers import free_port
 
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "iproute2")
-BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sacctmgr", "sbatch", "sacct", "munged", "mariadbd",
-            "mariadb-install-db", "mariadb", "ip", "nsenter", "unshare")
+BINARIES = (
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sacctmgr",
+    "sbatch",
+    "sacct",
+    "munged",
+    "mariadbd",
+    "mariadb-install-db",
+    "mariadb",
+    "ip",
+    "nsenter",
+    "unshare",
+)
 CLUSTER = "locvit"
 CONF_DIR = Path("/etc/slurm")
 MARKER = "# written by locvit's tests/slurm_cluster.py; removed when its cluster stops\n"
@@ -93,8 +106,12 @@ def node_address(i: int) -> str:
     return str(SUBNET.network_address + 10 + i)
 
 
-def node_overrides(runtimes: dict[str, int] | None = None, default_runtime: int = 30,
-                   train_extra: str | None = None, one_node: bool = True) -> list[str]:
+def node_overrides(
+    runtimes: dict[str, int] | None = None,
+    default_runtime: int = 30,
+    train_extra: str | None = None,
+    one_node: bool = True,
+) -> list[str]:
     """Snakemake flags fitting every sized rule of cluster/config.yaml to the test cluster's nodes (2 CPUs, no GPU).
 
     They replace the profile's default-resources, set-resources and set-threads: 1 CPU, 2 GB and no GPU
@@ -110,19 +127,37 @@ def node_overrides(runtimes: dict[str, int] | None = None, default_runtime: int 
     runtimes = runtimes or {}
     trainers = ("train", "search_train")
     sized = profile["set-resources"]
-    resources = [f"{rule}:{key}={value}" for rule, sizes in sized.items()
-                 for key, value in (("gpu", 0), ("cpus_per_task", 1), ("mem_mb", 2000),
-                                    ("runtime", runtimes.get(rule, default_runtime)))
-                 if key in sizes or rule in trainers]
+    resources = [
+        f"{rule}:{key}={value}"
+        for rule, sizes in sized.items()
+        for key, value in (
+            ("gpu", 0),
+            ("cpus_per_task", 1),
+            ("mem_mb", 2000),
+            ("runtime", runtimes.get(rule, default_runtime)),
+        )
+        if key in sizes or rule in trainers
+    ]
     if one_node:
         resources += [f"{rule}:nodes=1" for rule in trainers]
-    resources += [f"{rule}:slurm_extra={sizes['slurm_extra']}" for rule, sizes in sized.items()
-                  if "slurm_extra" in sizes and not (rule == "train" and train_extra)]
+    resources += [
+        f"{rule}:slurm_extra={sizes['slurm_extra']}"
+        for rule, sizes in sized.items()
+        if "slurm_extra" in sizes and not (rule == "train" and train_extra)
+    ]
     if train_extra:
         resources.append(f"train:slurm_extra={train_extra}")
-    return ["--default-resources", "slurm_partition=cpu", "mem_mb=1500", f"runtime={default_runtime}",
-            "cpus_per_task=1", "--set-resources", *resources,
-            "--set-threads", *[f"{rule}=1" for rule in profile["set-threads"]]]
+    return [
+        "--default-resources",
+        "slurm_partition=cpu",
+        "mem_mb=1500",
+        f"runtime={default_runtime}",
+        "cpus_per_task=1",
+        "--set-resources",
+        *resources,
+        "--set-threads",
+        *[f"{rule}=1" for rule in profile["set-threads"]],
+    ]
 
 
 def _ours(path: Path) -> bool:
@@ -138,8 +173,10 @@ def unavailable() -> str | None:
         return "the SLURM test cluster needs root (slurmd starts jobs as their user)"
     missing = [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
     if missing:
-        return (f"missing {', '.join(missing)}: install Debian's {' '.join(PACKAGES)} "
-                "(`make test-cluster` does, as root with apt-get)")
+        return (
+            f"missing {', '.join(missing)}: install Debian's {' '.join(PACKAGES)} "
+            "(`make test-cluster` does, as root with apt-get)"
+        )
     for name in ("slurm.conf", "slurmdbd.conf"):
         if (CONF_DIR / name).exists() and not _ours(CONF_DIR / name):
             return f"{CONF_DIR / name} exists (this machine's own SLURM): the test cluster will not replace it"
@@ -166,7 +203,6 @@ def _kill_job_steps() -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(doomed, timeout=10)
-
 
 
 def _which(name: str) -> str:
@@ -231,13 +267,17 @@ class NodeNetwork:
         self.remove()
         used = self._subnet_in_use()
         if used:
-            raise RuntimeError(f"the test cluster's subnet {SUBNET} is in use on this machine ({used}): "
-                               "change SUBNET in tests/slurm_cluster.py")
+            raise RuntimeError(
+                f"the test cluster's subnet {SUBNET} is in use on this machine ({used}): "
+                "change SUBNET in tests/slurm_cluster.py"
+            )
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{CONTROLLER_ADDRESS}/{SUBNET.prefixlen}", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
-        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(
-            f"{node_address(i)} {NODE_ADDRESS.format(node=node_name(i))}\n" for i in range(1, self.nodes + 1)))
+        self.hosts.write_text(
+            "127.0.0.1 localhost\n"
+            + "".join(f"{node_address(i)} {NODE_ADDRESS.format(node=node_name(i))}\n" for i in range(1, self.nodes + 1))
+        )
         for i in range(1, self.nodes + 1):
             ns, veth = namespace(i), f"locvit-v{i}"
             _ip("netns", "add", ns)
@@ -300,7 +340,7 @@ class LocalSlurm:
         self.controller = CONTROLLER_ADDRESS if self.net else "127.0.0.1"
 
     # --- life cycle -------------------------------------------------------------------
-    def start(self) -> "LocalSlurm":
+    def start(self) -> LocalSlurm:
         try:
             if self.net:
                 self.net.create()
@@ -322,8 +362,7 @@ class LocalSlurm:
     def stop(self) -> None:
         """End every daemon (slurmd first, MariaDB last) and remove the folder."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            subprocess.run(["scancel", "--full", "--partition=cpu,gpu"], env=self.env, capture_output=True,
-                           timeout=30)
+            subprocess.run(["scancel", "--full", "--partition=cpu,gpu"], env=self.env, capture_output=True, timeout=30)
             end = time.monotonic() + 30
             while time.monotonic() < end and self._jobs_alive():
                 time.sleep(0.5)
@@ -365,18 +404,37 @@ class LocalSlurm:
         """Node i back: its link up and its slurmd started; returns once slurmctld has it idle or allocated."""
         NodeNetwork.mend(i)
         self._slurmd(i)
-        self._wait(lambda: self.node_states().get(node_name(i), "").rstrip("*~#!%$@^-") in ("idle", "alloc", "mix"),
-                   f"node {node_name(i)} to come back", f"slurmd@{i}", timeout)
+        self._wait(
+            lambda: self.node_states().get(node_name(i), "").rstrip("*~#!%$@^-") in ("idle", "alloc", "mix"),
+            f"node {node_name(i)} to come back",
+            f"slurmd@{i}",
+            timeout,
+        )
         # slurmctld reaching the node is not yet the nodes reaching each other: a job started at once failed
         # its srun to the other node ("Communication connection failure") for a moment after the link was up.
         self._wait(self._nodes_reach_each_other, "the nodes to reach each other's slurmd", f"slurmd@{i}", timeout)
 
     def _nodes_reach_each_other(self) -> bool:
         probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
-        return all(subprocess.run([_which("nsenter"), f"--net=/run/netns/{namespace(a)}", sys.executable, "-c", probe,
-                                   node_address(b), str(self.slurmd_port)], capture_output=True, timeout=30
-                                  ).returncode == 0
-                   for a in range(1, self.nodes + 1) for b in range(1, self.nodes + 1) if a != b)
+        return all(
+            subprocess.run(
+                [
+                    _which("nsenter"),
+                    f"--net=/run/netns/{namespace(a)}",
+                    sys.executable,
+                    "-c",
+                    probe,
+                    node_address(b),
+                    str(self.slurmd_port),
+                ],
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+            for a in range(1, self.nodes + 1)
+            for b in range(1, self.nodes + 1)
+            if a != b
+        )
 
     @staticmethod
     def _kill(pids: list[int]) -> None:
@@ -392,7 +450,7 @@ class LocalSlurm:
                 pass
         psutil.wait_procs(procs, timeout=10)
 
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -410,8 +468,9 @@ class LocalSlurm:
     def _run(self, cmd: list[str], **kw) -> str:
         proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120, **kw)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n"
-                               f"{self.log_tail()}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{self.log_tail()}"
+            )
         return proc.stdout
 
     def _ok(self, cmd: list[str]) -> bool:
@@ -422,15 +481,17 @@ class LocalSlurm:
         out = open(self.root / "log" / f"{name}.out.log", "w")
         if user:
             cmd = ["runuser", "-u", user, "--", *cmd]
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def _wait(self, ready, what: str, daemon: str, timeout: float = 90) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.procs[daemon].poll() is not None:
-                raise RuntimeError(f"{daemon} exited ({self.procs[daemon].returncode}) while waiting for {what}:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"{daemon} exited ({self.procs[daemon].returncode}) while waiting for {what}:\n{self.log_tail()}"
+                )
             if ready():
                 return
             time.sleep(0.5)
@@ -444,10 +505,25 @@ class LocalSlurm:
         # Not `ip netns exec`: it mounts a fresh /sys, without the cgroup file systems slurmd wants. Only the
         # network namespace, and a private mount namespace for the node's /etc/hosts.
         ns = namespace(i)
-        self._daemon(f"slurmd@{i}", [_which("nsenter"), f"--net=/run/netns/{ns}", _which("unshare"), "--mount",
-                                     "--propagation", "private", "sh", "-c",
-                                     f'mount --bind {self.net.hosts} /etc/hosts && exec "$@"', "sh",
-                                     _which("slurmd"), "-D", "-N", node_name(i)])
+        self._daemon(
+            f"slurmd@{i}",
+            [
+                _which("nsenter"),
+                f"--net=/run/netns/{ns}",
+                _which("unshare"),
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'mount --bind {self.net.hosts} /etc/hosts && exec "$@"',
+                "sh",
+                _which("slurmd"),
+                "-D",
+                "-N",
+                node_name(i),
+            ],
+        )
 
     def _munge(self) -> None:
         d = self.root / "munge"
@@ -459,26 +535,62 @@ class LocalSlurm:
         shutil.chown(d, "munge", "munge")
         shutil.chown(key, "munge", "munge")
         self.munge_socket = d / "munge.socket"
-        self._daemon("munged", [_which("munged"), "-F", f"--key-file={key}", f"--socket={self.munge_socket}",
-                                f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
-                                f"--seed-file={d / 'munged.seed'}"], user="munge")
+        self._daemon(
+            "munged",
+            [
+                _which("munged"),
+                "-F",
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={d / 'munged.pid'}",
+                f"--log-file={d / 'munged.log'}",
+                f"--seed-file={d / 'munged.seed'}",
+            ],
+            user="munge",
+        )
         self._wait(self.munge_socket.exists, "munged's socket", "munged")
 
     def _mariadb(self) -> None:
         d = self.root / "mariadb"
         d.mkdir()
         self.db_port, self.db_socket = free_port(), d / "mysqld.sock"
-        self._run([_which("mariadb-install-db"), "--no-defaults", f"--datadir={d / 'data'}", "--user=root",
-                   "--auth-root-authentication-method=socket", "--skip-test-db"])
-        self._daemon("mariadb", [_which("mariadbd"), "--no-defaults", f"--datadir={d / 'data'}", "--user=root",
-                                 f"--socket={self.db_socket}", f"--port={self.db_port}", "--bind-address=127.0.0.1",
-                                 f"--pid-file={d / 'mysqld.pid'}", "--innodb-buffer-pool-size=64M"])
-        self._wait(lambda: self._ok(["mariadb", "--no-defaults", f"--socket={self.db_socket}", "-u", "root",
-                                     "-e", "select 1"]), "MariaDB", "mariadb")
+        self._run(
+            [
+                _which("mariadb-install-db"),
+                "--no-defaults",
+                f"--datadir={d / 'data'}",
+                "--user=root",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ]
+        )
+        self._daemon(
+            "mariadb",
+            [
+                _which("mariadbd"),
+                "--no-defaults",
+                f"--datadir={d / 'data'}",
+                "--user=root",
+                f"--socket={self.db_socket}",
+                f"--port={self.db_port}",
+                "--bind-address=127.0.0.1",
+                f"--pid-file={d / 'mysqld.pid'}",
+                "--innodb-buffer-pool-size=64M",
+            ],
+        )
+        self._wait(
+            lambda: self._ok(
+                ["mariadb", "--no-defaults", f"--socket={self.db_socket}", "-u", "root", "-e", "select 1"]
+            ),
+            "MariaDB",
+            "mariadb",
+        )
         self.db_password = os.urandom(12).hex()
-        sql = ("CREATE DATABASE slurm_acct_db; "
-               f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{self.db_password}'; "
-               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+        sql = (
+            "CREATE DATABASE slurm_acct_db; "
+            f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{self.db_password}'; "
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+        )
         self._run(["mariadb", "--no-defaults", f"--socket={self.db_socket}", "-u", "root", "-e", sql])
 
     def _node_lines(self) -> str:
@@ -488,10 +600,14 @@ class LocalSlurm:
         fields = dict(f.split("=", 1) for f in line.split())
         mem = int(int(fields["RealMemory"]) * 0.9 / self.nodes)
         if not self.net:
-            return (f"NodeName={fields['NodeName']} NodeAddr=127.0.0.1 CPUs={fields['CPUs']} "
-                    f"RealMemory={mem} State=UNKNOWN\n")
-        return "".join(f"NodeName={node_name(i)} NodeAddr={node_address(i)} CPUs={fields['CPUs']} "
-                       f"RealMemory={mem} State=UNKNOWN\n" for i in range(1, self.nodes + 1))
+            return (
+                f"NodeName={fields['NodeName']} NodeAddr=127.0.0.1 CPUs={fields['CPUs']} "
+                f"RealMemory={mem} State=UNKNOWN\n"
+            )
+        return "".join(
+            f"NodeName={node_name(i)} NodeAddr={node_address(i)} CPUs={fields['CPUs']} RealMemory={mem} State=UNKNOWN\n"
+            for i in range(1, self.nodes + 1)
+        )
 
     def _write_configs(self) -> None:
         r = self.root
@@ -510,7 +626,8 @@ class LocalSlurm:
             f"PidFile={r / 'slurmdbd.pid'}\nLogFile={r / 'log' / 'slurmdbd.log'}\n"
             "StorageType=accounting_storage/mysql\nStorageHost=127.0.0.1\n"
             f"StoragePort={self.db_port}\nStorageUser=slurm\nStoragePass={self.db_password}\n"
-            "StorageLoc=slurm_acct_db\n")
+            "StorageLoc=slurm_acct_db\n"
+        )
         self.node = self._node_lines()
         # two slurmds on one machine: a spool folder, pid and log file each (%n: the node's name)
         spool, each = (r / "spool" / "%n", "-%n") if self.net else (r / "spool", "")
@@ -532,7 +649,8 @@ class LocalSlurm:
             f"AccountingStoragePass={self.munge_socket}\n"  # the munge socket clients use to reach slurmdbd
             f"{self.node}"
             "PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
-            "PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP\n")
+            "PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP\n"
+        )
 
     def _jobs_alive(self) -> bool:
         proc = subprocess.run(["squeue", "-h", "-o", "%T"], env=self.env, capture_output=True, text=True, timeout=30)
@@ -540,8 +658,9 @@ class LocalSlurm:
 
     def node_states(self) -> dict[str, str]:
         """Each node's short state as sinfo prints it (idle, alloc, down*, ...)."""
-        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True,
-                              timeout=30)
+        proc = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=30
+        )
         return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
 
     def _node_idle(self) -> bool:
@@ -558,7 +677,16 @@ class LocalSlurm:
 
     def sacct(self) -> list[dict]:
         """Every job the cluster ran: id, name, state, exit code, nodes, comment (Snakemake's rule and wildcards)."""
-        out = self._run(["sacct", "-X", "-n", "-P", "--starttime=2000-01-01", "-o",
-                         "JobIDRaw,JobName,State,ExitCode,NodeList,Comment%200"])
+        out = self._run(
+            [
+                "sacct",
+                "-X",
+                "-n",
+                "-P",
+                "--starttime=2000-01-01",
+                "-o",
+                "JobIDRaw,JobName,State,ExitCode,NodeList,Comment%200",
+            ]
+        )
         keys = ("job_id", "name", "state", "exit_code", "node_list", "comment")
         return [dict(zip(keys, line.split("|", 5))) for line in out.splitlines() if line]

@@ -10,18 +10,22 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from helpers import FAMILY_SHAPES
 
 import locvit.models  # noqa: F401
-from locvit.analysis.attention import AttentionMap, collect_attention
-from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
-                                     mean_attention_distance, pooled_distance)
-from locvit.neighbourhood import neighbourhood_mask
 from locvit.analysis.analyse import _extras, distances, locality
+from locvit.analysis.attention import AttentionMap, collect_attention
+from locvit.analysis.metrics import (
+    attention_locality_score,
+    attention_rollout,
+    cross_layer_similarity,
+    mean_attention_distance,
+    pooled_distance,
+)
 from locvit.models.family import family_of, map_kind, summary
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
-
-from helpers import FAMILY_SHAPES
+from locvit.neighbourhood import neighbourhood_mask
 
 VIT = dict(FAMILY_SHAPES["deit"].kwargs, num_classes=5)  # a 4 x 4 grid of 8-pixel patches, 3 heads, 2 blocks
 # Every family at its small shape (tests/helpers.py: its kinds of attention record in forward order), and
@@ -43,7 +47,7 @@ def _build(family: str) -> nn.Module:
     model = FAMILIES[family].build(num_classes=5)
     for m in model.modules():
         if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=m.in_features ** -0.5)
+            nn.init.normal_(m.weight, std=m.in_features**-0.5)
     return model
 
 
@@ -53,8 +57,19 @@ def _images(family: str, batch: int = 2) -> torch.Tensor:
 
 
 #: The families whose records' shapes the test below works out by hand (3 heads, 4 x 4 grids; ConViT 4 heads).
-SHAPES_BY_HAND = ("deit", "mait", "mait_restrict", "mait_soft", "mait_random", "mait_cait", "ibit", "convit", "cait",
-                  "lsa", "nest")
+SHAPES_BY_HAND = (
+    "deit",
+    "mait",
+    "mait_restrict",
+    "mait_soft",
+    "mait_random",
+    "mait_cait",
+    "ibit",
+    "convit",
+    "cait",
+    "lsa",
+    "nest",
+)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -108,14 +123,18 @@ def _value(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return attn.v(x).unflatten(-1, (attn.num_heads, -1)).transpose(1, 2)  # GPSA, CaiT's class attention
 
 
-@pytest.mark.parametrize("family", ["deit", "mait", "mait_restrict", "mait_soft", "mait_cait", "ibit",
-                                    "convit", "cait", "lsa"])
+@pytest.mark.parametrize(
+    "family", ["deit", "mait", "mait_restrict", "mait_soft", "mait_cait", "ibit", "convit", "cait", "lsa"]
+)
 def test_maps_are_the_weights_each_layer_applies(family):
     """proj(map @ V) gives every layer's output: the maps are the ones the model uses."""
     model = _build(family).eval()
     seen = {}
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.__setitem__(mod, (args[0], out)))
-             for m in model.modules() if m.__class__.__name__.endswith(("Attention", "Attn", "GPSA", "MHSA"))]
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: seen.__setitem__(mod, (args[0], out)))
+        for m in model.modules()
+        if m.__class__.__name__.endswith(("Attention", "Attn", "GPSA", "MHSA"))
+    ]
     _, maps = collect_attention(model, _images(family))
     with torch.no_grad():
         model(_images(family))
@@ -142,8 +161,9 @@ def test_a_mait_hard_head_is_softmax_of_mask_times_logits():
         q, k, _ = attn.qkv(model.blocks[1].norm1(x)).reshape(2, 17, 3, 3, 8).permute(2, 0, 3, 1, 4)
         logits = q @ k.transpose(-2, -1) / math.sqrt(8)  # (B, H, 17, 17)
     mask = neighbourhood_mask((4, 4), (3, 3), num_prefix=1).float()
-    expected = torch.stack([(logits[:, 0] * mask).softmax(-1), logits[:, 1].softmax(-1),
-                            (logits[:, 2] * mask).softmax(-1)], dim=1)
+    expected = torch.stack(
+        [(logits[:, 0] * mask).softmax(-1), logits[:, 1].softmax(-1), (logits[:, 2] * mask).softmax(-1)], dim=1
+    )
     torch.testing.assert_close(maps[1].probs, expected, atol=1e-6, rtol=1e-5)
 
 
@@ -206,8 +226,9 @@ def test_mean_attention_distance_of_uniform_attention_is_the_mean_pairwise_dista
     expected = (2 + math.sqrt(2)) / 4
     assert mean_attention_distance(uniform, (2, 2), num_prefix=0).item() == pytest.approx(expected)
     # Class-token weight is left out (rows renormalised over the patches); spacing scales to pixels.
-    assert mean_attention_distance(_with_prefix(uniform, 1), (2, 2), num_prefix=1, spacing=8.0).item() == \
-        pytest.approx(8 * expected)
+    assert mean_attention_distance(_with_prefix(uniform, 1), (2, 2), num_prefix=1, spacing=8.0).item() == pytest.approx(
+        8 * expected
+    )
 
 
 def test_mean_attention_distance_of_self_attention_only_is_zero():
@@ -362,8 +383,9 @@ def test_rollout_embeds_class_attention_and_patch_only_layers():
     # CaiT: a self-attention layer over the 4 patches (no CLS), then class attention (Tq = 1).
     patch_only = _record(_moves(4, {0: 3}), 0, num_prefix=0)  # patch 1 (index 0) looks at patch 4
     cls_row = torch.nn.functional.one_hot(torch.tensor(1), 5).float()[None, None, None]  # CLS reads patch 1
-    torch.testing.assert_close(attention_rollout([patch_only, _record(cls_row, 1, kind="class")]),
-                               torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]))
+    torch.testing.assert_close(
+        attention_rollout([patch_only, _record(cls_row, 1, kind="class")]), torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    )
 
 
 @pytest.mark.parametrize("family", ["deit", "mait_soft", "mait_cait", "ibit", "convit"])
@@ -436,11 +458,21 @@ def test_a_family_declares_its_own_extras_the_way_locvits_do(monkeypatch):
 
     monkeypatch.setattr(family, "_FAMILIES", family.families())  # registered for this test only
     heads = [[0.5, float("nan"), 1.5]] * 2
-    family.register_family(family.Family(
-        "ours", "Ours", Ours, "none", family.vit_blocks, lambda m: family.vit_sites(m, {}),
-        extras=(family.Extra("spread", "values", lambda m: torch.tensor(heads), "Spread", "Spread"),
+    family.register_family(
+        family.Family(
+            "ours",
+            "Ours",
+            Ours,
+            "none",
+            family.vit_blocks,
+            lambda m: family.vit_sites(m, {}),
+            extras=(
+                family.Extra("spread", "values", lambda m: torch.tensor(heads), "Spread", "Spread"),
                 family.Extra("maps", "images", lambda m: torch.ones(2, 3, 4, 4), "Maps", "Maps"),
-                family.Extra("absent", "values", lambda m: None, "Absent", "Absent"))))
+                family.Extra("absent", "values", lambda m: None, "Absent", "Absent"),
+            ),
+        )
+    )
     values, arrays = _extras(Ours(**VIT))
     assert values == {"spread": [[0.5, None, 1.5]] * 2} and arrays["maps"].shape == (2, 3, 4, 4)
     with pytest.raises(ValueError, match="shape 'table' is not one of values, images"):
@@ -460,8 +492,14 @@ def test_the_distance_to_pooled_keys_is_to_their_cells_centres():
     with pytest.raises(ValueError, match="do not have the 4x4 grid's patches as queries"):
         pooled_distance(torch.rand(1, 1, 16, 3), grid)
     # Twins' sub-sampled attention as the analysis sees it: a distance, no ALS (ALS needs the queries' grid as keys)
-    model = timm.create_model("twins_pcpvt_small", img_size=32, embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1),
-                              num_heads=(1, 2, 2, 2), num_classes=2)
+    model = timm.create_model(
+        "twins_pcpvt_small",
+        img_size=32,
+        embed_dims=(16, 32, 32, 32),
+        depths=(1, 1, 1, 1),
+        num_heads=(1, 2, 2, 2),
+        num_classes=2,
+    )
     _, maps = collect_attention(model, torch.randn(2, 3, 32, 32))
     assert [m.kind for m in maps] == ["pooled_keys"] * 3 + ["softmax"]
     als, _, _ = locality(maps, (3, 3))

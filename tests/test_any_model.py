@@ -19,8 +19,8 @@ import pytest
 import timm
 import torch
 import yaml
-
 from helpers import copy_workflow, snakemake
+
 from locvit import models
 from locvit.layout import StudyLayout
 from locvit.model_checks import check_model
@@ -55,8 +55,9 @@ def test_one_entrypoint_of_each_timm_module_builds_at_32_px_through_the_pipeline
 
 
 def test_img_size_goes_only_to_models_that_take_it():
-    vit = models.create({"model": "vit_tiny_patch16_224", "model_kwargs": dict(img_size=32, patch_size=4,
-                                                                             num_classes=10)})
+    vit = models.create(
+        {"model": "vit_tiny_patch16_224", "model_kwargs": dict(img_size=32, patch_size=4, num_classes=10)}
+    )
     assert tuple(vit.patch_embed.grid_size) == (8, 8)  # taken: the grid is the 32-px image's
     with torch.device("meta"):
         cnn = models.create({"model": "resnet18", "model_kwargs": dict(img_size=32, num_classes=7)})
@@ -70,8 +71,10 @@ def test_windows_that_do_not_divide_a_stage_are_refused_by_name():
     """Swin's ImageNet window (7) does not divide the 8 x 8 grid of 32 px in 4-px patches; Twins' windows must
     divide each stage's grid too. timm would pad them; locvit validate names the stage and the fix."""
     swin = check_model("s", {"model": "swin_tiny_patch4_window7_224", "kwargs": {}}, 32, 10)
-    assert swin == ["variants.s.kwargs: swin_tiny_patch4_window7_224 at img_size=32: stage 0: window 7x7 does not "
-                    "divide its 8x8 grid; choose kwargs.window_size dividing the first stage's grid (8x8), e.g. 4"]
+    assert swin == [
+        "variants.s.kwargs: swin_tiny_patch4_window7_224 at img_size=32: stage 0: window 7x7 does not "
+        "divide its 8x8 grid; choose kwargs.window_size dividing the first stage's grid (8x8), e.g. 4"
+    ]
     twins = check_model("t", {"model": "twins_svt_small", "kwargs": {"wss": [4, 4, 2, 2]}}, 32, 10)
     assert len(twins) == 1 and "stage 3: window 2x2 does not divide its 1x1 grid" in twins[0]
     assert "kwargs.patch_size" in twins[0]
@@ -84,13 +87,16 @@ def test_a_pvt_reduction_larger_than_its_stages_grid_is_refused_by_name():
     fine = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {}}, 32, 10)  # grids 8, 4, 2, 1 and R 8, 4, 2, 1
     assert fine == []
     small = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {"sr_ratios": [8, 8, 2, 1]}}, 32, 10)
-    assert small == ["variants.p.kwargs: pvt_v1_tiny at img_size=32: stage 2: its 4x4 grid is smaller than its key "
-                     "reduction 8 (sr_ratios[1]); choose kwargs.sr_ratios dividing each stage's grid, or a larger "
-                     "image or smaller patch_size"]
+    assert small == [
+        "variants.p.kwargs: pvt_v1_tiny at img_size=32: stage 2: its 4x4 grid is smaller than its key "
+        "reduction 8 (sr_ratios[1]); choose kwargs.sr_ratios dividing each stage's grid, or a larger "
+        "image or smaller patch_size"
+    ]
     uneven = check_model("p", {"model": "pvt_v1_tiny", "kwargs": {"sr_ratios": [3, 4, 2, 1]}}, 32, 10)
     assert len(uneven) == 1 and "stage 1: its 8x8 grid is not a multiple of its key reduction 3" in uneven[0]
-    model = models.create({"model": "pvt_v1_tiny", "model_kwargs": {"img_size": 32, "num_classes": 10,
-                                                                    "sr_ratios": [8, 8, 2, 1]}})
+    model = models.create(
+        {"model": "pvt_v1_tiny", "model_kwargs": {"img_size": 32, "num_classes": 10, "sr_ratios": [8, 8, 2, 1]}}
+    )
     with pytest.raises(RuntimeError):  # what the check saves a study from: the first batch fails
         model(torch.zeros(1, 3, 32, 32))
 
@@ -100,16 +106,19 @@ def test_a_pvt_reduction_larger_than_its_stages_grid_is_refused_by_name():
 SHAPE = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
 VARIANTS = {
     "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": SHAPE},
-    "resnet": {"model": "resnet18", "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64],
-                                               "stem_width": 8}},
+    "resnet": {"model": "resnet18", "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64], "stem_width": 8}},
     # 16 px in 4-px patches: a 4 x 4 grid, then 2 x 2; windows of 2 divide both.
-    "swin": {"model": "swin_tiny_patch4_window7_224", "kwargs": {"embed_dim": 16, "depths": [2, 2],
-                                                               "num_heads": [1, 2], "window_size": 2}},
+    "swin": {
+        "model": "swin_tiny_patch4_window7_224",
+        "kwargs": {"embed_dim": 16, "depths": [2, 2], "num_heads": [1, 2], "window_size": 2},
+    },
     "linear": {"model": "linear_vit", "kwargs": SHAPE},
     "wrn": {"model": "wrn_16_2", "kwargs": {}},  # WRN-16-2, locvit's CIFAR wide ResNet at its smallest size
     # PVT v1 in 2-px patches: stages of 8, 4, 2, 1 patches, keys pooled by 8, 4, 2 to one cell, then global
-    "pvt": {"model": "pvt_v1_tiny", "kwargs": {"patch_size": 2, "embed_dims": [16, 32, 32, 32], "depths": [1, 1, 1, 1],
-                                               "num_heads": [1, 2, 2, 2]}},
+    "pvt": {
+        "model": "pvt_v1_tiny",
+        "kwargs": {"patch_size": 2, "embed_dims": [16, 32, 32, 32], "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2]},
+    },
 }
 NO_ATTENTION = {"resnet", "wrn"}
 
@@ -132,7 +141,13 @@ def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(any_study
     layout, _ = any_study
     profiles = {v: json.loads(layout.profile_file(v).read_text()) for v in VARIANTS}
     assert {v: p["arch"]["family"] for v, p in profiles.items()} == {
-        "deit_a": "deit", "resnet": "resnet", "swin": "swin", "linear": "linear", "wrn": "wrn", "pvt": "pvt_v1"}
+        "deit_a": "deit",
+        "resnet": "resnet",
+        "swin": "swin",
+        "linear": "linear",
+        "wrn": "wrn",
+        "pvt": "pvt_v1",
+    }
     assert all(p["params"] > 0 and p["gmacs"] > 0 for p in profiles.values())
     analyses = {v: json.loads(layout.analysis_file(v, 0).read_text()) for v in VARIANTS}
     for v in NO_ATTENTION:

@@ -108,16 +108,37 @@ def test_both_on_the_way_the_engine_calls_them():
 # --- The tensor backend: timm's ops as batched tensor ops, against timm's PIL ops on the same draws ---
 
 # Ops whose tensor kernel gives PIL's result to the bit (PIL's integer and float32 arithmetic, reproduced).
-EXACT = ["AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "Solarize", "SolarizeIncreasing",
-         "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing", "Brightness",
-         "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing", "Desaturate"]
+EXACT = [
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Posterize",
+    "PosterizeIncreasing",
+    "Solarize",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "Color",
+    "ColorIncreasing",
+    "Contrast",
+    "ContrastIncreasing",
+    "Brightness",
+    "BrightnessIncreasing",
+    "Sharpness",
+    "SharpnessIncreasing",
+    "Desaturate",
+]
 # Ops that differ, with the bound each keeps (mean |difference|, share of pixels off by more than 2, max |difference|,
 # in uint8 levels) on smooth images and on pixel noise. Geometric ops: PIL's bicubic kernel is Keys' with a = -1,
 # grid_sample's a = -0.75 (the geometry and the fill decision are PIL's: bilinear agrees to the bit but for float
 # rounding); GaussianBlur: PIL approximates the Gaussian with three box blurs, the tensor kernel is a true Gaussian.
-APPROX = {"Rotate": ((0.5, 0.005, 4), (4.0, 0.60, 30)), "ShearX": ((0.4, 0.005, 3), (2.7, 0.45, 18)),
-          "ShearY": ((0.4, 0.005, 3), (2.7, 0.45, 18)), "TranslateXRel": ((0.4, 0.005, 3), (2.4, 0.40, 18)),
-          "TranslateYRel": ((0.4, 0.005, 3), (2.4, 0.40, 18)), "GaussianBlur": ((0.3, 0.005, 4), (3.2, 0.40, 40))}
+APPROX = {
+    "Rotate": ((0.5, 0.005, 4), (4.0, 0.60, 30)),
+    "ShearX": ((0.4, 0.005, 3), (2.7, 0.45, 18)),
+    "ShearY": ((0.4, 0.005, 3), (2.7, 0.45, 18)),
+    "TranslateXRel": ((0.4, 0.005, 3), (2.4, 0.40, 18)),
+    "TranslateYRel": ((0.4, 0.005, 3), (2.4, 0.40, 18)),
+    "GaussianBlur": ((0.3, 0.005, 4), (3.2, 0.40, 40)),
+}
 SPECS = ("rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "rand-m9-t3a")  # DeiT's ops, the plain ones, 3-Augment's
 
 
@@ -141,8 +162,12 @@ def _single_op_plans(op, n: int) -> list[list]:
 def _pil(images: torch.Tensor, plans: list[list]) -> torch.Tensor:
     from locvit.data.augment import _apply
 
-    return torch.stack([torch.from_numpy(_apply(img.permute(1, 2, 0).numpy(), plan).copy()).permute(2, 0, 1)
-                        for img, plan in zip(images, plans)])
+    return torch.stack(
+        [
+            torch.from_numpy(_apply(img.permute(1, 2, 0).numpy(), plan).copy()).permute(2, 0, 1)
+            for img, plan in zip(images, plans)
+        ]
+    )
 
 
 def _noise(n: int, size: int = 32) -> torch.Tensor:
@@ -163,8 +188,12 @@ def test_each_op_against_timms_pil_op_on_the_same_draws(name):
             continue
         d = (out.int() - ref.int()).abs().float()
         mean, over2, worst = APPROX[name][bound]
-        assert d.mean() <= mean and (d > 2).float().mean() <= over2 and d.max() <= worst, \
-            (name, d.mean().item(), (d > 2).float().mean().item(), d.max().item())
+        assert d.mean() <= mean and (d > 2).float().mean() <= over2 and d.max() <= worst, (
+            name,
+            d.mean().item(),
+            (d > 2).float().mean().item(),
+            d.max().item(),
+        )
         assert not torch.equal(out, images)  # the op did something
 
 
@@ -206,7 +235,7 @@ def test_a_batch_is_each_image_through_its_own_plan():
     plans = aug._plans(64, 32, 32, aug._rng(0, 0))
     assert len({tuple(op.name for op, _ in plan) for plan in plans}) > 40  # images in one batch draw different ops
     batched = apply_plans(x, plans)
-    assert torch.equal(batched, torch.cat([apply_plans(x[i:i + 1], plans[i:i + 1]) for i in range(64)]))
+    assert torch.equal(batched, torch.cat([apply_plans(x[i : i + 1], plans[i : i + 1]) for i in range(64)]))
 
 
 def test_op_frequencies_follow_the_policy():
@@ -289,7 +318,7 @@ def test_random_erasing_writes_normal_noise_in_its_boxes_only():
     out = aug.after_normalise(x.clone(), step=0)
     inside = torch.zeros(64, 1, 32, 32, dtype=torch.bool)
     for i, (top, left, bh, bw) in zip(ids, boxes):
-        inside[i, :, top:top + bh, left:left + bw] = True
+        inside[i, :, top : top + bh, left : left + bw] = True
     inside = inside.expand_as(x)
     assert (out[~inside] == 7.0).all() and (out[inside] != 7.0).all()
     noise = out[inside]
@@ -354,6 +383,7 @@ def test_repeated_aug_order_deals_copies_to_different_ranks(monkeypatch):
 
 
 # --- MixUp / CutMix drawn from the run's seeded generator (timm's Mixup semantics, batch mode) ---
+
 
 def _mixup(mixup=0.8, cutmix=1.0, prob=1.0, switch=0.5, seed=0):
     from locvit.data.augment import BatchMixup

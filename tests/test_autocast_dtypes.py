@@ -14,6 +14,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from helpers import FAMILY_SHAPES
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 from torch.overrides import TorchFunctionMode
@@ -21,8 +22,6 @@ from torch.overrides import TorchFunctionMode
 from locvit.models import ibit, mait  # importing locvit.models registers every family
 from locvit.models.family import families, normed_qk
 from locvit.models.ibit import FrobeniusAttention
-
-from helpers import FAMILY_SHAPES
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
@@ -47,8 +46,9 @@ MODELS = {
     "mait_all_soft": _family("mait", masked_heads="all", mask_type="soft"),
     # heads 1 and 0, 2: not the leading heads, the outputs assembled with index_copy
     "mait_heads_1_02": _family("mait", masked_heads=[[1], [0, 2]], mask_type="hard"),
-    "mait_restrict_dense": _family("mait", masked_heads="sch1", mask_mode="restrict", mask_type="hard",
-                                   restrict_kernel="dense"),
+    "mait_restrict_dense": _family(
+        "mait", masked_heads="sch1", mask_mode="restrict", mask_type="hard", restrict_kernel="dense"
+    ),
     "ibit_softmax": _family("ibit", mask_fit_steps=200, normalize="softmax"),
     "ibit_attn_drop": _family("ibit", mask_fit_steps=200, attn_drop_rate=0.1),  # autograd's path
 }
@@ -74,6 +74,7 @@ def emulate_norm_dtypes(model: nn.Module, q_dtype: torch.dtype, k_dtype: torch.d
         def hook(module, args, out):
             calls.append(1)
             return out.to(dtype)
+
         return hook
 
     for m in model.modules():
@@ -93,8 +94,10 @@ class CudaIndexCopy(TorchFunctionMode):
         if func in (torch.index_copy, torch.Tensor.index_copy, torch.Tensor.index_copy_):
             target, source = args[0], kwargs.get("source", args[3] if len(args) > 3 else None)
             if target.dtype != source.dtype:
-                raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, "
-                                   f"but got (self) {target.dtype} and (source) {source.dtype}")
+                raise RuntimeError(
+                    f"index_copy_(): self and source expected to have the same dtype, "
+                    f"but got (self) {target.dtype} and (source) {source.dtype}"
+                )
         return func(*args, **kwargs)
 
 
@@ -116,8 +119,7 @@ def test_a_train_step_with_the_norms_dtypes_of_cuda_autocast(name, mix):
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
 
 
-@pytest.mark.parametrize("name", ["deit", "mait_sch1_hard", "mait_heads_1_02", "mait_all_soft",
-                                  "mait_restrict_dense"])
+@pytest.mark.parametrize("name", ["deit", "mait_sch1_hard", "mait_heads_1_02", "mait_all_soft", "mait_restrict_dense"])
 def test_the_eager_paths_with_cudas_dtypes(name):
     model = _build(name, fused=False)
     emulate_norm_dtypes(model, F32, F32)
@@ -129,8 +131,14 @@ def test_the_eager_paths_with_cudas_dtypes(name):
 def test_flex_restrict_with_cudas_dtypes(mix):
     """FlexAttention (CUDA's restrict kernel), its heads and the fused ones joined by index_copy;
     off CUDA its eager reference runs, in eval mode only."""
-    model = timm.create_model("mait_tiny_patch16_224", masked_heads="sch1", mask_mode="restrict", mask_type="hard",
-                              restrict_kernel="flex", **SMALL).eval()
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        masked_heads="sch1",
+        mask_mode="restrict",
+        mask_type="hard",
+        restrict_kernel="flex",
+        **SMALL,
+    ).eval()
     emulate_norm_dtypes(model, *MIXES[mix])
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=BF16), CudaIndexCopy():

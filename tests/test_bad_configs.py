@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import BAD_CONFIGS
 
 from locvit.cli import main
-
-from helpers import BAD_CONFIGS
 
 
 def _expected(path: Path) -> str:

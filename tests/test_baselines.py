@@ -10,8 +10,13 @@ from timm.models.nest import Nest
 from locvit.models.baselines import BASELINES, CIFAR_32, NEST_TINY_CIFAR, create_at_32
 
 # Millions of parameters with num_classes=10, as baselines.py documents them.
-PARAMS_M = {"deit_tiny_patch16_224": 5.36, "deit_small_patch16_224": 21.34, "cait_xxs24_224": 11.60,
-            "convit_tiny": 5.36, "nest_tiny": 16.32}
+PARAMS_M = {
+    "deit_tiny_patch16_224": 5.36,
+    "deit_small_patch16_224": 21.34,
+    "cait_xxs24_224": 11.60,
+    "convit_tiny": 5.36,
+    "nest_tiny": 16.32,
+}
 
 
 def _trains(model: torch.nn.Module) -> None:

@@ -37,11 +37,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import BIN, copy_workflow, env_with_venv, seed_runs, train_cmd
+from slurm_cluster import (
+    KILL_WAIT_S,
+    LINK,
+    SLURMD_TIMEOUT_S,
+    LocalSlurm,
+    NodeNetwork,
+    node_address,
+    node_name,
+    node_overrides,
+    unavailable,
+)
 
-from helpers import BIN, REPO, copy_workflow, env_with_venv, seed_runs, train_cmd
 from locvit.checkpoint import load_checkpoint
-from slurm_cluster import (KILL_WAIT_S, LINK, SLURMD_TIMEOUT_S, LocalSlurm, NodeNetwork, node_address, node_name,
-                           node_overrides, unavailable)
 
 pytestmark = pytest.mark.cluster
 TINY = "presets/tiny.yaml"
@@ -84,11 +93,18 @@ def test_two_nodes_each_with_its_own_network(cluster):
     """One srun task on each node: each is named by SLURM as its node, has only its loopback and its own address
     on the test link (no other interface, no default route), and resolves both nodes' `{node}-net` names
     (LOCVIT_NODE_ADDRESS) to their addresses."""
-    probe = ("echo $SLURM_PROCID $SLURMD_NODENAME; ip -o -4 addr show | awk '{print $2, $4}'; ip -4 route show; "
-             "getent hosts locvit1-net locvit2-net")
+    probe = (
+        "echo $SLURM_PROCID $SLURMD_NODENAME; ip -o -4 addr show | awk '{print $2, $4}'; ip -4 route show; "
+        "getent hosts locvit1-net locvit2-net"
+    )
     env = {**env_with_venv(), **cluster.job_env}
-    proc = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu", "--time=2", "--label",
-                           "bash", "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=1", "--partition=cpu", "--time=2", "--label", "bash", "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     by_task: dict[str, list[str]] = {}
     for line in proc.stdout.splitlines():
@@ -129,17 +145,36 @@ def study(cluster, tmp_path_factory):
     hold, stall = work / "hold", work / "stall"
     hold.touch()
     stall.touch()
-    env = {**env_with_venv(), **cluster.job_env,
-           "LOCVIT_HOLD_AT": f"after_epoch_0@{PREEMPTED}", "LOCVIT_HOLD_FILE": str(hold),
-           "LOCVIT_STALL_AT": f"train_step_{STALL_STEP}@{TIMED_OUT}", "LOCVIT_STALL_FILE": str(stall)}
+    env = {
+        **env_with_venv(),
+        **cluster.job_env,
+        "LOCVIT_HOLD_AT": f"after_epoch_0@{PREEMPTED}",
+        "LOCVIT_HOLD_FILE": str(hold),
+        "LOCVIT_STALL_AT": f"train_step_{STALL_STEP}@{TIMED_OUT}",
+        "LOCVIT_STALL_FILE": str(stall),
+    }
     done, record = threading.Event(), {}
     watcher = threading.Thread(target=preempt_once, args=(cluster, hold, done, record), daemon=True)
     watcher.start()
     started = time.monotonic()
     proc = subprocess.run(
-        [str(BIN / "snakemake"), "--profile", "cluster", "all", "--config", f"params={TINY}",
-         "--slurm-init-seconds-before-status-checks", "2", *small_node_overrides()],
-        cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+        [
+            str(BIN / "snakemake"),
+            "--profile",
+            "cluster",
+            "all",
+            "--config",
+            f"params={TINY}",
+            "--slurm-init-seconds-before-status-checks",
+            "2",
+            *small_node_overrides(),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     done.set()
     watcher.join(timeout=60)
     out = proc.stdout + proc.stderr
@@ -178,7 +213,11 @@ def test_every_job_went_through_sbatch_grouped(study, cluster):
     params = yaml.safe_load((work / TINY).read_text())
     variants, rounds = len(params["variants"]), params["mask_search"]["rounds"]
     assert submitted(jobs) == {
-        "prepare": 1, "report": 1, "search": 1, "search_spec": rounds, "throughput": 1,
+        "prepare": 1,
+        "report": 1,
+        "search": 1,
+        "search_spec": rounds,
+        "throughput": 1,
         "search_round_search_analyse_search_evaluate_search_train": rounds,
         "train": 2,  # the two-node variant's, preempted and re-submitted
         "variant_analyse_evaluate": 1,  # its evaluate and analyse
@@ -194,8 +233,9 @@ def test_every_job_went_through_sbatch_grouped(study, cluster):
     for run in runs:
         job = by_id.get(run.data.tags.get("slurm_job_id"))
         assert job is not None, f"MLflow run {run.info.run_name} has no SLURM job id known to sacct"
-        assert job["state"] == "COMPLETED" and job["comment"].startswith(("rule_variant_", "rule_search_round_",
-                                                                          "rule_train_"))
+        assert job["state"] == "COMPLETED" and job["comment"].startswith(
+            ("rule_variant_", "rule_search_round_", "rule_train_")
+        )
     # The study spanned both nodes: one-node jobs on each, and the two-node training over both.
     assert {node_name(1), node_name(2), f"{node_name(1)[:-1]}[1-2]"} <= {j["node_list"] for j in jobs}, jobs
 
@@ -277,17 +317,39 @@ def test_a_rendezvous_that_cannot_complete_fails_in_bounded_time(cluster, tmp_pa
     env = {**env_with_venv(), **cluster.job_env, "LOCVIT_RDZV_TIMEOUT": "15"}
     started = time.monotonic()
     proc = subprocess.run(
-        ["srun", "--ntasks=1", "--partition=cpu", "--time=5", str(BIN / "python"), "-m", "locvit", "launch",
-         "--agent", "--nodes", "2", "--endpoint", "127.0.0.1:29417", "--rdzv-id", "never", "--", "train", "--help"],
-        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        [
+            "srun",
+            "--ntasks=1",
+            "--partition=cpu",
+            "--time=5",
+            str(BIN / "python"),
+            "-m",
+            "locvit",
+            "launch",
+            "--agent",
+            "--nodes",
+            "2",
+            "--endpoint",
+            "127.0.0.1:29417",
+            "--rdzv-id",
+            "never",
+            "--",
+            "train",
+            "--help",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     took = time.monotonic() - started
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "the rendezvous of 2 nodes at 127.0.0.1:29417 did not complete" in proc.stderr, proc.stderr[-3000:]
     assert took < 120, took
 
 
-def test_a_job_at_its_time_limit_stops_at_a_step_and_resumes_to_an_uninterrupted_runs_weights(study, cluster,
-                                                                                                 tmp_path):
+def test_a_job_at_its_time_limit_stops_at_a_step_and_resumes_to_an_uninterrupted_runs_weights(study, cluster, tmp_path):
     """SLURM's warning (SIGURG, WARNING_S before the limit) reached the training process through the job step
     (Snakemake, bash and the rest ignore it): it saved last.pt at the next step and exited 75, so its job
     FAILED before the limit; the re-submitted job resumed within epoch 0 and ended with the weights an
@@ -306,8 +368,13 @@ def test_a_job_at_its_time_limit_stops_at_a_step_and_resumes_to_an_uninterrupted
     cfg = load_checkpoint(root / TIMED_OUT / "last.pt")["config"]
     data = {split: root / "data" / f"{split}.beton" for split in ("train", "val")}
     data["manifest"] = root / "data" / "manifest.json"
-    proc = subprocess.run(train_cmd(cfg, data, tmp_path / "run", tmp_path / "mlflow.db"), env=env_with_venv(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        train_cmd(cfg, data, tmp_path / "run", tmp_path / "mlflow.db"),
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     whole = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert whole["rank_weights_sha256"] == metrics["rank_weights_sha256"]
@@ -350,9 +417,14 @@ def worker(pid: int) -> dict:
 
     env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
     agent = psutil.Process(pid).parent().cmdline()
-    return {"rank": int(env["RANK"]), "slurm_node": env.get("SLURMD_NODENAME"), "store": (env["MASTER_ADDR"],
-            int(env["MASTER_PORT"])), "rdzv": agent[agent.index("--rdzv-endpoint") + 1],
-            "node": next(i for i in (1, 2) if pid in NodeNetwork.pids(i)), "sockets": sockets(pid)}
+    return {
+        "rank": int(env["RANK"]),
+        "slurm_node": env.get("SLURMD_NODENAME"),
+        "store": (env["MASTER_ADDR"], int(env["MASTER_PORT"])),
+        "rdzv": agent[agent.index("--rdzv-endpoint") + 1],
+        "node": next(i for i in (1, 2) if pid in NodeNetwork.pids(i)),
+        "sockets": sockets(pid),
+    }
 
 
 def processes_of(job: str, node: int) -> list[str]:
@@ -364,8 +436,7 @@ def processes_of(job: str, node: int) -> list[str]:
         try:
             proc = psutil.Process(pid)
             cmdline = " ".join(proc.cmdline())
-            ours = (proc.name() == "slurmstepd" and f"[{job}." in cmdline) or \
-                proc.environ().get("SLURM_JOB_ID") == job
+            ours = (proc.name() == "slurmstepd" and f"[{job}." in cmdline) or proc.environ().get("SLURM_JOB_ID") == job
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         if ours:
@@ -403,8 +474,9 @@ def wait_until(check, timeout: float, what: str, cluster: LocalSlurm):
 
 
 @pytest.mark.parametrize("lost", [2, 1], ids=["node2", "node1_rendezvous_host"])
-def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(study, cluster, two_process_weights,
-                                                                          tmp_path, lost):
+def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(
+    study, cluster, two_process_weights, tmp_path, lost
+):
     """The two-node training (the study's two-node run's config, submitted with sbatch --nodes 2 --ntasks-per-node 1
     --requeue, launched by locvit launch) is held in the middle of epoch 1 on both ranks: rank 0 on locvit1 and
     rank 1 on locvit2, each in its node's namespace, the process group's store and rendezvous at locvit1's address,
@@ -419,30 +491,63 @@ def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(study,
     hold.touch()
     cmd = train_cmd(cfg, data, out_dir, tmp_path / "mlflow.db")
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\nexec " + " ".join(
-        map(shlex.quote, [cmd[0], "-m", "locvit", "launch", "--nodes", "2", "--gpus-per-node", "0", "--", *cmd[3:]]))
-        + "\n")
-    env = {**env_with_venv(), **cluster.job_env,
-           "LOCVIT_HOLD_AT": f"train_step_{HOLD_STEP}@{out_dir}", "LOCVIT_HOLD_FILE": str(hold)}
-    submit = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
-                             "--mem=2000", "--time=10", "--requeue", "--partition=cpu", f"--chdir={tmp_path}",
-                             f"--output={tmp_path}/slurm-%j.out", str(script)],
-                            env=env, capture_output=True, text=True, timeout=60)
+    script.write_text(
+        "#!/bin/bash\nexec "
+        + " ".join(
+            map(shlex.quote, [cmd[0], "-m", "locvit", "launch", "--nodes", "2", "--gpus-per-node", "0", "--", *cmd[3:]])
+        )
+        + "\n"
+    )
+    env = {
+        **env_with_venv(),
+        **cluster.job_env,
+        "LOCVIT_HOLD_AT": f"train_step_{HOLD_STEP}@{out_dir}",
+        "LOCVIT_HOLD_FILE": str(hold),
+    }
+    submit = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            "--mem=2000",
+            "--time=10",
+            "--requeue",
+            "--partition=cpu",
+            f"--chdir={tmp_path}",
+            f"--output={tmp_path}/slurm-%j.out",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert submit.returncode == 0, submit.stderr
     job = submit.stdout.strip().split(";")[0]
     try:
-        markers = wait_until(lambda: len(list(tmp_path.glob("hold.*.json"))) == 2 and list(tmp_path.glob("hold.*.json")),
-                             300, "both ranks at the hold point", cluster)
+        markers = wait_until(
+            lambda: len(list(tmp_path.glob("hold.*.json"))) == 2 and list(tmp_path.glob("hold.*.json")),
+            300,
+            "both ranks at the hold point",
+            cluster,
+        )
         workers = sorted((worker(json.loads(m.read_text())["pid"]) for m in markers), key=lambda w: w["rank"])
         rank0, rank1 = workers
-        assert (rank0["node"], rank0["slurm_node"], rank1["node"], rank1["slurm_node"]) == \
-            (1, node_name(1), 2, node_name(2)), workers
+        assert (rank0["node"], rank0["slurm_node"], rank1["node"], rank1["slurm_node"]) == (
+            1,
+            node_name(1),
+            2,
+            node_name(2),
+        ), workers
         rdzv_port = int(rank0["rdzv"].rsplit(":", 1)[1])
         assert rank0["rdzv"].startswith(f"{node_name(1)}-net:") and rank0["rdzv"] == rank1["rdzv"], workers
         assert rank1["store"][0] == f"{node_name(1)}-net", workers
         one, two = node_address(1), node_address(2)
-        assert any(s[0] == two and s[2] == one and s[3] not in (rank1["store"][1], rdzv_port)
-                   for s in rank1["sockets"]), workers  # gloo: rank 1 to rank 0, between the two addresses
+        assert any(
+            s[0] == two and s[2] == one and s[3] not in (rank1["store"][1], rdzv_port) for s in rank1["sockets"]
+        ), workers  # gloo: rank 1 to rank 0, between the two addresses
         assert all(s[0] in (two, "127.0.0.1") and s[2] in (one, two, "127.0.0.1") for s in rank1["sockets"]), workers
 
         started = time.monotonic()
@@ -454,8 +559,12 @@ def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(study,
             return "NODE_FAIL" in sacct_states(cluster, job) and not processes_of(job, survivor)
 
         try:
-            wait_until(ended, ENDS_WITHIN_S + 60, f"the job to end on {node_name(survivor)} after losing "
-                       f"{node_name(lost)}", cluster)
+            wait_until(
+                ended,
+                ENDS_WITHIN_S + 60,
+                f"the job to end on {node_name(survivor)} after losing {node_name(lost)}",
+                cluster,
+            )
         except AssertionError as failed:
             raise AssertionError(f"left on {node_name(survivor)}: {processes_of(job, survivor)}\n{failed}") from None
         took = time.monotonic() - started
@@ -465,8 +574,12 @@ def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(study,
         cluster.restore_node(lost)
         # SLURM makes a requeued job wait (BeginTime) about two minutes after its end; the test lets it start now
         # (as an admin could), and checks that it was requeued to wait, not dropped.
-        wait_until(lambda: "JobState=PENDING" in cluster._run(["scontrol", "show", "job", job]), 120,
-                   "the job to be requeued", cluster)  # (once it has completed on the survivor)
+        wait_until(
+            lambda: "JobState=PENDING" in cluster._run(["scontrol", "show", "job", job]),
+            120,
+            "the job to be requeued",
+            cluster,
+        )  # (once it has completed on the survivor)
         assert "Restarts=1" in cluster._run(["scontrol", "show", "job", job])
         cluster._run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
         wait_until(lambda: "COMPLETED" in sacct_states(cluster, job), 300, "the requeued job to complete", cluster)
@@ -481,5 +594,7 @@ def test_a_node_lost_mid_epoch_ends_the_job_which_resumes_when_it_is_back(study,
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert [row["epoch"] for row in metrics["history"]] == [0, 1]
     assert metrics["rank_weights_sha256"] == two_process_weights
-    print(f"{node_name(lost)} lost: the job ended {took:.0f} s later (SlurmdTimeout {SLURMD_TIMEOUT_S} s, "
-          f"KillWait {KILL_WAIT_S} s)")
+    print(
+        f"{node_name(lost)} lost: the job ended {took:.0f} s later (SlurmdTimeout {SLURMD_TIMEOUT_S} s, "
+        f"KillWait {KILL_WAIT_S} s)"
+    )

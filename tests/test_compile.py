@@ -54,8 +54,11 @@ def test_a_bf16_runs_tf32_settings_leave_torchs_getters_readable_and_compile(bac
     assert counters["stats"]["unique_graphs"] == 1
 
     # amp off: IEEE float32 everywhere; deterministic: no autotuner
-    assert set_backends(CUDA, None, deterministic=True) == {"float32_matmul_precision": "highest",
-                                                            "cudnn_allow_tf32": False, "cudnn_benchmark": False}
+    assert set_backends(CUDA, None, deterministic=True) == {
+        "float32_matmul_precision": "highest",
+        "cudnn_allow_tf32": False,
+        "cudnn_benchmark": False,
+    }
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert not torch.backends.cudnn.benchmark
     assert set_backends(torch.device("cpu"), torch.bfloat16) == {}  # nothing set off CUDA
@@ -68,9 +71,19 @@ def test_a_compiled_restrict_mait_is_one_graph_from_its_first_call(kernel, fresh
     mask) is no longer cached on the module inside the traced graph, which failed Dynamo's guard on the next
     call: a second graph. Compiled FlexAttention runs on the CPU for inference only; dense trains here."""
     torch.manual_seed(0)
-    model = timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=1, num_heads=3,
-                              num_classes=10, masked_heads="all", mask_mode="restrict", mask_type="hard",
-                              restrict_kernel=kernel).train(kernel == "dense")  # an 8 x 8 grid: 65 tokens
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        img_size=32,
+        patch_size=4,
+        embed_dim=48,
+        depth=1,
+        num_heads=3,
+        num_classes=10,
+        masked_heads="all",
+        mask_mode="restrict",
+        mask_type="hard",
+        restrict_kernel=kernel,
+    ).train(kernel == "dense")  # an 8 x 8 grid: 65 tokens
     attn = model.blocks[0].attn
     cached = lambda: attn._block_mask if kernel == "flex" else attn._restrict_cache  # noqa: E731
     compiled = torch.compile(model, backend="aot_eager")
@@ -99,8 +112,17 @@ def test_auto_takes_flex_attention_only_from_flex_min_tokens(monkeypatch):
     assert [mait._flex_wanted(k, cpu, t) for k in ("flex", "dense") for t in (65, n)] == [True, True, False, False]
     # and the attention asks it with its sequence length: 8 x 8 and 32 x 32 grids (65 and 1025 tokens)
     for grid, takes in ((8, False), (32, True)):
-        model = timm.create_model("mait_tiny_patch16_224", img_size=4 * grid, patch_size=4, embed_dim=48, depth=1,
-                                  num_heads=3, masked_heads="all", mask_mode="restrict", mask_type="hard").eval()
+        model = timm.create_model(
+            "mait_tiny_patch16_224",
+            img_size=4 * grid,
+            patch_size=4,
+            embed_dim=48,
+            depth=1,
+            num_heads=3,
+            masked_heads="all",
+            mask_mode="restrict",
+            mask_type="hard",
+        ).eval()
         attn = model.blocks[0].attn
         attn.toolchain_missing = {}  # a node that builds compiled FlexAttention
         assert attn._flex(torch.zeros(1, grid * grid + 1, 48)) is takes
@@ -147,8 +169,18 @@ def test_on_cuda_a_compiled_restrict_mait_trains_on_flex_attention_in_one_graph(
     """1,025 tokens (a 32 x 32 grid), restrict_kernel auto: FlexAttention, compiled forward and backward, two
     steps in one graph; some heads masked (sch1: the first) or all."""
     torch.manual_seed(0)
-    model = timm.create_model("mait_tiny_patch16_224", img_size=128, patch_size=4, embed_dim=48, depth=2, num_heads=3,
-                              num_classes=10, masked_heads=masked_heads, mask_mode="restrict", mask_type="hard").cuda()
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        img_size=128,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        num_classes=10,
+        masked_heads=masked_heads,
+        mask_mode="restrict",
+        mask_type="hard",
+    ).cuda()
     attn = model.blocks[0].attn
     x = torch.randn(2, 3, 128, 128, device="cuda")
     assert attn._flex(torch.zeros(1, 1025, 48, device="cuda"))

@@ -52,7 +52,9 @@ def test_out_of_range(raw_tiny):
 
 def test_enum_lists_allowed_values(raw_tiny):
     raw_tiny["data"]["source"] = "mnist"
-    assert "data.source: 'mnist' is not allowed; allowed values: 'digits', 'cifar10', 'cifar100', 'imagenet'" in _error(raw_tiny)
+    assert "data.source: 'mnist' is not allowed; allowed values: 'digits', 'cifar10', 'cifar100', 'imagenet'" in _error(
+        raw_tiny
+    )
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "with space", ".hidden", ""])
@@ -128,8 +130,21 @@ def test_cli_rejects_a_bad_config_and_writes_nothing(tmp_path, raw_tiny, capsys)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw_tiny))
     out = tmp_path / "out"
-    code = main(["prepare", "--params", str(bad), "--train", str(out / "t.beton"), "--val", str(out / "v.beton"),
-                 "--test", str(out / "s.beton"), "--manifest", str(out / "m.json")])
+    code = main(
+        [
+            "prepare",
+            "--params",
+            str(bad),
+            "--train",
+            str(out / "t.beton"),
+            "--val",
+            str(out / "v.beton"),
+            "--test",
+            str(out / "s.beton"),
+            "--manifest",
+            str(out / "m.json"),
+        ]
+    )
     assert code == 2
     assert "train.batch_size: 0 is less than the minimum of 1" in capsys.readouterr().err
     assert not out.exists()
@@ -173,8 +188,11 @@ def test_the_working_directory_is_on_sys_path_only_while_a_model_module_is_found
     with pytest.raises(KeyError), working_dir_on_path():
         raise KeyError("a failed import")
     assert sys.path == before
-    inserting = [f.relative_to(repo).as_posix() for f in sorted((repo / "src").rglob("*.py"))
-                 if "sys.path.insert" in f.read_text()]
+    inserting = [
+        f.relative_to(repo).as_posix()
+        for f in sorted((repo / "src").rglob("*.py"))
+        if "sys.path.insert" in f.read_text()
+    ]
     assert inserting == ["src/locvit/model_modules.py"]
 
 
@@ -230,7 +248,8 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
     assert family_claiming("deit_tiny_patch16_224").baseline and not family_claiming("convit_tiny").baseline
     assert family_claiming("resnet50") is None
     assert validate_params(raw_tiny, check_models=False)["baseline"] == "deit_a"
-    (tmp_path / "plain_family.py").write_text(textwrap.dedent('''
+    (tmp_path / "plain_family.py").write_text(
+        textwrap.dedent("""
         from timm.models.vision_transformer import VisionTransformer
         from locvit.models.family import Family, register_family, vit_blocks, vit_sites
 
@@ -239,11 +258,15 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
 
         register_family(Family("plain", "Plain", Plain, "none", vit_blocks, lambda m: vit_sites(m, {}),
                                models=("plain_",), baseline=True))
-    '''))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     raw_tiny["model_modules"] = ["plain_family"]
-    raw_tiny["variants"] = {"mait_b": raw_tiny["variants"]["mait_b"], "ours": {"model": "plain_vit"},
-                            "deit_a": raw_tiny["variants"]["deit_a"]}
+    raw_tiny["variants"] = {
+        "mait_b": raw_tiny["variants"]["mait_b"],
+        "ours": {"model": "plain_vit"},
+        "deit_a": raw_tiny["variants"]["deit_a"],
+    }
     assert validate_params(raw_tiny, check_models=False)["baseline"] == "ours"
     assert len(list((tmp_path / "cache" / "model-families").iterdir())) == 3  # one answer per model name
     assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}
@@ -261,7 +284,8 @@ def test_a_study_is_held_within_its_limits(raw_tiny):
         "seeds: variant 'deit_a' would train 50000 seeds, more than limits.max_seeds_per_variant (100); use fewer "
         "seeds, or raise limits.max_seeds_per_variant (at most 1000)",
         "variants: 2 variant(s) x their seeds would make 100000 training runs, more than limits.max_runs (2000); "
-        "use fewer variants, fractions or seeds, or raise limits.max_runs (at most 10000)"]
+        "use fewer variants, fractions or seeds, or raise limits.max_runs (at most 10000)",
+    ]
     raw_tiny["seeds"] = [0, 1]
     raw_tiny["variants"]["mait_b"]["seeds"] = list(range(101))
     assert "variants.mait_b.seeds: variant 'mait_b' would train 101 seeds" in _error(raw_tiny)
@@ -269,8 +293,9 @@ def test_a_study_is_held_within_its_limits(raw_tiny):
     raw_tiny["train_fractions"], raw_tiny["seed_budget"] = [0.1, 1.0], {"full_runs": 20, "max_seeds": 200}
     assert "seed_budget: variant 'deit_a_10pct' would train 200 seeds" in _error(raw_tiny)  # round(20 / 0.1)
     raw_tiny["limits"] = {"max_seeds_per_variant": 200, "max_runs": 3}
-    assert "variants: 4 variant(s) x their seeds would make 440 training runs, more than limits.max_runs (3)" \
-        in _error(raw_tiny)  # each variant at 0.1: 200 seeds, at 1.0: round(20 / 1) = 20
+    assert "variants: 4 variant(s) x their seeds would make 440 training runs, more than limits.max_runs (3)" in _error(
+        raw_tiny
+    )  # each variant at 0.1: 200 seeds, at 1.0: round(20 / 1) = 20
     raw_tiny["limits"]["max_runs"] = 1000
     params = validate_params(raw_tiny, check_models=False)
     assert params["limits"] == {"max_seeds_per_variant": 200, "max_runs": 1000}
@@ -302,8 +327,10 @@ def test_negative_stochastic_depth_and_a_misspelt_kwarg(raw_tiny):
     assert "variants.deit_a.kwargs.drop_path_rate: -0.1 is less than the minimum of 0" in _error(raw_tiny)
     raw_tiny["variants"]["deit_a"]["kwargs"]["drop_path_rate"] = 0.1
     raw_tiny["variants"]["deit_a"]["kwargs"]["num_head"] = raw_tiny["variants"]["deit_a"]["kwargs"].pop("num_heads")
-    assert ("variants.deit_a.kwargs.num_head: deit_tiny_patch16_224 takes no keyword argument 'num_head'; "
-            "did you mean 'num_heads'?") in _error(raw_tiny)
+    assert (
+        "variants.deit_a.kwargs.num_head: deit_tiny_patch16_224 takes no keyword argument 'num_head'; "
+        "did you mean 'num_heads'?"
+    ) in _error(raw_tiny)
     raw_tiny["variants"]["deit_a"]["kwargs"]["num_heads"] = raw_tiny["variants"]["deit_a"]["kwargs"].pop("num_head")
     raw_tiny["variants"]["deit_a"]["kwargs"]["zzz"] = 1  # nothing close: the build's own words
     assert "variants.deit_a.kwargs: deit_tiny_patch16_224 does not build with" in _error(raw_tiny)

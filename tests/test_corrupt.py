@@ -20,9 +20,9 @@ import torch
 
 import locvit.models  # noqa: F401  registers locvit's families
 from locvit import cli, io
-from locvit.run_config import run_config
-from locvit.data.prepare import load_manifest
 from locvit.checkpoint import load_checkpoint, save_checkpoint
+from locvit.data.prepare import load_manifest
+from locvit.run_config import run_config
 
 FLIPS = 60  # random single-bit flips per file
 
@@ -46,17 +46,37 @@ def checkpoint(tiny_params, tmp_path) -> tuple[Path, dict]:
     """An (untrained) deit_a checkpoint of the tiny study, as training writes best.pt."""
     cfg = run_config(tiny_params, "deit_a", 0)
     model = timm.create_model(cfg["model"], pretrained=False, **cfg["model_kwargs"])
-    state = {"model": model.state_dict(), "config": cfg, "epoch": 0, "val_top1": 0.1, "mlflow_run_id": None,
-             "weights": "model"}
+    state = {
+        "model": model.state_dict(),
+        "config": cfg,
+        "epoch": 0,
+        "val_top1": 0.1,
+        "mlflow_run_id": None,
+        "weights": "model",
+    }
     path = tmp_path / "runs" / "deit_a" / "seed0" / "best.pt"
     save_checkpoint(path, state)
     return path, state
 
 
 def evaluate_cli(ckpt: Path, prepared: dict, out: Path, data: Path | None = None, manifest: Path | None = None):
-    return cli.main(["evaluate", "--checkpoint", str(ckpt), "--out", str(out),
-                     "--data", str(data or prepared["test"]), "--manifest", str(manifest or prepared["manifest"]),
-                     "--tracking-db", str(out.parent / "mlflow.db"), "--threads", "1"])
+    return cli.main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(ckpt),
+            "--out",
+            str(out),
+            "--data",
+            str(data or prepared["test"]),
+            "--manifest",
+            str(manifest or prepared["manifest"]),
+            "--tracking-db",
+            str(out.parent / "mlflow.db"),
+            "--threads",
+            "1",
+        ]
+    )
 
 
 # Checkpoints ------------------------------------------------------------------------------------------

@@ -13,14 +13,13 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers import cifar10_archive, cifar10_batches, fake_imagefolder
 
 from locvit.config import validate_section
 from locvit.data import sources
 from locvit.data.ffcv_io import make_loader, read_all, stored_sizes, write_beton
 from locvit.data.prepare import load_manifest, prepare, split_indices
 from locvit.data.sources import get_source
-
-from helpers import cifar10_archive, cifar10_batches, fake_imagefolder
 
 SPLITS = ("train", "val", "test")
 
@@ -198,15 +197,21 @@ def test_cifar_archive_is_checked_then_unpacked_atomically(tmp_path, monkeypatch
 
 def test_corrupt_truncated_or_missing_archive_names_the_file_and_how_to_get_it(tmp_path, monkeypatch):
     url = r"https://www\.cs\.toronto\.edu/~kriz/cifar-10-python\.tar\.gz"
-    with pytest.raises(FileNotFoundError, match=rf"neither the folder .*cifar-10-batches-py nor the archive "
-                                                rf".*cifar-10-python\.tar\.gz .*data\.download: true to fetch {url}"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"neither the folder .*cifar-10-batches-py nor the archive "
+        rf".*cifar-10-python\.tar\.gz .*data\.download: true to fetch {url}",
+    ):
         get_source("cifar10", root=tmp_path).load(32)
     archive, _ = cifar10_archive(tmp_path)
     archive.write_bytes(archive.read_bytes()[:-200])  # truncated: the published MD5 does not match
     truncated_md5 = hashlib.md5(archive.read_bytes()).hexdigest()
     published = sources.ARCHIVE_MD5["cifar-10-python.tar.gz"]  # torchvision's value
-    with pytest.raises(ValueError, match=rf"cifar-10-python\.tar\.gz has MD5 {truncated_md5}, the published "
-                                         rf"archive's is {published}.*data\.download: true.*{url}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cifar-10-python\.tar\.gz has MD5 {truncated_md5}, the published "
+        rf"archive's is {published}.*data\.download: true.*{url}",
+    ):
         get_source("cifar10", root=tmp_path).load(32)
     # An archive whose MD5 is accepted but that cannot be unpacked is named too.
     monkeypatch.setitem(sources.ARCHIVE_MD5, archive.name, truncated_md5)
@@ -259,8 +264,9 @@ def test_writer_options_round_trip(tmp_path):
     # 'proportion': compress_probability 0 keeps every image raw, 1 compresses every one (JPEG: close, not equal).
     write_beton(tmp_path / "b.beton", source, idx, 32, write_mode="proportion", compress_probability=0.0)
     assert np.array_equal(read_all(tmp_path / "b.beton", jit=False)[0], expected)
-    write_beton(tmp_path / "c.beton", source, idx, 32, write_mode="proportion", compress_probability=1.0,
-                jpeg_quality=95)
+    write_beton(
+        tmp_path / "c.beton", source, idx, 32, write_mode="proportion", compress_probability=1.0, jpeg_quality=95
+    )
     jpeg = read_all(tmp_path / "c.beton", jit=False)[0]
     assert not np.array_equal(jpeg, expected) and jpeg.shape == expected.shape
     assert (tmp_path / "c.beton").stat().st_size < (tmp_path / "b.beton").stat().st_size * 1.5
@@ -285,8 +291,11 @@ def test_imagefolder_val_is_the_test_split(tmp_path):
 
 def test_imagefolder_without_val_draws_the_test_split(tmp_path):
     root = fake_imagefolder(tmp_path / "pets", per_class=(6,), val=False)
-    manifest = prepare(_data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.2, test_fraction=0.2),
-                       _paths(tmp_path), tmp_path / "m.json")
+    manifest = prepare(
+        _data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.2, test_fraction=0.2),
+        _paths(tmp_path),
+        tmp_path / "m.json",
+    )
     assert not manifest["official_test_split"]
     assert sum(manifest["splits"][s]["size"] for s in SPLITS) == 18 and manifest["splits"]["test"]["size"] == 4
 
@@ -359,8 +368,11 @@ def test_max_resolution_stores_the_training_images_whole(tmp_path):
         prepare({**data, "max_resolution": 4}, paths, tmp_path / "m.json")
     # No effect on in-memory squares (CIFAR): every split stays image_size squares.
     _fake_cifar10(tmp_path / "c")
-    cifar = prepare(_data(source="cifar10", root=str(tmp_path / "c"), max_resolution=64), _paths(tmp_path / "c"),
-                    tmp_path / "c" / "m.json")
+    cifar = prepare(
+        _data(source="cifar10", root=str(tmp_path / "c"), max_resolution=64),
+        _paths(tmp_path / "c"),
+        tmp_path / "c" / "m.json",
+    )
     assert not cifar["train_stored_whole"] and stored_sizes(tmp_path / "c" / "train.beton") == ((32, 32), (32, 32))
 
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-
 from helpers import BIN, config_file, copy_workflow, env_with_venv, seed_runs
+
 from locvit import models
 from locvit.checkpoint import load_checkpoint, weights_digest
 from locvit.run_config import peak_lr, run_config
@@ -21,11 +21,30 @@ from locvit.train.loop import per_process_batch
 
 def ddp_cmd(cfg: dict, prepared: dict, root) -> list[str]:
     """torchrun: two gloo processes training ``cfg`` into root/run, tracked in root/mlflow.db."""
-    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "locvit", "train",
-            "--run-config", config_file(cfg, root / "run.config.json"), "--train-data", str(prepared["train"]),
-            "--val-data", str(prepared["val"]), "--manifest", str(prepared["manifest"]),
-            "--out-dir", str(root / "run"), "--tracking-db", str(root / "mlflow.db"), "--threads", "1",
-            "--no-progress"]
+    return [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "locvit",
+        "train",
+        "--run-config",
+        config_file(cfg, root / "run.config.json"),
+        "--train-data",
+        str(prepared["train"]),
+        "--val-data",
+        str(prepared["val"]),
+        "--manifest",
+        str(prepared["manifest"]),
+        "--out-dir",
+        str(root / "run"),
+        "--tracking-db",
+        str(root / "mlflow.db"),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +52,9 @@ def ddp_run(tiny_params, prepared, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("ddp")
     cfg = run_config(tiny_params, "deit_a", 0)
     cfg["train"].update(epochs=2, lr_scale_batch=64)
-    proc = subprocess.run(ddp_cmd(cfg, prepared, root), env=env_with_venv(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        ddp_cmd(cfg, prepared, root), env=env_with_venv(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"root": root, "run": root / "run", "cfg": cfg, "stdout": proc.stdout}
 
@@ -75,12 +95,32 @@ def test_two_nodes_of_one_process_end_with_the_weights_of_two_processes_on_one_n
     from locvit.train.launch import free_port
 
     cmd = ddp_cmd(ddp_run["cfg"], prepared, tmp_path)
-    args = cmd[cmd.index("train"):]  # after torchrun's arguments
+    args = cmd[cmd.index("train") :]  # after torchrun's arguments
     endpoint = f"127.0.0.1:{free_port()}"
-    agents = [subprocess.Popen([str(BIN / "python"), "-m", "locvit", "launch", "--agent", "--nodes", "2",
-                                "--endpoint", endpoint, "--rdzv-id", "two-nodes", "--", *args],
-                               env={**env_with_venv(), "LOCVIT_NODE_RANK": str(node), "LOCVIT_RDZV_TIMEOUT": "120"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    agents = [
+        subprocess.Popen(
+            [
+                str(BIN / "python"),
+                "-m",
+                "locvit",
+                "launch",
+                "--agent",
+                "--nodes",
+                "2",
+                "--endpoint",
+                endpoint,
+                "--rdzv-id",
+                "two-nodes",
+                "--",
+                *args,
+            ],
+            env={**env_with_venv(), "LOCVIT_NODE_RANK": str(node), "LOCVIT_RDZV_TIMEOUT": "120"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     outs = [agent.communicate(timeout=300) for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -111,10 +151,30 @@ def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     work = copy_workflow(tmp_path)
     target = "results/tiny/runs/deit_a/seed0/metrics.json"
     # Under the cluster profile: a local run cuts a job's GPUs to the machine's (none here; tests/test_resources.py)
-    out = subprocess.run([str(BIN / "snakemake"), "-n", "-p", "--profile", "cluster", "--cores", "4", "--config",
-                          "params=presets/tiny.yaml", "--set-threads", "train=4", "--set-resources", "train:gpu=2", "--",
-                          target],
-                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            str(BIN / "snakemake"),
+            "-n",
+            "-p",
+            "--profile",
+            "cluster",
+            "--cores",
+            "4",
+            "--config",
+            "params=presets/tiny.yaml",
+            "--set-threads",
+            "train=4",
+            "--set-resources",
+            "train:gpu=2",
+            "--",
+            target,
+        ],
+        cwd=work,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     command = next(line for line in out.stdout.splitlines() if " train --run-config" in line)
     assert " -m torch.distributed.run --standalone --nproc_per_node 2 -m locvit train" in command
@@ -130,8 +190,9 @@ def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_e
     hold = tmp_path / "hold"
     hold.touch()
     env = {**env_with_venv(), "LOCVIT_HOLD_AT": "train_step_3", "LOCVIT_HOLD_FILE": str(hold)}
-    proc = subprocess.Popen(ddp_cmd(cfg, prepared, tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ddp_cmd(cfg, prepared, tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 240
     while len(list(tmp_path.glob("hold.*.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -143,8 +204,9 @@ def test_a_stop_request_to_one_rank_stops_both_after_the_same_step_and_resumes_e
     assert proc.returncode != 0 and "stopped on request after step 6 (epoch 1, batch 6 of 18)" in out, out[-3000:]
     state = load_checkpoint(tmp_path / "run" / "last.pt")
     assert state["step"] == 6 and state["partial"]["batches"] == 6 and len(state["rng"]) == 2
-    proc = subprocess.run(ddp_cmd(cfg, prepared, tmp_path), env=env_with_venv(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ddp_cmd(cfg, prepared, tmp_path), env=env_with_venv(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "resuming after step 6" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     whole = load_checkpoint(ddp_run["run"] / "last.pt")
     resumed = load_checkpoint(tmp_path / "run" / "last.pt")

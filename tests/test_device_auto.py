@@ -29,14 +29,21 @@ def stand_in_smi(tmp_path, monkeypatch):
 @pytest.mark.e2e  # runs the stand-in nvidia-smi
 @pytest.mark.skipif(torch.cuda.is_available(), reason="torch uses this machine's GPU: auto picks it")
 def test_auto_stops_where_nvidia_smi_sees_a_gpu_torch_cannot_use(stand_in_smi):
-    assert models.nvidia_smi() == {"gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-"
-                                            "000000000000)"], "driver": "470.256.02", "cuda": "11.4"}
+    assert models.nvidia_smi() == {
+        "gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)"],
+        "driver": "470.256.02",
+        "cuda": "11.4",
+    }
     with pytest.raises(models.CudaUnusable) as stop:
         models.device_for("auto")
     message = str(stop.value)
-    for says in ("nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H100", "driver 470.256.02 (CUDA 11.4 at most)",
-                 f"torch {torch.__version__}", "Install a torch built for a CUDA this driver supports",
-                 "train.device: cpu"):
+    for says in (
+        "nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H100",
+        "driver 470.256.02 (CUDA 11.4 at most)",
+        f"torch {torch.__version__}",
+        "Install a torch built for a CUDA this driver supports",
+        "train.device: cpu",
+    ):
         assert says in message, message
     assert models.device_for("cpu") == torch.device("cpu")  # asked for by name: no question
 

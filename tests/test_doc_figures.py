@@ -25,23 +25,28 @@ def test_the_docs_carry_no_figure_outside_a_files_keeping():
     assert found == [], "figures in prose (put each in a value span or a generated table):\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("planted", [
-    "The demo takes 17.0 min on two cores.",
-    "It ran 789 tests in 20 min 54 s.",
-    "DeiT reaches 97.87 % on the test split.",
-    "FFCV feeds 2.91× faster than the DataLoader.",
-    "The wheelhouse weighs 25.5 MiB.",
-    "Each seed trains 25 epochs on 1,167 images.",
-])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "The demo takes 17.0 min on two cores.",
+        "It ran 789 tests in 20 min 54 s.",
+        "DeiT reaches 97.87 % on the test split.",
+        "FFCV feeds 2.91× faster than the DataLoader.",
+        "The wheelhouse weighs 25.5 MiB.",
+        "Each seed trains 25 epochs on 1,167 images.",
+    ],
+)
 def test_a_planted_figure_fails_the_check(planted):
     text = f"# A doc\n\nSome prose.\n{planted}\n"
     assert doc_figures.figures(text), planted
 
 
 def test_figures_in_generated_places_pass():
-    text = ("# A doc\n\n<!-- table: results x.csv -->\n| a | 97.87 % |\n<!-- /table -->\n"
-            "took <!-- value benchmarks/results/pipeline.json demo_wall_s -->1021.4<!-- /value --> s\n"
-            "```bash\nsleep 5 s\n```\nrun `--epochs 25 epochs`\nthe 95 % interval\n")
+    text = (
+        "# A doc\n\n<!-- table: results x.csv -->\n| a | 97.87 % |\n<!-- /table -->\n"
+        "took <!-- value benchmarks/results/pipeline.json demo_wall_s -->1021.4<!-- /value --> s\n"
+        "```bash\nsleep 5 s\n```\nrun `--epochs 25 epochs`\nthe 95 % interval\n"
+    )
     assert doc_figures.figures(text) == []
 
 

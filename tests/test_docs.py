@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import BAD_CONFIGS
 
 from doctools import doc_tables, model_table, publish
-from helpers import BAD_CONFIGS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -24,15 +24,17 @@ TEST_FILES = sorted(p.name for p in TESTS.glob("test_*.py"))
 
 # "52 malformed study files", "52 files in `tests/bad_configs/`", "52 bad configs" (a line break may split them)
 BAD_CONFIG_COUNT = re.compile(
-    r"(\d+)\s+(?:malformed\s+study\s+files|files\s+in\s+`tests/bad_configs/`|bad\s+configs?\b)")
+    r"(\d+)\s+(?:malformed\s+study\s+files|files\s+in\s+`tests/bad_configs/`|bad\s+configs?\b)"
+)
 
 
 def test_the_quoted_bad_config_count_is_the_parametrized_corpus():
     cases = BAD_CONFIGS  # what test_bad_configs.py parametrizes over
     assert len(cases) == len(list((TESTS / "bad_configs").glob("*.yaml")))
-    assert "@pytest.mark.parametrize(\"path\", BAD_CONFIGS" in (TESTS / "test_bad_configs.py").read_text()
-    quoted = {doc.relative_to(REPO).as_posix(): [int(n) for n in BAD_CONFIG_COUNT.findall(doc.read_text())]
-              for doc in DOCS}
+    assert '@pytest.mark.parametrize("path", BAD_CONFIGS' in (TESTS / "test_bad_configs.py").read_text()
+    quoted = {
+        doc.relative_to(REPO).as_posix(): [int(n) for n in BAD_CONFIG_COUNT.findall(doc.read_text())] for doc in DOCS
+    }
     assert quoted["docs/pipeline.md"], "docs/pipeline.md no longer says how many bad configs there are"
     wrong = {doc: counts for doc, counts in quoted.items() if any(n != len(cases) for n in counts)}
     assert not wrong, f"the docs quote {wrong} bad configs; tests/bad_configs/ has {len(cases)}"
@@ -56,7 +58,9 @@ def test_committed_tables_link_to_no_mlflow_server_the_reader_lacks():
     """Copies of a study's report (docs/*/, benchmarks/results/*/) name runs by id, never by a link to the
     MLflow UI of the machine that made them (doctools/publish.py)."""
     run = "a18883462af74210a293978a7f2795c0"
-    assert publish.unlink_runs(f"| x | [s0](http://127.0.0.1:5000/#/experiments/1/runs/{run}) |") == "| x | `a1888346` |"
+    assert (
+        publish.unlink_runs(f"| x | [s0](http://127.0.0.1:5000/#/experiments/1/runs/{run}) |") == "| x | `a1888346` |"
+    )
     committed = [*REPO.glob("docs/*/*.md"), *REPO.glob("benchmarks/results/*/*.md")]
     assert committed
     linked = [str(p.relative_to(REPO)) for p in committed if publish.RUN_LINK.search(p.read_text())]
@@ -97,7 +101,8 @@ def test_a_results_csv_of_an_older_locvit_is_named_with_what_to_do(tmp_path):
 
 
 def test_the_system_metrics_cost_claim_is_the_files():
-    """tracking.md and the schema say sampling at the default interval costs under 1 % of a run: the benchmark's file."""
+    """tracking.md and the schema say sampling at the default interval costs under 1 % of a run: the benchmark's
+    file."""
     import json
 
     import yaml
@@ -108,7 +113,10 @@ def test_the_system_metrics_cost_claim_is_the_files():
     assert cost["default_interval_s"] == default and cost["samples_logged"] >= 10
     assert cost["share_of_one_core_at_default"] == pytest.approx(cost["cpu_ms_per_sample"] / 1000 / default, rel=1e-2)
     assert cost["share_of_one_core_at_default"] < 0.01 == cost["goal"]
-    assert "goal: under <!-- value benchmarks/results/tracking_cost.json goal/pct" in (REPO / "docs" / "tracking.md").read_text()
+    assert (
+        "goal: under <!-- value benchmarks/results/tracking_cost.json goal/pct"
+        in (REPO / "docs" / "tracking.md").read_text()
+    )
 
 
 def test_the_readmes_verdict_sentences_are_the_files():
@@ -117,7 +125,9 @@ def test_the_readmes_verdict_sentences_are_the_files():
     text = (REPO / "README.md").read_text()
     demo, avx2 = "benchmarks/results/demo/results.csv", "benchmarks/results/demo_avx2/results.csv"
     assert f"<!-- table: side_by_side {demo},{avx2} -->" in text
-    assert f"<!-- value {demo} verdict=undecided/len -->" in text and f"<!-- value {avx2} variant=lsa/verdict -->" in text
+    assert (
+        f"<!-- value {demo} verdict=undecided/len -->" in text and f"<!-- value {avx2} variant=lsa/verdict -->" in text
+    )
 
 
 def test_the_model_table_is_what_the_models_count():
@@ -131,18 +141,47 @@ def _results_csv(path: Path, verdicts: dict[str, str]) -> Path:
     """A results.csv with the columns summary_lines reads: a baseline and one row per compared variant."""
     import csv
 
-    columns = ["variant", "n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high",
-               "reference", "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline", "p_holm",
-               "p_equivalence_holm", "mde80", "verdict", "mlflow_run_ids", "missing_seeds"]
+    columns = [
+        "variant",
+        "n_seeds",
+        "test_top1_mean",
+        "test_top1_std",
+        "test_top1_ci95_low",
+        "test_top1_ci95_high",
+        "reference",
+        "delta_vs_baseline",
+        "delta_ci95_low",
+        "delta_ci95_high",
+        "p_vs_baseline",
+        "p_holm",
+        "p_equivalence_holm",
+        "mde80",
+        "verdict",
+        "mlflow_run_ids",
+        "missing_seeds",
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, columns)
         w.writeheader()
-        w.writerow({"variant": "deit", "n_seeds": 3, "test_top1_mean": 97.0, "test_top1_std": 1.0, "verdict": "baseline"})
+        w.writerow(
+            {"variant": "deit", "n_seeds": 3, "test_top1_mean": 97.0, "test_top1_std": 1.0, "verdict": "baseline"}
+        )
         for name, verdict in verdicts.items():
-            w.writerow({"variant": name, "n_seeds": 3, "test_top1_mean": 98.5, "test_top1_std": 0.5, "reference": "deit",
-                        "delta_vs_baseline": 1.5, "delta_ci95_low": 0.25, "delta_ci95_high": 2.75, "mde80": 2.0,
-                        "verdict": verdict})
+            w.writerow(
+                {
+                    "variant": name,
+                    "n_seeds": 3,
+                    "test_top1_mean": 98.5,
+                    "test_top1_std": 0.5,
+                    "reference": "deit",
+                    "delta_vs_baseline": 1.5,
+                    "delta_ci95_low": 0.25,
+                    "delta_ci95_high": 2.75,
+                    "mde80": 2.0,
+                    "verdict": verdict,
+                }
+            )
     return path
 
 
@@ -152,14 +191,25 @@ def test_a_side_by_side_table_says_where_two_runs_verdicts_differ(tmp_path):
     verdicts differ; a data-efficiency table keeps one row per fraction and variant."""
     import csv
     import json
+
     a = _results_csv(tmp_path / "demo" / "results.csv", {"lsa": "better", "ibit": "undecided"})
     b = _results_csv(tmp_path / "demo_avx2" / "results.csv", {"lsa": "undecided", "ibit": "undecided"})
     (b.parent / "source.json").write_text(json.dumps({"machine": {"cpu_capability": "AVX2"}}))
     lines = doc_tables.side_by_side_lines([a, b])
     assert lines[0][1] == "demo: n" and lines[0][5] == "demo_avx2 (AVX2): n" and lines[0][-1] == "same verdict"
     assert [line[0] for line in lines[1:]] == ["deit", "lsa", "ibit"]
-    assert lines[2] == ["lsa", "3", "98.50 ± 0.50", "+1.50 [+0.25, +2.75]", "better",
-                        "3", "98.50 ± 0.50", "+1.50 [+0.25, +2.75]", "undecided", "**no**"]
+    assert lines[2] == [
+        "lsa",
+        "3",
+        "98.50 ± 0.50",
+        "+1.50 [+0.25, +2.75]",
+        "better",
+        "3",
+        "98.50 ± 0.50",
+        "+1.50 [+0.25, +2.75]",
+        "undecided",
+        "**no**",
+    ]
     assert lines[3][-1] == "yes" and lines[1][-1] == "yes"
     efficiency = REPO / "docs" / "data_efficiency" / "same_epochs" / "data_efficiency.csv"
     both = doc_tables.side_by_side_lines([efficiency, efficiency])
@@ -181,12 +231,15 @@ def test_the_efficiency_studys_whole_data_runs_are_the_demos(protocol):
     folder = REPO / "docs" / "data_efficiency" / protocol
     demo = REPO / "benchmarks" / "results" / "demo"
     machine = [json.loads((f / "source.json").read_text())["machine"] for f in (folder, demo)]
-    assert [(m["cpu"], m["cpu_capability"], m["torch"]) for m in machine] == \
-        [(machine[1]["cpu"], machine[1]["cpu_capability"], machine[1]["torch"])] * 2
+    assert [(m["cpu"], m["cpu_capability"], m["torch"]) for m in machine] == [
+        (machine[1]["cpu"], machine[1]["cpu_capability"], machine[1]["torch"])
+    ] * 2
     ours = yaml.safe_load((REPO / "presets" / "data_efficiency.yaml").read_text())["variants"]
     theirs = yaml.safe_load((REPO / "params.yaml").read_text())["variants"]
-    twin = {name: next(d for d, t in theirs.items() if (t["model"], t["kwargs"]) == (spec["model"], spec["kwargs"]))
-            for name, spec in ours.items()}
+    twin = {
+        name: next(d for d, t in theirs.items() if (t["model"], t["kwargs"]) == (spec["model"], spec["kwargs"]))
+        for name, spec in ours.items()
+    }
 
     def seeds(path: Path) -> dict[tuple[str, str], str]:
         return {(r["variant"], r["seed"]): r["test_top1"] for r in csv.DictReader(path.open())}

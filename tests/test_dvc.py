@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import BIN, copy_workflow, env_with_venv
+
 from locvit.layout import StudyLayout
 
 pytestmark = pytest.mark.e2e
@@ -40,8 +40,7 @@ DVC, SNAKEMAKE, LOCVIT = str(BIN / "dvc"), str(BIN / "snakemake"), str(BIN / "lo
 
 
 def run(cwd: Path, *cmd: str, env: dict | None = None) -> str:
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env or env_with_venv(), capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env or env_with_venv(), capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc.stdout + proc.stderr
@@ -63,8 +62,8 @@ def planned(work: Path, snakemake: tuple[str, ...] = (SNAKEMAKE,), env: dict | N
     out = run(work, *snakemake, "-n", "all", env=env)
     if "Nothing to be done" in out:
         return {}
-    table = out[out.index("Job stats:"):].splitlines()[3:]
-    counts = dict(line.split() for line in table[:next(i for i, line in enumerate(table) if line.startswith("total"))])
+    table = out[out.index("Job stats:") :].splitlines()[3:]
+    counts = dict(line.split() for line in table[: next(i for i, line in enumerate(table) if line.startswith("total"))])
     return {rule: int(n) for rule, n in counts.items() if rule != "all"}
 
 
@@ -112,8 +111,11 @@ def test_a_snakemake_run_is_what_dvc_lock_records(studied):
 def dvc_plans(work: Path, dvc: str, env: dict) -> tuple[set[str], list[str]]:
     """The stages `dvc status` says changed, and those `dvc repro --dry` would run."""
     status = run(work, dvc, "status", env=env)
-    changed = set() if "Data and pipelines are up to date" in status else \
-        {line[:-1] for line in status.splitlines() if re.fullmatch(r"[\w@-]+:", line)}
+    changed = (
+        set()
+        if "Data and pipelines are up to date" in status
+        else {line[:-1] for line in status.splitlines() if re.fullmatch(r"[\w@-]+:", line)}
+    )
     dry = run(work, dvc, "repro", "--dry", env=env)
     return changed, sorted(line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage"))
 
@@ -121,10 +123,10 @@ def dvc_plans(work: Path, dvc: str, env: dict) -> tuple[set[str], list[str]]:
 def test_provenance_follows_the_work_not_the_path(studied, tmp_path):
     """What Snakemake and DVC record of the study holds no path of this machine's (the interpreter runs the
     jobs through the environment, a job's code is a digest of its source), so: (a) the same interpreter by
-    another path, or the params file by its absolute path, plans nothing; (b) the checkout moved with its results and records, run there through the
-    venv linked at another path, plans nothing; (c) a change to the report's code alone (in the moved copy,
-    whose src is first on PYTHONPATH: what its jobs run) plans the report and nothing else, under Snakemake
-    and DVC."""
+    another path, or the params file by its absolute path, plans nothing; (b) the checkout moved with its results and
+    records, run there through the venv linked at another path, plans nothing; (c) a change to the report's code
+    alone (in the moved copy, whose src is first on PYTHONPATH: what its jobs run) plans the report and nothing
+    else, under Snakemake and DVC."""
     for record in [*(studied / ".snakemake" / "metadata").iterdir(), studied / "dvc.lock"]:
         text = record.read_text(errors="replace")
         assert str(studied) not in text and str(BIN) not in text and str(BIN.resolve()) not in text, record
@@ -212,8 +214,15 @@ def pulled_clone(studied) -> Path:
 
 def test_dvc_experiments_run_and_list_with_params_and_metrics(studied):
     run(studied, DVC, "exp", "run", "-S", "train.lr=0.003", "--name", "lr3e-3")
-    proc = subprocess.run([DVC, "exp", "show", "--json"], cwd=studied, env=env_with_venv(), capture_output=True,
-                          text=True, timeout=600, check=True)
+    proc = subprocess.run(
+        [DVC, "exp", "show", "--json"],
+        cwd=studied,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     shown = json.loads(proc.stdout)
     text = json.dumps(shown)
     assert "lr3e-3" in text and "0.003" in text and "test_top1_mean" in text
@@ -242,9 +251,11 @@ def set_param(work: Path, key: str, value, section: str | None = None) -> None:
 
 
 # (section, key, value) of a change, and the jobs it re-runs
-CHANGES = [((("variants", "mait_b", "train"), "lr", 0.003), {"train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
-           ((("data",), "split_seed", 1), {"prepare": 1, "train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
-           (((), "baseline", "mait_b"), {"report": 1, "throughput": 1})]
+CHANGES = [
+    ((("variants", "mait_b", "train"), "lr", 0.003), {"train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
+    ((("data",), "split_seed", 1), {"prepare": 1, "train": 1, "evaluate": 1, "analyse": 1, "report": 1}),
+    (((), "baseline", "mait_b"), {"report": 1, "throughput": 1}),
+]
 
 
 @pytest.mark.parametrize("change,jobs", CHANGES, ids=["train.lr", "data.split_seed", "baseline"])

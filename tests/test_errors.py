@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import yaml
+from helpers import REPO, env_with_venv
 
 import locvit
-from helpers import REPO, env_with_venv
 from locvit import cli
 from locvit.config import ConfigError
 from locvit.errors import InputError, LocvitError, MissingFileError
@@ -53,10 +53,16 @@ def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
     from locvit.train.engine import NonFiniteLoss
     from locvit.train.launch import LaunchError
 
-    for cls, base in [(ConfigError, ValueError), (ToolchainError, ValueError), (NonFiniteLoss, FloatingPointError),
-                      (LaunchError, RuntimeError), (TrackingAuthError, PermissionError),
-                      (TrackingUnreachable, ConnectionError), (InputError, ValueError),
-                      (MissingFileError, FileNotFoundError)]:
+    for cls, base in [
+        (ConfigError, ValueError),
+        (ToolchainError, ValueError),
+        (NonFiniteLoss, FloatingPointError),
+        (LaunchError, RuntimeError),
+        (TrackingAuthError, PermissionError),
+        (TrackingUnreachable, ConnectionError),
+        (InputError, ValueError),
+        (MissingFileError, FileNotFoundError),
+    ]:
         assert issubclass(cls, LocvitError) and issubclass(cls, base), cls
 
 
@@ -64,21 +70,40 @@ def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
 def test_a_users_mistake_is_one_line_without_a_traceback_and_exit_1():
     proc = run("targets", "deploy", "--params", str(TINY))
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.splitlines() == ["locvit targets: error: stage: 'deploy' is not allowed; allowed values: "
-                                        "prepare, train, evaluate, analyse, report"]
+    assert proc.stderr.splitlines() == [
+        "locvit targets: error: stage: 'deploy' is not allowed; allowed values: "
+        "prepare, train, evaluate, analyse, report"
+    ]
 
 
 def test_a_missing_file_and_an_option_that_is_not_json_are_named(tmp_path, capsys):
     missing = tmp_path / "results.csv"
     assert cli.main(["results", "--csv", str(missing)]) == 1
-    assert capsys.readouterr().err == (f"locvit results: error: {missing} does not exist; give a results.csv "
-                                       "written by the report step\n")
+    assert capsys.readouterr().err == (
+        f"locvit results: error: {missing} does not exist; give a results.csv written by the report step\n"
+    )
     (tmp_path / "search.json").write_text("{variant: m")
-    assert cli.main(["search-spec", "--round", "0", "--search-config", str(tmp_path / "search.json"), "--out",
-                     str(tmp_path / "spec.json")]) == 1
+    assert (
+        cli.main(
+            [
+                "search-spec",
+                "--round",
+                "0",
+                "--search-config",
+                str(tmp_path / "search.json"),
+                "--out",
+                str(tmp_path / "spec.json"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert err.startswith(f"locvit search-spec: error: --search-config file {tmp_path / 'search.json'} is not valid "
-                          "JSON (") and err.count("\n") == 1
+    assert (
+        err.startswith(
+            f"locvit search-spec: error: --search-config file {tmp_path / 'search.json'} is not valid JSON ("
+        )
+        and err.count("\n") == 1
+    )
     assert not (tmp_path / "spec.json").exists()
 
 
@@ -94,8 +119,15 @@ def test_a_librarys_value_error_keeps_its_traceback_after_the_line_saying_where_
     assert lines[-1] == "ValueError: negative dimensions are not allowed"
 
 
-@pytest.mark.parametrize("error", [ValueError("a library's complaint"), FileNotFoundError(2, "No such file", "x.bin"),
-                                   FloatingPointError("overflow")], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("a library's complaint"),
+        FileNotFoundError(2, "No such file", "x.bin"),
+        FloatingPointError("overflow"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
 def test_builtin_errors_that_are_not_locvits_propagate(error, monkeypatch, capsys):
     """ValueError, FileNotFoundError and FloatingPointError were once all printed as one line; only locvit's are now."""
     import locvit.versioning

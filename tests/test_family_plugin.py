@@ -33,10 +33,10 @@ import pytest
 import timm
 import torch
 import yaml
-
 from helpers import copy_workflow, env_with_venv, snakemake
-from locvit.analysis.attention import collect_attention
+
 from locvit.analysis.analyse import distances, locality
+from locvit.analysis.attention import collect_attention
 from locvit.analysis.metrics import attention_rollout, rollout_applies
 from locvit.layout import StudyLayout
 from locvit.models import family as family_module
@@ -116,8 +116,9 @@ def test_a_family_with_a_kind_of_map_of_its_own_needs_no_edit_in_src(linear_fami
     with its properties, they get what those properties call for: ALS, distance, similarity and rollout."""
     kind = map_kind("linear")
     assert (kind.grid, kind.rows_sum_to_one, kind.keys, kind.windows) == (True, True, "tokens", False)
-    model = timm.create_model("linear_vit", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
-                              num_classes=3).eval()
+    model = timm.create_model(
+        "linear_vit", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    ).eval()
     images = torch.randn(2, 3, 16, 16)
     logits, maps = collect_attention(model, images)
     assert [m.kind for m in maps] == ["linear", "linear"] and maps[0].probs.shape == (2, 2, 17, 17)
@@ -145,8 +146,11 @@ def test_a_kind_is_declared_once_and_an_undeclared_one_is_named(linear_family, m
         pass
 
     reader = {linear_family.LinearAttention: lambda attn, x: ("mystery", attn.maps(x))}
-    monkeypatch.setitem(family_module._FAMILIES, "undeclared", Family(
-        "undeclared", "Undeclared", Undeclared, "none", vit_blocks, lambda m: vit_sites(m, reader)))
+    monkeypatch.setitem(
+        family_module._FAMILIES,
+        "undeclared",
+        Family("undeclared", "Undeclared", Undeclared, "none", vit_blocks, lambda m: vit_sites(m, reader)),
+    )
     model = Undeclared(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2)
     with pytest.raises(ValueError, match="map kind 'mystery' is declared by no registered family"):
         collect_attention(model, torch.randn(1, 3, 16, 16))
@@ -160,8 +164,10 @@ def toy_study(tmp_path_factory):
     del params["mask_search"]
     params.update(study="toy", seeds=[0], model_modules=["toy_family"])
     shape = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
-    params["variants"] = {"deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
-                          "toy": {"model": "toy_window_vit", "kwargs": shape}}
+    params["variants"] = {
+        "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
+        "toy": {"model": "toy_window_vit", "kwargs": shape},
+    }
     (work / "toy.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     snakemake(work, "--cores", "2", "all", "--config", "params=toy.yaml")
     return StudyLayout(work / "results" / "toy"), params
@@ -211,8 +217,8 @@ def dry_run(work: Path) -> tuple[dict[str, int], str]:
     out = proc.stdout + proc.stderr
     if "Nothing to be done" in out:
         return {}, out
-    table = out[out.index("Job stats:"):].splitlines()[3:]
-    rows = dict(line.split() for line in table[:next(i for i, line in enumerate(table) if line.startswith("total"))])
+    table = out[out.index("Job stats:") :].splitlines()[3:]
+    rows = dict(line.split() for line in table[: next(i for i, line in enumerate(table) if line.startswith("total"))])
     return {rule: int(n) for rule, n in rows.items() if rule != "all"}, out
 
 
@@ -230,19 +236,46 @@ def test_a_change_to_the_familys_forward_retrains_and_its_old_checkpoint_is_refu
     family.write_text(family.read_text().replace(".amax(-1) <= 1", ".amax(-1) <= 2"))  # a 5 x 5 window
     jobs, out = dry_run(moved)
     assert {"train": 2, "evaluate": 2, "analyse": 2, "report": 1}.items() <= jobs.items() and "prepare" not in jobs
-    reasons = re.findall(r"reason: Params have changed since last execution:.*before: '(\w+) toy_family=(\w+)' "
-                         r"now: '(\w+) toy_family=(\w+)'", out)
+    reasons = re.findall(
+        r"reason: Params have changed since last execution:.*before: '(\w+) toy_family=(\w+)' "
+        r"now: '(\w+) toy_family=(\w+)'",
+        out,
+    )
     assert len(reasons) == 2, out[-3000:]  # deit_a's and the toy's training
     assert all(locvit_before == locvit_now and before != now for locvit_before, before, locvit_now, now in reasons)
 
     moved_layout = StudyLayout(moved / "results" / "toy")
     data = moved_layout.data_files()
-    proc = subprocess.run([sys.executable, "-m", "locvit", "evaluate", "--checkpoint",
-                           str(moved_layout.run_files("toy", 0).best), "--out", str(tmp_path / "eval.json"),
-                           "--data", str(data["test"]), "--manifest", str(data["manifest"]),
-                           "--tracking-db", str(tmp_path / "mlflow.db"), "--threads", "1"],
-                          cwd=moved, env=env_with_venv(), capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locvit",
+            "evaluate",
+            "--checkpoint",
+            str(moved_layout.run_files("toy", 0).best),
+            "--out",
+            str(tmp_path / "eval.json"),
+            "--data",
+            str(data["test"]),
+            "--manifest",
+            str(data["manifest"]),
+            "--tracking-db",
+            str(tmp_path / "mlflow.db"),
+            "--threads",
+            "1",
+        ],
+        cwd=moved,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode != 0 and not (tmp_path / "eval.json").exists()
-    assert re.search(r"^locvit evaluate: error: checkpoint \S+best\.pt was trained with other model code: "
-                     r"toy_family changed since it was written.*allow_code_change=True\)\.$", proc.stderr, re.M), \
-        proc.stderr[-2000:]
+    assert re.search(
+        r"^locvit evaluate: error: checkpoint \S+best\.pt was trained with other model code: "
+        r"toy_family changed since it was written.*allow_code_change=True\)\.$",
+        proc.stderr,
+        re.M,
+    ), proc.stderr[-2000:]

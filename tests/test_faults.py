@@ -14,8 +14,8 @@ import sys
 
 import pytest
 import torch
-
 from helpers import config_file, env_with_venv, seed_runs, train_cmd
+
 from locvit.run_config import run_config
 
 pytestmark = pytest.mark.e2e
@@ -35,8 +35,7 @@ def steps_per_epoch(cfg: dict, prepared: dict) -> int:
 
 def train(cfg: dict, prepared: dict, out_dir, db, nan_at: list[int]) -> subprocess.CompletedProcess:
     env = {**env_with_venv(), "LOCVIT_NAN_AT": ",".join(map(str, nan_at))}
-    return subprocess.run(train_cmd(cfg, prepared, out_dir, db), env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(train_cmd(cfg, prepared, out_dir, db), env=env, capture_output=True, text=True, timeout=300)
 
 
 def mlflow_run(db, run_id: str):
@@ -51,7 +50,9 @@ def test_bad_steps_within_the_budget_are_skipped(cfg, prepared, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert [row["bad_steps"] for row in metrics["history"]] == [2, 0]
-    assert all(torch.isfinite(v).all() for v in torch.load(tmp_path / "run" / "best.pt", weights_only=True)["model"].values())
+    assert all(
+        torch.isfinite(v).all() for v in torch.load(tmp_path / "run" / "best.pt", weights_only=True)["model"].values()
+    )
     assert mlflow_run(tmp_path / "mlflow.db", metrics["mlflow_run_id"]).info.status == "FINISHED"
 
 
@@ -102,16 +103,31 @@ def test_prepare_killed_mid_write_leaves_nothing_a_later_step_trusts(tiny_params
 
     out = tmp_path / "data"
     files = {s: out / f"{s}.beton" for s in ("train", "val", "test")}
-    cmd = [sys.executable, "-m", "locvit", "prepare", "--data-config",
-           config_file(tiny_params["data"], tmp_path / "data_config.json"),
-           *(a for s in files for a in (f"--{s}", str(files[s]))), "--manifest", str(out / "manifest.json")]
-    killed = subprocess.run(cmd, env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val.beton"},
-                            capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "locvit",
+        "prepare",
+        "--data-config",
+        config_file(tiny_params["data"], tmp_path / "data_config.json"),
+        *(a for s in files for a in (f"--{s}", str(files[s]))),
+        "--manifest",
+        str(out / "manifest.json"),
+    ]
+    killed = subprocess.run(
+        cmd,
+        env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_val.beton"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert files["train"].is_file() and not files["val"].exists() and not files["test"].exists()
     assert not (out / "manifest.json").exists()  # written last: without it no step reads the files
     assert list(out.glob(".val.beton.*.tmp"))  # the whole file, under a name nothing reads
-    with pytest.raises(FileNotFoundError, match="manifest.json.*Rebuild the prepared data: snakemake .*--forcerun prepare"):
+    with pytest.raises(
+        FileNotFoundError, match="manifest.json.*Rebuild the prepared data: snakemake .*--forcerun prepare"
+    ):
         load_manifest(out / "manifest.json", {"train": files["train"]})
 
     again = subprocess.run(cmd, env=env_with_venv(), capture_output=True, text=True, timeout=300)
@@ -142,7 +158,9 @@ def test_the_fault_hooks_come_from_the_tests_and_fire(tmp_path):
     src = Path(__file__).resolve().parents[1] / "src" / "locvit"
     assert not [p for p in src.rglob("*.py") if "LOCVIT_KILL_AT" in p.read_text() or "kill_point" in p.read_text()]
     write = f"from locvit.io import write_text; write_text({str(tmp_path / 'x.txt')!r}, 'x')"
-    killed = subprocess.run([sys.executable, "-c", write], env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_x.txt"})
+    killed = subprocess.run(
+        [sys.executable, "-c", write], env={**env_with_venv(), "LOCVIT_KILL_AT": "before_rename_x.txt"}
+    )
     assert killed.returncode == -9 and not (tmp_path / "x.txt").exists()  # SIGKILLed before the rename
     plain = subprocess.run([sys.executable, "-c", write], env=env_with_venv())
     assert plain.returncode == 0 and (tmp_path / "x.txt").read_text() == "x"

@@ -19,8 +19,10 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def _batches(n: int, b: int = 8, size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [((torch.rand(b, 3, size, size, generator=g) * 255).to(torch.uint8), torch.randint(0, 10, (b,), generator=g))
-            for _ in range(n)]
+    return [
+        ((torch.rand(b, 3, size, size, generator=g) * 255).to(torch.uint8), torch.randint(0, 10, (b,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def _augment() -> TrainAugment:
@@ -55,8 +57,9 @@ def test_ahead_gives_the_inline_batches_from_another_thread(ahead, workers):
     for (x0, y0), (x1, y1) in zip(inline, early):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
     assert loader.threads == {"locvit-feed"}
-    shifted = list(TrainFeed(batches[1:], _augment(), Compute(), MEAN, STD, first_step=41, ahead=ahead,
-                             workers=workers))
+    shifted = list(
+        TrainFeed(batches[1:], _augment(), Compute(), MEAN, STD, first_step=41, ahead=ahead, workers=workers)
+    )
     assert torch.equal(shifted[0][0], inline[1][0])  # batch k at step s is the same tensor however the epoch began
 
 
@@ -74,8 +77,9 @@ def test_it_prepares_ahead_while_the_step_runs_and_no_further():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_loader_error_reaches_the_training_thread(workers):
-    feed = TrainFeed(Recording(_batches(4), fail_at=2), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2,
-                     workers=workers)
+    feed = TrainFeed(
+        Recording(_batches(4), fail_at=2), _augment(), Compute(), MEAN, STD, first_step=0, ahead=2, workers=workers
+    )
     seen = []
     with pytest.raises(OSError, match="the data file went away"):
         for x, _ in feed:
@@ -102,8 +106,9 @@ def test_an_augmentation_error_in_the_pool_reaches_the_training_thread():
                 raise RuntimeError("bad op at step 2")
             return super().before_normalise(images, step)
 
-    feed = TrainFeed(_batches(5), Broken(MEAN, STD, "rand-m9-mstd0.5-inc1"), Compute(), MEAN, STD, first_step=0,
-                     ahead=2, workers=2)
+    feed = TrainFeed(
+        _batches(5), Broken(MEAN, STD, "rand-m9-mstd0.5-inc1"), Compute(), MEAN, STD, first_step=0, ahead=2, workers=2
+    )
     with pytest.raises(RuntimeError, match="bad op at step 2"):
         list(feed)
 
@@ -117,8 +122,9 @@ def test_bad_ahead_or_workers_are_refused_by_name():
 
 def test_training_fed_ahead_ends_with_the_weights_of_training_fed_inline():
     torch.manual_seed(0)
-    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
-                              num_heads=2, num_classes=10)
+    model = timm.create_model(
+        "deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10
+    )
     batches = _batches(5)
     weights = {}
     for ahead, workers in ((0, 1), (2, 1), (2, 2)):
@@ -161,8 +167,18 @@ def test_feed_threads_work_on_the_training_threads_gpu():
 
     batches = [(x.cuda(), y.cuda()) for x, y in _batches(3)]
     inline = list(TrainFeed(batches, _augment(), Compute(), MEAN, STD, first_step=0, ahead=0))
-    early = list(TrainFeed(batches, Noting(MEAN, STD, "rand-m9-mstd0.5-inc1", 0.25, seed=3), Compute(), MEAN, STD,
-                           first_step=0, ahead=2, workers=2))
+    early = list(
+        TrainFeed(
+            batches,
+            Noting(MEAN, STD, "rand-m9-mstd0.5-inc1", 0.25, seed=3),
+            Compute(),
+            MEAN,
+            STD,
+            first_step=0,
+            ahead=2,
+            workers=2,
+        )
+    )
     assert seen == {device}
     assert all(torch.equal(a[0], b[0]) for a, b in zip(inline, early))
 
@@ -207,8 +223,9 @@ def test_no_batch_is_taken_before_the_device_finished_the_one_whose_buffer_it_re
     the batches are the inline ones. The same code path as on CUDA, with stand-ins for its events."""
     batches, ring = _batches(9), 3 + 2
     loader = _Ring(batches, batches_ahead=3)
-    feed = TrainFeed(loader, None, Compute(), MEAN, STD, first_step=0, ahead=ahead, workers=workers,
-                     new_event=loader.event)
+    feed = TrainFeed(
+        loader, None, Compute(), MEAN, STD, first_step=0, ahead=ahead, workers=workers, new_event=loader.event
+    )
     got = [x for x, _ in feed]
     for x, (images, _) in zip(got, batches, strict=True):
         torch.testing.assert_close(x, Compute().inputs(images, MEAN, STD), rtol=0, atol=0)
@@ -220,4 +237,4 @@ def test_no_batch_is_taken_before_the_device_finished_the_one_whose_buffer_it_re
         waited = log.index(("wait", k - (ring - 1)))
         assert log.index(("record", k - (ring - 1))) < waited < log.index(("take", k)), log
     for k in range(ring - 1):  # the first ring - 1 batches are taken without a wait
-        assert not any(what == "wait" for what, _ in log[:log.index(("take", k))])
+        assert not any(what == "wait" for what, _ in log[: log.index(("take", k))])

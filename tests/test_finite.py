@@ -60,10 +60,24 @@ def put(params: dict, path: tuple, value) -> str:
 
 def test_the_schema_walk_finds_the_numbers_of_every_section():
     keys = {".".join(map(str, p)) for p in NUMERIC_KEYS}
-    assert {"train.lr", "train.betas.0", "data.val_fraction", "tracking.system_metrics_s", "equivalence_margin",
-            "mask_search.all_above", "seed_budget.full_runs", "train_fractions.0", "seeds.0", "limits.max_runs",
-            "resources.gpus", "variants.*.train.lr", "variants.*.kwargs.drop_path_rate", "variants.*.seeds.0",
-            "variants.*.resources.mem_mb", "variants.*.train_fraction"} <= keys, sorted(keys)
+    assert {
+        "train.lr",
+        "train.betas.0",
+        "data.val_fraction",
+        "tracking.system_metrics_s",
+        "equivalence_margin",
+        "mask_search.all_above",
+        "seed_budget.full_runs",
+        "train_fractions.0",
+        "seeds.0",
+        "limits.max_runs",
+        "resources.gpus",
+        "variants.*.train.lr",
+        "variants.*.kwargs.drop_path_rate",
+        "variants.*.seeds.0",
+        "variants.*.resources.mem_mb",
+        "variants.*.train_fraction",
+    } <= keys, sorted(keys)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
@@ -81,12 +95,14 @@ def test_a_number_the_schema_does_not_declare_is_refused_too(raw_tiny):
     raw_tiny["train"]["betas"] = [0.9, math.inf]
     with pytest.raises(ConfigError) as refused:
         validate_params(raw_tiny)
-    assert refused.value.problems == ["train.betas.1: inf is not a finite number",
-                                      "variants.mait_b.kwargs.mlp_ratio: nan is not a finite number"]
+    assert refused.value.problems == [
+        "train.betas.1: inf is not a finite number",
+        "variants.mait_b.kwargs.mlp_ratio: nan is not a finite number",
+    ]
 
 
 def test_finite_numbers_and_words_pass(tiny_params):
-    assert non_finite(tiny_params) == [] and non_finite({"study": "nan", "ok": True, "n": 10 ** 400}) == []
+    assert non_finite(tiny_params) == [] and non_finite({"study": "nan", "ok": True, "n": 10**400}) == []
 
 
 def test_a_job_config_with_nan_is_refused_and_never_written(tiny_params):

@@ -88,8 +88,12 @@ def test_the_protocol_reaches_exactly_the_jobs_it_changes(fractions):
     changed = {p for p in before if before[p] != after[p]}
     layout = StudyLayout.of(validate_params(fractions, check_models=False))
     params = validate_params(fractions, check_models=False)
-    runs = {layout.train_config(v, s) for v in params["variants"] for s in variant_seeds(params, v)
-            if variant_fraction(params, v) < 1}
+    runs = {
+        layout.train_config(v, s)
+        for v in params["variants"]
+        for s in variant_seeds(params, v)
+        if variant_fraction(params, v) < 1
+    }
     assert changed == runs | {layout.job_config("report")}
     assert after[layout.job_config("report")]["fraction_protocol"] == "same_images"
 
@@ -97,8 +101,11 @@ def test_the_protocol_reaches_exactly_the_jobs_it_changes(fractions):
 def test_too_many_epochs_are_refused_by_name(fractions):
     fractions["train"]["epochs"], fractions["train_fractions"] = 3000, [0.1, 1.0]
     name = next(iter(fractions["variants"]))
-    with pytest.raises(ConfigError, match=f"variants.{name}_10pct: fraction_protocol same_images trains 3000 epochs "
-                                          "/ 0.1 = 30000 epochs, more than 10000"):
+    with pytest.raises(
+        ConfigError,
+        match=f"variants.{name}_10pct: fraction_protocol same_images trains 3000 epochs "
+        "/ 0.1 = 30000 epochs, more than 10000",
+    ):
         validate_params({**fractions, "fraction_protocol": "same_images"}, check_models=False)
     validate_params(fractions, check_models=False)  # the same epochs: fine
 
@@ -115,8 +122,10 @@ def estimate_minutes(params: dict) -> float:
     average job; the job seconds become wall seconds at the demo's ratio (two jobs at a time on 2 cores).
     """
     bench = json.loads((REPO / "benchmarks/results/pipeline.json").read_text())
-    speed = {r["variant"]: float(r["img_s_median"])
-             for r in csv.DictReader((REPO / "benchmarks/results/demo/throughput.csv").open())}
+    speed = {
+        r["variant"]: float(r["img_s_median"])
+        for r in csv.DictReader((REPO / "benchmarks/results/demo/throughput.csv").open())
+    }
     demo = load_params(REPO / "params.yaml", check_models=False)
     train_images, val_images = 1167, 270  # the digits split (data.val_fraction 0.15, test_fraction 0.2)
     rules, mlflow = bench["demo_breakdown"], bench["demo_mlflow"]
@@ -124,12 +133,15 @@ def estimate_minutes(params: dict) -> float:
     epochs = demo["train"]["epochs"]
     fixed = {v: val_images / speed[v] + mlflow["train_s"] / (len(runs) * epochs) for v in speed}
     full = train_images // demo["train"]["batch_size"] * demo["train"]["batch_size"]  # the last batch dropped
-    per_image = (rules["train"]["epochs_s"] - sum(epochs * fixed[v] for v, _ in runs)) / \
-        sum(epochs * full / speed[v] for v, _ in runs)
+    per_image = (rules["train"]["epochs_s"] - sum(epochs * fixed[v] for v, _ in runs)) / sum(
+        epochs * full / speed[v] for v, _ in runs
+    )
 
     def demo_twin(name: str) -> str:  # the demo's variant with the same model: its measured images/s
         spec = params["variants"][name]
-        return next(v for v, d in demo["variants"].items() if (d["model"], d["kwargs"]) == (spec["model"], spec["kwargs"]))
+        return next(
+            v for v, d in demo["variants"].items() if (d["model"], d["kwargs"]) == (spec["model"], spec["kwargs"])
+        )
 
     train_s = 0.0
     for name in params["variants"]:
@@ -144,15 +156,20 @@ def estimate_minutes(params: dict) -> float:
         return rules[rule]["job_s"] / rules[rule]["jobs"]
 
     variants, data = len(params["variants"]), len({variant_fraction(params, v) for v in params["variants"]})
-    other_s = (variants * (rules["train"]["other_s"] / rules["train"]["jobs"] + job("evaluate") + job("analyse"))
-               + data * job("prepare") + job("report") + rules["throughput"]["job_s"] * variants / len(demo["variants"]))
+    other_s = (
+        variants * (rules["train"]["other_s"] / rules["train"]["jobs"] + job("evaluate") + job("analyse"))
+        + data * job("prepare")
+        + job("report")
+        + rules["throughput"]["job_s"] * variants / len(demo["variants"])
+    )
     return (train_s + other_s) * bench["demo_wall_s"] / mlflow["job_s"] / 60
 
 
 def test_the_estimate_reproduces_the_demo_it_was_fitted_on():
     bench = json.loads((REPO / "benchmarks/results/pipeline.json").read_text())
-    assert estimate_minutes(load_params(REPO / "params.yaml", check_models=False)) == \
-        pytest.approx(bench["demo_wall_s"] / 60, rel=0.01)
+    assert estimate_minutes(load_params(REPO / "params.yaml", check_models=False)) == pytest.approx(
+        bench["demo_wall_s"] / 60, rel=0.01
+    )
 
 
 def test_the_presets_budget_keeps_make_efficiency_under_an_hour():
@@ -162,8 +179,12 @@ def test_the_presets_budget_keeps_make_efficiency_under_an_hour():
     assert params["fraction_protocol"] == "same_images"
     seeds = {v: variant_seeds(params, v) for v in params["variants"]}
     assert set(map(len, seeds.values())) == {4} and len(seeds) == 20
-    cost = {f: sum(len(seeds[v]) * seed_cost(f, "same_images") for v in params["variants"]
-                   if variant_fraction(params, v) == f) for f in params["train_fractions"]}
+    cost = {
+        f: sum(
+            len(seeds[v]) * seed_cost(f, "same_images") for v in params["variants"] if variant_fraction(params, v) == f
+        )
+        for f in params["train_fractions"]
+    }
     assert set(cost.values()) == {4 * 5}  # 5 families x 4 full runs at each fraction
     assert estimate_minutes(params) < 60
     raw = yaml.safe_load((REPO / "presets" / "data_efficiency.yaml").read_text())
@@ -185,8 +206,12 @@ def test_make_efficiency_protocol_writes_the_preset_under_that_protocol(tmp_path
     epochs = load_params(out, check_models=False)
     images = load_params(REPO / "presets" / "data_efficiency.yaml", check_models=False)
     assert epochs["fraction_protocol"] == "same_epochs" and epochs["seed_budget"] == {"full_runs": 1, "max_seeds": 10}
-    assert {v: len(variant_seeds(epochs, v)) for v in ("deit_10pct", "deit_25pct", "deit_50pct", "deit")} == \
-        {"deit_10pct": 10, "deit_25pct": 4, "deit_50pct": 3, "deit": 3}
+    assert {v: len(variant_seeds(epochs, v)) for v in ("deit_10pct", "deit_25pct", "deit_50pct", "deit")} == {
+        "deit_10pct": 10,
+        "deit_25pct": 4,
+        "deit_50pct": 3,
+        "deit": 3,
+    }
     assert run_config(epochs, "deit", 0) == run_config(images, "deit", 0)
     assert run_config(epochs, "deit_10pct", 0)["train"]["epochs"] == 25
     assert run_config(images, "deit_10pct", 0)["train"]["epochs"] == 250

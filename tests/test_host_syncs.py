@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import dataclasses
 import functools
 import math
@@ -23,6 +22,7 @@ import math
 import pytest
 import timm
 import torch
+from helpers import FAMILY_SHAPES
 from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -31,19 +31,35 @@ from locvit.checkpoint import weights_digest
 from locvit.data.augment import BatchMixup
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import to_model_input
-from locvit.train.engine import (Compute, EpochBatches, EpochStart, NonFiniteLoss, PartialEpoch, StepRecipe,
-                                 train_one_epoch, update_ema)
+from locvit.train.engine import (
+    Compute,
+    EpochBatches,
+    EpochStart,
+    NonFiniteLoss,
+    PartialEpoch,
+    StepRecipe,
+    train_one_epoch,
+    update_ema,
+)
 from locvit.train.loop import _keep_implementation, buffers_change, param_groups
-
-from helpers import FAMILY_SHAPES
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: Tensor methods that read a value to the host, called from Python (on a CPU tensor no aten op runs for them).
 SYNC_METHODS = ("tolist", "numpy", "cpu")
 #: aten ops that wait for the device on CUDA: a value read to the host (``item()``, ``bool()``, a 0-dim tensor
 #: taken where torch wants a Python number), an output sized by the data, a tensor from host numbers (a copy).
-SYNC_OPS = ("_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2", "unique_dim",
-            "unique_consecutive", "repeat_interleave", "lift_fresh")
+SYNC_OPS = (
+    "_local_scalar_dense",
+    "is_nonzero",
+    "equal",
+    "nonzero",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "repeat_interleave",
+    "lift_fresh",
+)
 
 
 class _SyncOps(TorchDispatchMode):
@@ -70,6 +86,7 @@ def counting_syncs(where: dict):
         def wrapper(*args, **kwargs):
             count(name)
             return original(*args, **kwargs)
+
         return wrapper
 
     originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
@@ -85,25 +102,45 @@ def counting_syncs(where: dict):
 
 def _batches(n: int, b: int = 8, size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [((torch.rand(b, 3, size, size, generator=g) * 255).to(torch.uint8), torch.randint(0, 10, (b,), generator=g))
-            for _ in range(n)]
+    return [
+        ((torch.rand(b, 3, size, size, generator=g) * 255).to(torch.uint8), torch.randint(0, 10, (b,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def _mait(**kwargs) -> torch.nn.Module:
     """A small MaiT; layer 1 masks heads 0 and 2 of 3 (not the leading ones: the free heads are indexed)."""
     torch.manual_seed(0)
-    args = dict(img_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=3, num_classes=10,
-                masked_heads=[1, [0, 2]], mask_type="hard")
+    args = dict(
+        img_size=16,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        num_classes=10,
+        masked_heads=[1, [0, 2]],
+        mask_type="hard",
+    )
     return timm.create_model("mait_tiny_patch16_224", **{**args, **kwargs})
 
 
-def _train(model, batches, fused: bool, read_every: int, ema=None, nan_at=(), max_bad_steps: int = 0,
-           where: dict | None = None, **kwargs) -> dict:
+def _train(
+    model,
+    batches,
+    fused: bool,
+    read_every: int,
+    ema=None,
+    nan_at=(),
+    max_bad_steps: int = 0,
+    where: dict | None = None,
+    **kwargs,
+) -> dict:
     """One epoch of ``model`` from step 0 with MixUp, clipping and (``ema``) an EMA; steps in ``nan_at``
     get a NaN output. ``where["step"]`` follows the running step."""
     where = {} if where is None else where
-    opt = kwargs.pop("optimizer", None) or torch.optim.AdamW(param_groups(model, 0.05), lr=1e-3,
-                                                                fused=True if fused else None)
+    opt = kwargs.pop("optimizer", None) or torch.optim.AdamW(
+        param_groups(model, 0.05), lr=1e-3, fused=True if fused else None
+    )
 
     def lr_at(step):
         where["step"] = step
@@ -115,8 +152,16 @@ def _train(model, batches, fused: bool, read_every: int, ema=None, nan_at=(), ma
     feed = functools.partial(TrainFeed, augment=None, compute=Compute(), mean=MEAN, std=STD, ahead=0)
     epoch = EpochBatches(batches, feed, start, read_every, kwargs.pop("stop", None))
     try:
-        stats = train_one_epoch(model, epoch, opt, lr_at, start, StepRecipe(0.1, 1.0, read_every, max_bad_steps),
-                                mixup=BatchMixup(0.8, 1.0, 1.0, 0.5, 0.1, 10), on_step=on_step)
+        stats = train_one_epoch(
+            model,
+            epoch,
+            opt,
+            lr_at,
+            start,
+            StepRecipe(0.1, 1.0, read_every, max_bad_steps),
+            mixup=BatchMixup(0.8, 1.0, 1.0, 0.5, 0.1, 10),
+            on_step=on_step,
+        )
         stats["stopped"] = epoch.stopped
     finally:
         hook.remove()
@@ -144,8 +189,12 @@ def test_a_fused_epoch_reads_the_host_only_every_read_every_steps():
 
 def test_maits_forward_calls_no_sync_point():
     x = torch.randn(2, 3, 16, 16)
-    for kwargs in (dict(), dict(masked_heads="sch1"), dict(masked_heads=[[1], [0, 2]], mask_mode="restrict"),
-                   dict(masked_heads=[[1, 2], 0], mask_type="soft")):
+    for kwargs in (
+        dict(),
+        dict(masked_heads="sch1"),
+        dict(masked_heads=[[1], [0, 2]], mask_mode="restrict"),
+        dict(masked_heads=[[1, 2], 0], mask_type="soft"),
+    ):
         model = _mait(**kwargs)
         model(x)  # first calls build caches (the restrict mask)
         where = {"step": 0}
@@ -180,8 +229,12 @@ def test_a_fused_step_with_a_nan_loss_changes_no_weight_optimiser_state_or_ema()
         ema = ModelEmaV3(model, decay=0.9)
         out = _train(model, _batches(steps), fused=True, read_every=100, ema=ema, nan_at=nan_at, max_bad_steps=1)
         opt_state = {f"{k}.{n}": t for k, s in out["optimizer"].state_dict()["state"].items() for n, t in s.items()}
-        ends[steps] = (weights_digest(model.state_dict()), weights_digest(ema.module.state_dict()),
-                       weights_digest(opt_state), out["stats"])
+        ends[steps] = (
+            weights_digest(model.state_dict()),
+            weights_digest(ema.module.state_dict()),
+            weights_digest(opt_state),
+            out["stats"],
+        )
     (model_a, ema_a, opt_a, stats_a), (model_b, ema_b, opt_b, stats_b) = ends[3], ends[4]
     assert (model_a, ema_a, opt_a) == (model_b, ema_b, opt_b)
     assert stats_b["bad_steps"] == 1 and stats_a["bad_steps"] == 0 and stats_b["steps"] == 4
@@ -205,8 +258,9 @@ def test_any_read_every_gives_the_same_weights_and_statistics(fused):
     for read_every in (1, 3, 1000):
         model = _mait()
         ema = ModelEmaV3(model, decay=0.9)
-        stats = _train(model, _batches(7), fused=fused, read_every=read_every, ema=ema, nan_at=(2,),
-                       max_bad_steps=1)["stats"]
+        stats = _train(model, _batches(7), fused=fused, read_every=read_every, ema=ema, nan_at=(2,), max_bad_steps=1)[
+            "stats"
+        ]
         stats = {k: v for k, v in stats.items() if k != "train_images_per_s"}
         stats["partial"] = {k: v for k, v in dataclasses.asdict(stats["partial"]).items() if k != "elapsed_s"}
         ends.append((weights_digest(model.state_dict()), weights_digest(ema.module.state_dict()), stats))
@@ -223,11 +277,13 @@ def test_a_stop_at_a_read_resumes_to_the_uninterrupted_epoch():
     model = _mait()
     where: dict = {}
     opt = torch.optim.AdamW(param_groups(model, 0.05), lr=1e-3)
-    first = _train(model, batches, fused=False, read_every=2, where=where, optimizer=opt,
-                   stop=lambda: where.get("step", -1) >= 3)["stats"]
+    first = _train(
+        model, batches, fused=False, read_every=2, where=where, optimizer=opt, stop=lambda: where.get("step", -1) >= 3
+    )["stats"]
     assert first["stopped"] and first["steps"] == 4 and first["partial"].batches == 4
-    rest = _train(model, batches, fused=False, read_every=2, optimizer=opt, done=first["partial"],
-                  first_step=first["steps"])["stats"]
+    rest = _train(
+        model, batches, fused=False, read_every=2, optimizer=opt, done=first["partial"], first_step=first["steps"]
+    )["stats"]
     assert weights_digest(model.state_dict()) == weights_digest(whole_model.state_dict())
     for key in ("train_loss", "train_top1", "steps", "bad_steps"):
         assert rest[key] == whole[key], key

@@ -4,6 +4,7 @@ normalisations and hand-written backward, the reference options, the entrypoint.
 from __future__ import annotations
 
 import logging
+
 import pytest
 import timm
 import torch
@@ -13,8 +14,16 @@ from timm.layers import Attention
 
 import locvit.models  # noqa: F401
 from locvit.models import ibit
-from locvit.models.ibit import (FrobeniusAttention, LearnedMaskAttention, MaskFit, initial_factors, kernel_matrix,
-                                roll_index, rolled_kernel, unroll_index)
+from locvit.models.ibit import (
+    FrobeniusAttention,
+    LearnedMaskAttention,
+    MaskFit,
+    initial_factors,
+    kernel_matrix,
+    roll_index,
+    rolled_kernel,
+    unroll_index,
+)
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, num_classes=10)  # 8 x 8 grid
 QUICK = dict(mask_fit_steps=200)  # where the cache, not the fit, is under test
@@ -62,7 +71,7 @@ def test_roll_and_unroll_are_inverse_permutations(n):
 def test_kernels_and_the_rolled_target():
     k = kernel_matrix((3, 4), "radial")  # patch 5 is (row 1, col 1)
     assert k[5, 5] == 1 and torch.isclose(k[5, 6], torch.tensor(0.5).neg().exp())
-    assert torch.isclose(k[5, 10], torch.tensor(-0.5 * 2 ** 0.5).exp())  # the diagonal neighbour
+    assert torch.isclose(k[5, 10], torch.tensor(-0.5 * 2**0.5).exp())  # the diagonal neighbour
     g = kernel_matrix((3, 4), "gaussian")
     assert torch.isclose(g[5, 6], torch.tensor(0.5).neg().exp()) and torch.isclose(g[5, 10], torch.tensor(-1.0).exp())
     target = rolled_kernel((3, 4))
@@ -127,8 +136,8 @@ def test_all_ones_mask_with_softmax_is_ordinary_attention():
     torch.manual_seed(0)
     lmsa = _lmsa("softmax").eval()
     with torch.no_grad():  # A^T B = rank * (1/sqrt(rank))^2 = 1 everywhere
-        lmsa.mask_a.fill_(9 ** -0.5)
-        lmsa.mask_b.fill_(9 ** -0.5)
+        lmsa.mask_a.fill_(9**-0.5)
+        lmsa.mask_b.fill_(9**-0.5)
     assert torch.allclose(lmsa.full_mask(), torch.ones(3, 17, 17))
     plain = Attention(48, num_heads=3, qkv_bias=True).eval()
     plain.load_state_dict({k: v for k, v in lmsa.state_dict().items() if not k.startswith("mask_")})
@@ -210,8 +219,16 @@ def test_bf16_autocast_trains():
 
 def test_reference_options():
     torch.manual_seed(0)
-    model = _build(residual="reference", pos_embed="sincos", normalize="softmax", mask_kernel="gaussian",
-                   num_heads=4, drop_path_rate=0.1, mlp_drop_path=True, **QUICK)
+    model = _build(
+        residual="reference",
+        pos_embed="sincos",
+        normalize="softmax",
+        mask_kernel="gaussian",
+        num_heads=4,
+        drop_path_rate=0.1,
+        mlp_drop_path=True,
+        **QUICK,
+    )
     assert "pos_embed" not in dict(model.named_parameters()) and "pos_embed" not in model.state_dict()
     assert torch.equal(model.pos_embed[0, 0, :24], torch.zeros(24))  # sin(0) at the class token
     assert not isinstance(model.blocks[1].drop_path2, nn.Identity)
@@ -229,8 +246,12 @@ def test_reference_options():
 
 
 def test_bad_options_name_the_option():
-    for key, value, allowed in [("normalize", "l2", "frobenius, softmax"), ("mask_kernel", "box", "radial, gaussian"),
-                                ("residual", "post", "prenorm, reference"), ("pos_embed", "rope", "learn, sincos")]:
+    for key, value, allowed in [
+        ("normalize", "l2", "frobenius, softmax"),
+        ("mask_kernel", "box", "radial, gaussian"),
+        ("residual", "post", "prenorm, reference"),
+        ("pos_embed", "rope", "learn, sincos"),
+    ]:
         with pytest.raises(ValueError, match=f"{key}: '{value}' is not allowed; allowed values: {allowed}"):
             _build(**{key: value})
     with pytest.raises(ValueError, match="dynamic_img_size"):
@@ -297,7 +318,8 @@ def test_every_entrypoint_has_the_papers_size(name):
 
 
 def test_the_demo_size_builds():
-    model = timm.create_model("ibit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=4,
-                              num_heads=3, num_classes=10)
+    model = timm.create_model(
+        "ibit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=4, num_heads=3, num_classes=10
+    )
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     assert model.pretrained_cfg["input_size"] == (3, 224, 224)

@@ -72,8 +72,13 @@ def test_only_the_tracking_package_imports_mlflow():
         if path.relative_to(SRC / "locvit").parts[0] == "tracking":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
                 users.append(str(path.relative_to(SRC)))
     assert users == []
@@ -92,19 +97,30 @@ def leaks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
     for module, deps in graph.items():
         if not module.startswith(tuple(p + "." for p in PROTOCOL_ONLY) + PROTOCOL_ONLY):
             continue
-        bad = sorted(d for d in deps if (d.startswith("locvit.models.") and d not in MODELS_ALLOWED)
-                     or d == "locvit.train" or d.startswith("locvit.train."))
+        bad = sorted(
+            d
+            for d in deps
+            if (d.startswith("locvit.models.") and d not in MODELS_ALLOWED)
+            or d == "locvit.train"
+            or d.startswith("locvit.train.")
+        )
         if bad:
             found[module] = bad
     return found
 
 
 def test_the_leak_finder_finds_a_family_or_a_training_import():
-    graph = {"locvit.analysis.metrics": {"locvit.models.mait", "locvit.models.family"},
-             "locvit.report": {"locvit.train.checkpoint", "locvit.models"},
-             "locvit.tracking.run": {"locvit.train"}, "locvit.train.loop": {"locvit.models.mait"}}
-    assert leaks(graph) == {"locvit.analysis.metrics": ["locvit.models.mait"],
-                            "locvit.report": ["locvit.train.checkpoint"], "locvit.tracking.run": ["locvit.train"]}
+    graph = {
+        "locvit.analysis.metrics": {"locvit.models.mait", "locvit.models.family"},
+        "locvit.report": {"locvit.train.checkpoint", "locvit.models"},
+        "locvit.tracking.run": {"locvit.train"},
+        "locvit.train.loop": {"locvit.models.mait"},
+    }
+    assert leaks(graph) == {
+        "locvit.analysis.metrics": ["locvit.models.mait"],
+        "locvit.report": ["locvit.train.checkpoint"],
+        "locvit.tracking.run": ["locvit.train"],
+    }
 
 
 def test_analysis_report_and_tracking_know_families_only_through_the_protocol():
@@ -116,6 +132,7 @@ def test_analysis_report_and_tracking_know_families_only_through_the_protocol():
 
 
 # The layers (locvit.LAYERS, written down in the package's docstring) ---------------------------------
+
 
 def top(module: str) -> str:
     """The top-level module or package of locvit a module belongs to (``locvit`` itself: its ``__init__``)."""
@@ -143,13 +160,23 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_the_layer_checks_find_an_upward_import_and_a_package_cycle():
-    graph = {"locvit.train.loop": {"locvit.report.render", "locvit.errors"}, "locvit.report.render": {"locvit.io"},
-             "locvit.errors": set(), "locvit.io": set()}
+    graph = {
+        "locvit.train.loop": {"locvit.report.render", "locvit.errors"},
+        "locvit.report.render": {"locvit.io"},
+        "locvit.errors": set(),
+        "locvit.io": set(),
+    }
     assert upward_imports(graph) == ["locvit.train.loop -> locvit.report.render"]
-    assert cycles(package_graph({"locvit.analysis.search": {"locvit.report.render"},
-                                 "locvit.report.study": {"locvit.analysis.throughput"},
-                                 "locvit.report.render": set(), "locvit.analysis.throughput": set()})) == \
-        [["analysis", "report"]]
+    assert cycles(
+        package_graph(
+            {
+                "locvit.analysis.search": {"locvit.report.render"},
+                "locvit.report.study": {"locvit.analysis.throughput"},
+                "locvit.report.render": set(),
+                "locvit.analysis.throughput": set(),
+            }
+        )
+    ) == [["analysis", "report"]]
 
 
 def test_every_module_has_a_layer_and_the_docstring_names_them():
@@ -181,8 +208,13 @@ def imports_torch(module: str) -> bool:
     path = SRC.joinpath(*module.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         if any(n == "torch" or n.startswith("torch.") for n in names):
             return True
     return False
@@ -230,5 +262,9 @@ def test_dvc_stages_hold_only_the_code_their_jobs_run():
     for stage, paths in deps.items():  # the package data locvit.config reads: every stage validates with it
         assert "src/locvit/schemas/params.schema.yaml" in paths, stage
     for stage in ("configs", "prepare", "evaluate", "analyse", "report"):
-        assert not [d for d in deps[stage] if d in ("src/locvit/train/stop.py", "src/locvit/tracking/sync.py",
-                                                    "src/locvit/train", "src/locvit/tracking")], stage
+        assert not [
+            d
+            for d in deps[stage]
+            if d
+            in ("src/locvit/train/stop.py", "src/locvit/tracking/sync.py", "src/locvit/train", "src/locvit/tracking")
+        ], stage

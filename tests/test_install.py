@@ -32,8 +32,7 @@ def _env() -> dict:
 
 
 def _run(cmd: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -47,8 +46,21 @@ def installed(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, project / name)
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
-          tmp / "dist", "./project"], tmp)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            tmp / "dist",
+            "./project",
+        ],
+        tmp,
+    )
     wheel = next((tmp / "dist").glob("locvit-*.whl"))
     assert "locvit/schemas/params.schema.yaml" in zipfile.ZipFile(wheel).namelist()
 
@@ -63,8 +75,9 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path):
-    out = _run([installed, "-c", "import locvit, locvit.config as c; print(locvit.__file__); print(c.SCHEMA)"],
-               tmp_path).stdout.split()
+    out = _run(
+        [installed, "-c", "import locvit, locvit.config as c; print(locvit.__file__); print(c.SCHEMA)"], tmp_path
+    ).stdout.split()
     site = installed.parents[1] / "lib"
     assert all(Path(p).is_relative_to(site) for p in out), out  # the venv's copy, schema included
     assert not any(str(REPO) in p for p in out)
@@ -83,8 +96,27 @@ def test_validate_and_train_one_epoch_from_outside_the_checkout(installed, tmp_p
     cfg = run_config(tiny_params, "deit_a", 0)
     cfg["train"] = {**cfg["train"], "epochs": 1}
     (work / "run.json").write_text(json.dumps(cfg))
-    _run([locvit, "train", "--run-config", "run.json", "--train-data", prepared["train"], "--val-data",
-          prepared["val"], "--manifest", prepared["manifest"], "--out-dir", "run", "--tracking-db", "mlflow.db",
-          "--threads", "1", "--no-progress"], work)
+    _run(
+        [
+            locvit,
+            "train",
+            "--run-config",
+            "run.json",
+            "--train-data",
+            prepared["train"],
+            "--val-data",
+            prepared["val"],
+            "--manifest",
+            prepared["manifest"],
+            "--out-dir",
+            "run",
+            "--tracking-db",
+            "mlflow.db",
+            "--threads",
+            "1",
+            "--no-progress",
+        ],
+        work,
+    )
     metrics = json.loads((work / "run" / "metrics.json").read_text())
     assert len(metrics["history"]) == 1 and (work / "run" / "best.pt").is_file()

@@ -10,22 +10,31 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import copy_workflow, snakemake
 
 from locvit.config import load_schema, validate_params
 from locvit.errors import InputError
 from locvit.io import JobConfig
-from locvit.job_configs import (changed_job_configs, job_configs, report_config, search_table_config,
-                                throughput_config, write_job_configs, write_plan_copies)
+from locvit.job_configs import (
+    changed_job_configs,
+    job_configs,
+    report_config,
+    search_table_config,
+    throughput_config,
+    write_job_configs,
+    write_plan_copies,
+)
 from locvit.layout import StudyLayout
-
-from helpers import copy_workflow, snakemake
 
 
 def test_a_job_config_names_a_key_its_job_reads_and_it_lacks():
     cfg = JobConfig({"study": "s", "analysis": {"profile_batch": 8}}, "--throughput-config t.json")
     assert cfg["analysis"]["profile_batch"] == 8 and "baseline" not in cfg
-    with pytest.raises(InputError, match=r"--throughput-config t.json: no key 'baseline', which its job reads; "
-                                         r"it holds 'study', 'analysis'"):
+    with pytest.raises(
+        InputError,
+        match=r"--throughput-config t.json: no key 'baseline', which its job reads; "
+        r"it holds 'study', 'analysis'",
+    ):
         cfg["baseline"]
     with pytest.raises(InputError, match=r"--throughput-config t.json.analysis: no key 'profile_repeats'"):
         cfg["analysis"].get("profile_repeats", 2)  # a default would hide a config out of step with its job
@@ -41,8 +50,10 @@ def test_job_configs_writes_the_report_throughput_and_search_table_configs(tiny_
     assert configs[layout.job_config("search_table")] == search_table_config(tiny_params)
     report = configs[layout.job_config("report")]
     assert set(report["variants"]) == set(tiny_params["variants"])
-    assert report["variants"]["deit_a"]["seeds"] == [0, 1] and report["variants"]["deit_a"]["recipe"] == \
-        {"cutmix": tiny_params["train"]["cutmix"], "mixup": tiny_params["train"]["mixup"]}
+    assert report["variants"]["deit_a"]["seeds"] == [0, 1] and report["variants"]["deit_a"]["recipe"] == {
+        "cutmix": tiny_params["train"]["cutmix"],
+        "mixup": tiny_params["train"]["mixup"],
+    }
     assert "train" not in report and "model_modules" not in report  # per variant, resolved
 
 
@@ -55,8 +66,9 @@ def test_the_report_reads_only_its_config(tmp_path, tiny_params):
     report = build_report(cfg, tmp_path, tmp_path / "report", log_to_mlflow=False)
     assert report["study"] == "tiny" and (tmp_path / "report" / "results.md").is_file()
     assert "report config.equivalence_margin" in cfg.read and "report config.variants" in cfg.read
-    lacking = JobConfig({k: v for k, v in report_config(tiny_params).items() if k != "equivalence_margin"},
-                        "report config")
+    lacking = JobConfig(
+        {k: v for k, v in report_config(tiny_params).items() if k != "equivalence_margin"}, "report config"
+    )
     with pytest.raises(InputError, match="report config: no key 'equivalence_margin'"):
         build_report(lacking, tmp_path, tmp_path / "report2", log_to_mlflow=False)
 
@@ -65,8 +77,18 @@ def test_the_search_table_reads_only_its_config(tiny_params):
     from locvit.report.search import table_markdown
 
     cfg = JobConfig(search_table_config(tiny_params), "search table config")
-    rows = [{"round": 0, "masked_heads_per_layer": [1, 1], "masked_heads": 2, "mean_als_masked": 0.5,
-             "val_top1": 50.0, "test_top1": 49.0, "mlflow_run_id": "abc", "change": "initial"}]
+    rows = [
+        {
+            "round": 0,
+            "masked_heads_per_layer": [1, 1],
+            "masked_heads": 2,
+            "mean_als_masked": 0.5,
+            "val_top1": 50.0,
+            "test_top1": 49.0,
+            "mlflow_run_id": "abc",
+            "change": "initial",
+        }
+    ]
     assert "MaiT mask search: tiny, variant mait_b, seed 0" in table_markdown(rows, cfg)
     with pytest.raises(InputError, match="no key 'study'"):
         table_markdown(rows, JobConfig({"mask_search": tiny_params["mask_search"]}, "search table config"))
@@ -96,11 +118,41 @@ def test_given_their_config_files_the_jobs_read_no_params_file(tmp_path, tiny_pa
         layout.job_config(job).parent.mkdir(parents=True, exist_ok=True)
         layout.job_config(job).write_text(json.dumps(cfg))
     nowhere = str(tmp_path / "no_params.yaml")
-    assert main(["throughput", "--params", nowhere, "--throughput-config", str(layout.job_config("throughput")),
-                 "--out", str(layout.throughput_file), "--threads", "1"]) == 0
-    assert main(["report", "--params", nowhere, "--report-config", str(layout.job_config("report")),
-                 "--study-dir", str(layout.root), "--out-dir", str(layout.report), "--no-mlflow",
-                 "--tracking-db", str(layout.tracking_db)]) == 0
+    assert (
+        main(
+            [
+                "throughput",
+                "--params",
+                nowhere,
+                "--throughput-config",
+                str(layout.job_config("throughput")),
+                "--out",
+                str(layout.throughput_file),
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "report",
+                "--params",
+                nowhere,
+                "--report-config",
+                str(layout.job_config("report")),
+                "--study-dir",
+                str(layout.root),
+                "--out-dir",
+                str(layout.report),
+                "--no-mlflow",
+                "--tracking-db",
+                str(layout.tracking_db),
+            ]
+        )
+        == 0
+    )
     assert Path(layout.report_file("md")).is_file()
     assert "throughput of 2 variant(s)" in capsys.readouterr().out
 
@@ -142,8 +194,11 @@ def test_only_the_changed_configs_are_written_and_a_plan_copies_them_aside(tmp_p
 
 def _files(work: Path) -> dict[str, int]:
     """Every file of ``work`` but Snakemake's own folder, with its modification time."""
-    return {str(p.relative_to(work)): p.stat().st_mtime_ns for p in work.rglob("*")
-            if p.is_file() and ".snakemake" not in p.relative_to(work).parts}
+    return {
+        str(p.relative_to(work)): p.stat().st_mtime_ns
+        for p in work.rglob("*")
+        if p.is_file() and ".snakemake" not in p.relative_to(work).parts
+    }
 
 
 LIMITS = {k: v["default"] for k, v in load_schema()["properties"]["limits"]["properties"].items()}
@@ -160,8 +215,11 @@ def test_a_study_at_its_limits_plans_in_under_a_minute_and_writes_nothing(tmp_pa
     seeds = LIMITS["max_seeds_per_variant"]
     variants = 1 if bound == "max_seeds_per_variant" else LIMITS["max_runs"] // seeds
     del raw_tiny["mask_search"]
-    raw_tiny.update(seeds=list(range(seeds)), train_jobs="per_variant" if variants == 1 else "per_run",
-                    variants={f"v{i}": raw_tiny["variants"]["deit_a"] for i in range(variants)})
+    raw_tiny.update(
+        seeds=list(range(seeds)),
+        train_jobs="per_variant" if variants == 1 else "per_run",
+        variants={f"v{i}": raw_tiny["variants"]["deit_a"] for i in range(variants)},
+    )
     (work / "bound.yaml").write_text(yaml.safe_dump(raw_tiny))
     before = _files(work)
     start = time.monotonic()
@@ -192,6 +250,8 @@ def test_a_dry_run_after_a_change_plans_its_jobs_from_copies(tmp_path, raw_tiny,
     assert _files(work) == before
     assert "the 3 missing or changed" in out.stderr  # mait_b's two run configs and the search's (its variant)
     copy = ".snakemake/locvit-plan/results/tiny/config/train/mait_b/seed0.json"
-    assert f"--run-config {copy} " in out.stdout and "--run-config results/tiny/config/train/deit_a/seed0.json " \
-        in out.stdout
+    assert (
+        f"--run-config {copy} " in out.stdout
+        and "--run-config results/tiny/config/train/deit_a/seed0.json " in out.stdout
+    )
     assert json.loads((work / copy).read_text())["train"]["lr"] == 0.001

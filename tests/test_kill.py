@@ -33,8 +33,8 @@ import psutil
 import pytest
 import torch
 import yaml
-
 from helpers import BIN, copy_workflow, env_with_venv, seed_runs
+
 from locvit.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ TARGET = "results/kill/eval/deit_a/seed0.json"
 # The outside kill comes within this many seconds of the training process starting: it lives about
 # 14 s alone on a 2-core machine (imports, loaders, 2 epochs), longer beside the uninterrupted run.
 LIFE_S = 8.0
-SEED = int(os.environ.get("LOCVIT_KILL_SEED", random.SystemRandom().randrange(10 ** 6)))
+SEED = int(os.environ.get("LOCVIT_KILL_SEED", random.SystemRandom().randrange(10**6)))
 
 
 def study_params(tiny: dict) -> dict:
@@ -73,8 +73,14 @@ def snakemake(work: Path, kill_at: str | None = None) -> subprocess.Popen:
     env = env_with_venv()
     if kill_at:
         env["LOCVIT_KILL_AT"] = kill_at
-    return subprocess.Popen([str(BIN / "snakemake"), "--cores", "1", TARGET, "--config", "params=kill.yaml"],
-                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [str(BIN / "snakemake"), "--cores", "1", TARGET, "--config", "params=kill.yaml"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def training_process(parent: psutil.Process) -> psutil.Process | None:
@@ -144,8 +150,9 @@ def killed(works, prepared) -> dict:
     if resume < EPOCHS:
         step = rng.randrange(resume * steps, EPOCHS * steps)
         epoch = step // steps  # the mid-epoch, validation and checkpoint kills all hit this epoch
-        file = rng.choice(["last.pt", "metrics.json"] + (["best.pt"] if epoch in improving_epochs(works["whole"])
-                                                         else []))
+        file = rng.choice(
+            ["last.pt", "metrics.json"] + (["best.pt"] if epoch in improving_epochs(works["whole"]) else [])
+        )
         points = [
             f"train_step_{step}@{RUN}",
             f"eval_batch_{rng.randrange(-(-split['val']['size'] // 256))}@{RUN}",
@@ -202,6 +209,12 @@ def test_no_temporary_file_is_left_and_nothing_is_left_to_do(works, killed):
     # Kills before a rename leave the temporary file; the step's next run removes it.
     assert any("before_rename" in k for k in killed["kills"])
     assert temporaries(works["cut"] / "results") == [], SEED
-    dry = subprocess.run([str(BIN / "snakemake"), "-n", TARGET, "--config", "params=kill.yaml"], cwd=works["cut"],
-                         env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    dry = subprocess.run(
+        [str(BIN / "snakemake"), "-n", TARGET, "--config", "params=kill.yaml"],
+        cwd=works["cut"],
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]

@@ -9,14 +9,13 @@ tests/test_cluster.py.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
-
 from helpers import env_with_venv
+
 from locvit.train import launch
 
 
@@ -43,20 +42,25 @@ def test_a_jobs_processes_follow_what_slurm_was_asked_for():
         launch.shape({**one, "nodes": 2})
 
 
-@pytest.mark.parametrize("hostlist, hosts", [
-    ("node7", ["node7"]),
-    ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),
-    ("gpu[08-10,12],cpu1", ["gpu08", "gpu09", "gpu10", "gpu12", "cpu1"]),
-    ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
-    ("r[1-2]n[07-08]", ["r1n07", "r1n08", "r2n07", "r2n08"]),
-])
+@pytest.mark.parametrize(
+    "hostlist, hosts",
+    [
+        ("node7", ["node7"]),
+        ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),
+        ("gpu[08-10,12],cpu1", ["gpu08", "gpu09", "gpu10", "gpu12", "cpu1"]),
+        ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
+        ("r[1-2]n[07-08]", ["r1n07", "r1n08", "r2n07", "r2n08"]),
+    ],
+)
 def test_slurm_host_lists_expand_in_order(hostlist, hosts):
     assert launch.expand_hostlist(hostlist) == hosts
 
 
 def test_the_allocation_comes_from_scontrol():
-    text = ("JobId=4242 JobName=snakejob UserId=me(1000) JobState=RUNNING NumNodes=2 NumCPUs=64 NumTasks=2 "
-            "CPUs/Task=32 NodeList=gpu[07-08] BatchHost=gpu07\n")
+    text = (
+        "JobId=4242 JobName=snakejob UserId=me(1000) JobState=RUNNING NumNodes=2 NumCPUs=64 NumTasks=2 "
+        "CPUs/Task=32 NodeList=gpu[07-08] BatchHost=gpu07\n"
+    )
     alloc = launch.parse_scontrol(text)
     assert alloc == launch.Allocation("4242", ["gpu07", "gpu08"], 32)
     with pytest.raises(launch.LaunchError, match="did not describe a running job"):
@@ -66,12 +70,35 @@ def test_the_allocation_comes_from_scontrol():
 def test_the_job_runs_one_agent_per_node_meeting_at_its_first_node():
     alloc = launch.Allocation("4242", ["gpu07", "gpu08"], 32)
     cmd = launch.job_command(alloc, 2, 4, ["train", "--x"], env={}, python="py")
-    assert cmd[:7] == ["srun", "--ntasks=2", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                       "--cpus-per-task=32", "--gres=gpu:4"]
+    assert cmd[:7] == [
+        "srun",
+        "--ntasks=2",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--cpus-per-task=32",
+        "--gres=gpu:4",
+    ]
     host, port = cmd[cmd.index("--endpoint") + 1].split(":")
     assert host == "gpu07" and 0 < int(port) < 65536  # a port free on this (the first) node
-    assert cmd[7:] == ["py", "-m", "locvit", "launch", "--agent", "--nodes", "2", "--gpus-per-node", "4",
-                       "--endpoint", f"gpu07:{port}", "--rdzv-id", "4242", "--", "train", "--x"]
+    assert cmd[7:] == [
+        "py",
+        "-m",
+        "locvit",
+        "launch",
+        "--agent",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--endpoint",
+        f"gpu07:{port}",
+        "--rdzv-id",
+        "4242",
+        "--",
+        "train",
+        "--x",
+    ]
     # Without GPUs no gres; node names mapped to another network's addresses.
     cpu = launch.job_command(alloc, 2, 0, ["train"], env={"LOCVIT_NODE_ADDRESS": "{node}-ib"}, python="py")
     assert not any(a.startswith("--gres") for a in cpu)
@@ -97,9 +124,13 @@ def test_outside_slurm_and_with_a_bad_timeout_it_says_what_to_do():
         launch.allocation(env={})
     with pytest.raises(launch.LaunchError, match="LOCVIT_RDZV_TIMEOUT='soon'"):
         launch.rdzv_timeout({"LOCVIT_RDZV_TIMEOUT": "soon"})
-    proc = subprocess.run([sys.executable, "-m", "locvit", "launch", "--nodes", "2", "--", "train", "--help"],
-                          env={k: v for k, v in env_with_venv().items() if not k.startswith("SLURM_")},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "locvit", "launch", "--nodes", "2", "--", "train", "--help"],
+        env={k: v for k, v in env_with_venv().items() if not k.startswith("SLURM_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "inside a SLURM job (no SLURM_JOB_ID here)" in proc.stderr
 
 
@@ -112,9 +143,28 @@ def test_a_rendezvous_that_cannot_complete_fails_in_bounded_time(node, role):
     env = {**env_with_venv(), "LOCVIT_NODE_RANK": str(node), "LOCVIT_RDZV_TIMEOUT": str(timeout)}
     env.pop("SLURM_PROCID", None)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "locvit", "launch", "--agent", "--nodes", "2", "--endpoint", endpoint,
-                           "--rdzv-id", "t", "--", "train", "--help"], env=env, capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locvit",
+            "launch",
+            "--agent",
+            "--nodes",
+            "2",
+            "--endpoint",
+            endpoint,
+            "--rdzv-id",
+            "t",
+            "--",
+            "train",
+            "--help",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     took = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert f"the rendezvous of 2 nodes at {endpoint} did not complete (node {node}, {role}" in proc.stderr

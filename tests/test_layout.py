@@ -96,14 +96,15 @@ def test_the_snakefile_asks_for_the_snakemake_the_suite_runs():
     assert calls[0][0] < next(i for i, line in enumerate(lines) if line.startswith("from locvit"))
 
 
-@pytest.mark.parametrize("module", ["cli", "tracking/ui", "tracking/backend", "tracking/run", "tracking/sync",
-                                    "report/study", "report/build"])
+@pytest.mark.parametrize(
+    "module",
+    ["cli", "tracking/ui", "tracking/backend", "tracking/run", "tracking/sync", "report/study", "report/build"],
+)
 def test_no_module_spells_the_layout_itself(module):
     """The folder names of a study appear in locvit.layout only."""
     path = ROOT / "src" / "locvit" / f"{module}.py"
     text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
-    for spelled in ('"mlflow.db"', '"mlartifacts"', '/ "eval"', '/ "runs"', '/ "analysis"', '/ "maps"',
-                    'f"seed{'):
+    for spelled in ('"mlflow.db"', '"mlartifacts"', '/ "eval"', '/ "runs"', '/ "analysis"', '/ "maps"', 'f"seed{'):
         assert spelled not in text, f"{path.name} spells {spelled} itself; ask locvit.layout"
 
 
@@ -114,8 +115,9 @@ def spelled_file_names(text: str, names: set[str]) -> list[str]:
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             value = node.value.strip()
-            if not any(c.isspace() for c in value) and any(value == n or value.endswith(("/" + n, "}" + n))
-                                                           for n in names):
+            if not any(c.isspace() for c in value) and any(
+                value == n or value.endswith(("/" + n, "}" + n)) for n in names
+            ):
                 found.append(value)
     return found
 
@@ -123,10 +125,21 @@ def spelled_file_names(text: str, names: set[str]) -> list[str]:
 def test_no_file_outside_the_layout_spells_a_run_or_study_file_name():
     """A run's files (RunFiles), the report's, the search's: named in locvit.layout only, in src/ and in
     the rules (whose Python is read as Python)."""
-    names = {"last.pt", "best.pt", "metrics.json", "mlflow_run.json", *REPORT_FILES.values(), *SEARCH_TABLE.values(),
-             *ROUND_FILES.values(), "throughput.csv"}
-    sources = [p for p in (ROOT / "src" / "locvit").rglob("*.py") if p.name != "layout.py"] + \
-        sorted((ROOT / "workflow" / "rules").glob("*.smk")) + [ROOT / "Snakefile"]
+    names = {
+        "last.pt",
+        "best.pt",
+        "metrics.json",
+        "mlflow_run.json",
+        *REPORT_FILES.values(),
+        *SEARCH_TABLE.values(),
+        *ROUND_FILES.values(),
+        "throughput.csv",
+    }
+    sources = (
+        [p for p in (ROOT / "src" / "locvit").rglob("*.py") if p.name != "layout.py"]
+        + sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+        + [ROOT / "Snakefile"]
+    )
     offenders = {}
     for path in sources:
         text = path.read_text()
@@ -139,6 +152,7 @@ def test_no_file_outside_the_layout_spells_a_run_or_study_file_name():
 
 
 def test_the_file_name_check_sees_a_spelled_name():
-    assert spelled_file_names('x = out / "best.pt"\ny = f"{d}/metrics.json"\n"""mentions best.pt"""',
-                              {"best.pt", "metrics.json"}) == ["best.pt", "/metrics.json"]
+    assert spelled_file_names(
+        'x = out / "best.pt"\ny = f"{d}/metrics.json"\n"""mentions best.pt"""', {"best.pt", "metrics.json"}
+    ) == ["best.pt", "/metrics.json"]
     assert RunFiles.at("r/s").best == Path("r/s/best.pt") and RunFiles.at("r").record.name == "mlflow_run.json"

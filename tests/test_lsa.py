@@ -13,8 +13,17 @@ import locvit.models  # noqa: F401
 from locvit.models.lsa import SHIFTS, LocalShiftAttention, LSAAttention, resolve_shifts
 
 # A demo-sized LSA: 16x16 input, 4x4 non-overlapping patches (4x4 grid), two levels.
-SMALL = dict(img_size=16, kernel_size=4, stride=4, padding=0, embed_dims=24, depths=(2, 1), num_heads=3,
-             num_classes=5, drop_path_rate=0.0)
+SMALL = dict(
+    img_size=16,
+    kernel_size=4,
+    stride=4,
+    padding=0,
+    embed_dims=24,
+    depths=(2, 1),
+    num_heads=3,
+    num_classes=5,
+    drop_path_rate=0.0,
+)
 
 
 def test_variants_are_exact_circular_shifts():
@@ -148,14 +157,20 @@ def _params(name: str, **kwargs) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-@pytest.mark.parametrize("name,kwargs,paper", [
-    ("lsa_tiny_cifar", {}, 10.2), ("lsa_small_cifar", {}, 36.2), ("lsa_base_cifar", {}, 115.8),  # Table 3
-    ("lsa_tiny_224", {}, 9.9), ("lsa_small_224", {}, 22.0),  # Table 4
-    ("lsa_tiny_cifar", dict(shifts="none"), 6.8),  # Table 5, A: no shifting
-    ("lsa_tiny_cifar", dict(shifts="axes9"), 8.4),  # B: 9 shifts
-    ("lsa_tiny_cifar", dict(shift_mode="translate", pos_embed="shared"), 6.8),  # C
-    ("lsa_tiny_cifar", dict(shift_mode="translate"), 10.1),  # D
-])
+@pytest.mark.parametrize(
+    "name,kwargs,paper",
+    [
+        ("lsa_tiny_cifar", {}, 10.2),
+        ("lsa_small_cifar", {}, 36.2),
+        ("lsa_base_cifar", {}, 115.8),  # Table 3
+        ("lsa_tiny_224", {}, 9.9),
+        ("lsa_small_224", {}, 22.0),  # Table 4
+        ("lsa_tiny_cifar", dict(shifts="none"), 6.8),  # Table 5, A: no shifting
+        ("lsa_tiny_cifar", dict(shifts="axes9"), 8.4),  # B: 9 shifts
+        ("lsa_tiny_cifar", dict(shift_mode="translate", pos_embed="shared"), 6.8),  # C
+        ("lsa_tiny_cifar", dict(shift_mode="translate"), 10.1),  # D
+    ],
+)
 def test_parameter_counts_match_the_paper(name, kwargs, paper):
     assert abs(_params(name, **kwargs) - paper) / paper < 0.03
 

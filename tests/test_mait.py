@@ -80,8 +80,9 @@ def test_multiply_mode_zeroes_logits_outside_the_neighbourhood():
 
 
 def test_restrict_mode_zeroes_attention_outside_the_neighbourhood():
-    model = timm.create_model("mait_tiny_patch16_224", masked_heads="sch1", mask_mode="restrict", mask_type="hard",
-                              **SMALL).eval()
+    model = timm.create_model(
+        "mait_tiny_patch16_224", masked_heads="sch1", mask_mode="restrict", mask_type="hard", **SMALL
+    ).eval()
     attn = _first_attn(model)
     probs = attn.attention_maps(torch.randn(2, 65, 48))
     keep = attn.masks.keep
@@ -89,8 +90,9 @@ def test_restrict_mode_zeroes_attention_outside_the_neighbourhood():
     assert torch.allclose(probs.sum(-1), torch.ones(()))
 
 
-@pytest.mark.parametrize("opts", [dict(mask_type="soft"), dict(mask_type="hard"),
-                                  dict(mask_type="hard", mask_mode="restrict")])
+@pytest.mark.parametrize(
+    "opts", [dict(mask_type="soft"), dict(mask_type="hard"), dict(mask_type="hard", mask_mode="restrict")]
+)
 def test_forward_agrees_with_the_attention_maps(opts):
     """The fast paths (fused unmasked heads + eager masked heads; one masked SDPA call for
     restrict) equal the plain computation from the attention maps."""
@@ -143,12 +145,14 @@ def test_masks_add_no_parameters_and_soft_masks_one_per_head():
 
 
 def test_masked_cait_masks_its_self_attention():
-    model = timm.create_model("mait_cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4,
-                              num_classes=10)
+    model = timm.create_model(
+        "mait_cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=10
+    )
     attn = model.blocks[0].attn
     assert attn.masks.active and attn.masks.heads.tolist() == [0] and attn.masks.keep.shape == (64, 64)
-    cait = timm.create_model("cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4,
-                             num_classes=10)
+    cait = timm.create_model(
+        "cait_xxs24_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=10
+    )
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in cait.parameters())
 
 
@@ -161,8 +165,11 @@ def test_bad_options_name_the_option():
 
 # Parameter counts of the paper's Table 4 (and DeiT-T's 5.7M for the 12-layer tiny).
 PAPER_PARAMS = {
-    "mait_xtiny_d24_patch16_224": 6.3e6, "mait_tiny_d24_patch16_224": 11e6, "mait_xsmall_d24_patch16_224": 24.5e6,
-    "mait_small_d24_patch16_224": 43.3e6, "mait_tiny_patch16_224": 5.7e6,
+    "mait_xtiny_d24_patch16_224": 6.3e6,
+    "mait_tiny_d24_patch16_224": 11e6,
+    "mait_xsmall_d24_patch16_224": 24.5e6,
+    "mait_small_d24_patch16_224": 43.3e6,
+    "mait_tiny_patch16_224": 5.7e6,
 }
 
 
@@ -181,8 +188,14 @@ def test_random_restrict_masks_keep_every_row_finite():
     for seed in range(20):
         rnd = random_mask(keep, 1, seed=seed)
         assert rnd[1:].any(dim=1).all() and rnd.diagonal()[1:].all()
-    model = timm.create_model("mait_tiny_patch16_224", masked_heads="all", mask_type="random",
-                              mask_mode="restrict", mask_kernel=(1, 1), **SMALL).eval()
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        masked_heads="all",
+        mask_type="random",
+        mask_mode="restrict",
+        mask_kernel=(1, 1),
+        **SMALL,
+    ).eval()
     assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
 
 
@@ -204,31 +217,50 @@ def test_restrict_on_the_maitplus_entrypoints_takes_hard_masks_and_soft_restrict
         assert model.mask_options["mask_type"] == "hard" and model.mask_options["mask_mode"] == "restrict"
         assert timm.create_model(name, img_size=32, patch_size=8, depth=2).mask_options["mask_type"] == "soft"
     with pytest.raises(ValueError, match="for mask_mode 'restrict' set mask_type to 'hard'"):
-        timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=8, depth=2, mask_mode="restrict",
-                          mask_type="soft")
+        timm.create_model(
+            "mait_tiny_patch16_224", img_size=32, patch_size=8, depth=2, mask_mode="restrict", mask_type="soft"
+        )
 
 
 def test_timms_block_arguments_reach_the_masked_blocks():
-    model = timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=8, depth=2, qk_norm=True,
-                              attn_drop_rate=0.1, proj_drop_rate=0.2, init_values=1e-4, scale_attn_norm=True)
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        img_size=32,
+        patch_size=8,
+        depth=2,
+        qk_norm=True,
+        attn_drop_rate=0.1,
+        proj_drop_rate=0.2,
+        init_values=1e-4,
+        scale_attn_norm=True,
+    )
     attn = model.blocks[1].attn
     assert isinstance(attn, MaskedAttention) and attn.masks.active
     assert isinstance(attn.q_norm, nn.LayerNorm) and isinstance(attn.norm, nn.LayerNorm)
     assert attn.attn_drop.p == 0.1 and attn.proj_drop.p == 0.2
     assert torch.allclose(model.blocks[1].ls1.gamma, torch.full((192,), 1e-4))
-    cait = timm.create_model("mait_cait_xxs24_224", img_size=32, patch_size=8, depth=2, attn_drop_rate=0.1,
-                             proj_drop_rate=0.2)
+    cait = timm.create_model(
+        "mait_cait_xxs24_224", img_size=32, patch_size=8, depth=2, attn_drop_rate=0.1, proj_drop_rate=0.2
+    )
     assert cait.blocks[0].attn.attn_drop.p == 0.1 and cait.blocks[0].attn.proj_drop.p == 0.2
 
 
 @pytest.mark.parametrize("schedule", ["linear", "constant"])
 def test_drop_path_schedule(schedule):
-    model = timm.create_model("mait_small_d24_patch16_224", img_size=32, patch_size=8, depth=4, drop_path_rate=0.1,
-                              drop_path_schedule=schedule)
+    model = timm.create_model(
+        "mait_small_d24_patch16_224",
+        img_size=32,
+        patch_size=8,
+        depth=4,
+        drop_path_rate=0.1,
+        drop_path_schedule=schedule,
+    )
     rates = [getattr(b.drop_path1, "drop_prob", 0.0) for b in model.blocks]
     assert rates == pytest.approx([0.1] * 4 if schedule == "constant" else [0.0, 0.1 / 3, 0.2 / 3, 0.1])
     assert all(getattr(b.drop_path2, "drop_prob", 0.0) == r for b, r in zip(model.blocks, rates))
-    with pytest.raises(ValueError, match="drop_path_schedule: 'cosine' is not allowed; allowed values: linear, constant"):
+    with pytest.raises(
+        ValueError, match="drop_path_schedule: 'cosine' is not allowed; allowed values: linear, constant"
+    ):
         timm.create_model("mait_tiny_patch16_224", drop_path_schedule="cosine", img_size=32, patch_size=8, depth=2)
 
 
@@ -236,8 +268,16 @@ def test_drop_path_schedule(schedule):
 def test_restrict_through_flex_attention_equals_dense_restrict(masked_heads):
     """FlexAttention's block-sparse path (CUDA's default; here its eager reference on CPU, forward only)
     against the dense boolean-mask path on the same weights."""
-    kwargs = dict(img_size=64, patch_size=4, embed_dim=48, depth=2, num_heads=3, masked_heads=masked_heads,
-                  mask_type="hard", mask_mode="restrict")  # a 16 x 16 grid: 257 tokens, three 128-blocks
+    kwargs = dict(
+        img_size=64,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        masked_heads=masked_heads,
+        mask_type="hard",
+        mask_mode="restrict",
+    )  # a 16 x 16 grid: 257 tokens, three 128-blocks
     torch.manual_seed(0)
     flex = timm.create_model("mait_tiny_patch16_224", restrict_kernel="flex", **kwargs).eval()
     dense = timm.create_model("mait_tiny_patch16_224", restrict_kernel="dense", **kwargs).eval()
@@ -246,8 +286,12 @@ def test_restrict_through_flex_attention_equals_dense_restrict(masked_heads):
     with torch.no_grad():
         torch.testing.assert_close(flex(x), dense(x), atol=1e-5, rtol=1e-4)
     assert flex.blocks[0].attn._block_mask is not None  # it did take the flex path
-    assert timm.create_model("mait_tiny_patch16_224", mask_mode="restrict", img_size=32, patch_size=8,
-                             depth=2).blocks[0].attn.restrict_kernel == "auto"
+    assert (
+        timm.create_model("mait_tiny_patch16_224", mask_mode="restrict", img_size=32, patch_size=8, depth=2)
+        .blocks[0]
+        .attn.restrict_kernel
+        == "auto"
+    )
     with pytest.raises(ValueError, match="restrict_kernel: 'sparse' is not allowed; allowed values: auto, flex"):
         timm.create_model("mait_tiny_patch16_224", restrict_kernel="sparse", img_size=32, patch_size=8, depth=2)
 
@@ -268,9 +312,19 @@ def test_a_compiled_maits_flex_attention_stays_compiled_for_later_eager_calls(mo
     monkeypatch.setattr(mait, "_COMPILED_FLEX", None)
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = timm.create_model("mait_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3,
-                              num_classes=10, masked_heads="all", mask_mode="restrict", mask_type="hard",
-                              restrict_kernel="flex").eval()
+    model = timm.create_model(
+        "mait_tiny_patch16_224",
+        img_size=32,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        num_classes=10,
+        masked_heads="all",
+        mask_mode="restrict",
+        mask_type="hard",
+        restrict_kernel="flex",
+    ).eval()
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
     import torch.nn.attention.flex_attention as flex_module

@@ -10,15 +10,13 @@ the first test fails while a registered family or entrypoint has no shape there.
 from __future__ import annotations
 
 import pytest
-import timm
 import torch
+from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, locvit_entrypoints, locvit_families, missing_shapes, small
 from timm.models import create_feature_extractor, get_graph_node_names
 
 import locvit.models  # noqa: F401  registers locvit's families
 from locvit.models.baselines import BASELINES
 from locvit.models.family import Family, family_of
-
-from helpers import ENTRYPOINT_SHAPES, FAMILY_SHAPES, locvit_entrypoints, locvit_families, missing_shapes, small
 
 REGISTRY = sorted(set(ENTRYPOINT_SHAPES) | set(BASELINES))
 
@@ -35,9 +33,10 @@ def test_the_shape_guard_names_a_family_or_entrypoint_without_a_shape():
     """A family (or an entrypoint) registered without an entry in tests/helpers.py fails the test above."""
     new = Family("hypo", "Hypo", torch.nn.Module, "windows", lambda m: [], lambda m: [], models=("hypo_",))
     problems = missing_shapes({**locvit_families(), "hypo": new}, [*locvit_entrypoints(), "hypo_tiny_cifar"])
-    assert problems == ["family 'hypo' has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py",
-                        "entrypoint 'hypo_tiny_cifar' has no small shape: add one entry to ENTRYPOINT_SHAPES in "
-                        "tests/helpers.py"]
+    assert problems == [
+        "family 'hypo' has no small shape: add one entry to FAMILY_SHAPES in tests/helpers.py",
+        "entrypoint 'hypo_tiny_cifar' has no small shape: add one entry to ENTRYPOINT_SHAPES in tests/helpers.py",
+    ]
     gone = {name: f for name, f in locvit_families().items() if name != "nest"}
     assert missing_shapes(gone) == ["FAMILY_SHAPES['nest']: no such family is registered"]
 

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
-from locvit.io import JobConfig
+from locvit.io import JobConfig, pack_bits
 from locvit.job_configs import report_config
-from locvit.io import pack_bits
 from locvit.report import stats
 from locvit.report.study import load_study, split_difference
 from locvit.report.tables import results_table
@@ -29,10 +28,17 @@ SPLIT = "a1" * 32
 
 
 def params() -> dict:
-    return validate_params({"study": "pair", "data": {"source": "digits", "image_size": 32},
-                            "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "baseline": "deit",
-                            "variants": {v: {"model": "deit_tiny_patch16_224", "kwargs": VIT} for v in RIGHT}},
-                           check_models=False)
+    return validate_params(
+        {
+            "study": "pair",
+            "data": {"source": "digits", "image_size": 32},
+            "train": {"epochs": 3, "batch_size": 32},
+            "seeds": SEEDS,
+            "baseline": "deit",
+            "variants": {v: {"model": "deit_tiny_patch16_224", "kwargs": VIT} for v in RIGHT},
+        },
+        check_models=False,
+    )
 
 
 def write_evals(root: Path, splits: dict[tuple[str, int], str | None]) -> None:
@@ -40,10 +46,22 @@ def write_evals(root: Path, splits: dict[tuple[str, int], str | None]) -> None:
     for variant, right in RIGHT.items():
         for seed, k in zip(SEEDS, right):
             hits = np.arange(360) < k
-            record = {"study": "pair", "variant": variant, "seed": seed, "model": "deit_tiny_patch16_224",
-                      "split": "test", "test_top1": k / 360, "test_loss": 1.0, "n": 360, "test_hits": pack_bits(hits),
-                      "n_params": 1000, "checkpoint_epoch": 2, "val_top1": 0.9, "mlflow_run_id": f"{variant}{seed}",
-                      "data_hash": "0" * 16}
+            record = {
+                "study": "pair",
+                "variant": variant,
+                "seed": seed,
+                "model": "deit_tiny_patch16_224",
+                "split": "test",
+                "test_top1": k / 360,
+                "test_loss": 1.0,
+                "n": 360,
+                "test_hits": pack_bits(hits),
+                "n_params": 1000,
+                "checkpoint_epoch": 2,
+                "val_top1": 0.9,
+                "mlflow_run_id": f"{variant}{seed}",
+                "data_hash": "0" * 16,
+            }
             if splits.get((variant, seed), SPLIT) is not None:
                 record["test_hash"] = splits.get((variant, seed), SPLIT)
             path = root / "eval" / variant / f"seed{seed}.json"
@@ -79,8 +97,10 @@ def test_another_test_split_is_unpaired_and_the_report_names_the_files(tmp_path)
     [note] = [n for n in notes if "not paired" in n]
     assert note.startswith("lsa vs deit: not paired over the test images: ")
     assert "eval/deit/seed1.json scored test split b2b2b2b2b2b2" in note
-    assert "eval/lsa/seed0.json, eval/lsa/seed1.json, eval/lsa/seed2.json, eval/deit/seed0.json, " \
-           "eval/deit/seed2.json scored test split a1a1a1a1a1a1" in note
+    assert (
+        "eval/lsa/seed0.json, eval/lsa/seed1.json, eval/lsa/seed2.json, eval/deit/seed0.json, "
+        "eval/deit/seed2.json scored test split a1a1a1a1a1a1" in note
+    )
 
 
 def test_a_file_without_the_record_is_unpaired(tmp_path):
@@ -90,8 +110,10 @@ def test_a_file_without_the_record_is_unpaired(tmp_path):
     assert any("eval/lsa/seed2.json record no test split" in n for n in notes)
 
 
-@pytest.mark.parametrize("files, differs", [({"a": "x", "b": "x"}, False), ({"a": "x", "b": "y"}, True),
-                                            ({"a": "x", "b": None}, True), ({"a": None}, True)])
+@pytest.mark.parametrize(
+    "files, differs",
+    [({"a": "x", "b": "x"}, False), ({"a": "x", "b": "y"}, True), ({"a": "x", "b": None}, True), ({"a": None}, True)],
+)
 def test_split_difference(files, differs):
     assert (split_difference(files) is not None) == differs
 

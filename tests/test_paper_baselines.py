@@ -65,32 +65,47 @@ def test_pvt_reads_the_weights_its_attention_applies():
     def keep(name):
         def hook(module, args, output):
             seen[name] = (args, output)
+
         return hook
 
-    handles = [b.attn.register_forward_hook(keep(f"stages.{i}.blocks.{j}.attn"))
-               for i, s in enumerate(model.stages) for j, b in enumerate(s.blocks)]
+    handles = [
+        b.attn.register_forward_hook(keep(f"stages.{i}.blocks.{j}.attn"))
+        for i, s in enumerate(model.stages)
+        for j, b in enumerate(s.blocks)
+    ]
     logits, maps = collect_attention(model, x)
     for h in handles:
         h.remove()
     torch.testing.assert_close(logits, model(x))
     assert [m.kind for m in maps] == ["pooled_keys"] * 6 + ["softmax"] * 2
-    assert [tuple(m.probs.shape) for m in maps[::2]] == [(2, 1, 1024, 16), (2, 2, 256, 16), (2, 5, 64, 16),
-                                                         (2, 8, 17, 17)]  # keys: 32/8, 16/4, 8/2 -> a 4 x 4 grid
+    assert [tuple(m.probs.shape) for m in maps[::2]] == [
+        (2, 1, 1024, 16),
+        (2, 2, 256, 16),
+        (2, 5, 64, 16),
+        (2, 8, 17, 17),
+    ]  # keys: 32/8, 16/4, 8/2 -> a 4 x 4 grid
     assert maps[-1].num_prefix == 1 and maps[0].num_prefix == 0 and maps[0].grid == (32, 32)
     for m in maps:
         (inp, feat_size), out = seen[m.name]
         attn = model.get_submodule(m.name)
         b, n, c = inp.shape
-        source = inp if attn.sr is None else attn.norm(attn.sr(inp.transpose(1, 2).reshape(b, c, *feat_size))
-                                                       .flatten(2).transpose(1, 2))
+        source = (
+            inp
+            if attn.sr is None
+            else attn.norm(attn.sr(inp.transpose(1, 2).reshape(b, c, *feat_size)).flatten(2).transpose(1, 2))
+        )
         v = attn.kv(source).reshape(b, -1, 2, attn.num_heads, attn.head_dim)[:, :, 1].transpose(1, 2)
         mixed = (m.probs @ v).transpose(1, 2).reshape(b, n, c)  # (B, N, C)
         torch.testing.assert_close(attn.proj(mixed), out, rtol=1e-4, atol=1e-5)
 
 
 def test_every_new_model_has_a_family():
-    names = {"wrn_16_2": "wrn", "pyramidnet164_a48": "pyramidnet", "pvt_v1_tiny": "pvt_v1",
-             "localvit_tiny_patch16_224": "localvit"}
+    names = {
+        "wrn_16_2": "wrn",
+        "pyramidnet164_a48": "pyramidnet",
+        "pvt_v1_tiny": "pvt_v1",
+        "localvit_tiny_patch16_224": "localvit",
+    }
     for name, family in names.items():
         with torch.device("meta"):
             assert family_of(timm.create_model(name)).name == family

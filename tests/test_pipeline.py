@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from helpers import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
-from locvit.throughput_file import read_throughput
 from locvit.io import unpack_bits
+from locvit.throughput_file import read_throughput
 from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +78,9 @@ def test_every_output_is_there(study, params, layout):
         assert "infer_images_per_s" not in profile  # speed comes from the one throughput job, measured alone
     speed = read_throughput(layout.throughput_file)
     assert list(speed) == list(params["variants"]) and all(r["rounds"] >= 3 for r in speed.values())
-    assert speed[params["baseline"]]["ratio_vs_baseline"] == 1.0 and next(iter(speed.values()))["device"].startswith("cpu")
+    assert speed[params["baseline"]]["ratio_vs_baseline"] == 1.0 and next(iter(speed.values()))["device"].startswith(
+        "cpu"
+    )
     report = json.loads((root / "report" / "report.json").read_text())
     assert {"mait_table2", "mait_table3", "mait_table4"} <= set(report["tables"])
     for name in ("curves", "als_deit_a", "als_mait_b", "similarity_mait_b", "rollout_mait_b"):
@@ -178,8 +179,8 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
     import mlflow
 
     from locvit.job_configs import report_config
-    from locvit.run_config import run_config
     from locvit.report.build import build_report
+    from locvit.run_config import run_config
 
     db = tmp_path / "mlflow.db"  # a copy: the browser tests read the study's own
     shutil.copy(layout.tracking_db, db)
@@ -187,8 +188,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
     exp = client.get_experiment_by_name("tiny").experiment_id
     before = {r.info.run_id: r for r in client.search_runs([exp])}
     served = "https://mlflow.example.org/ui"  # where the users of this study open the UI
-    report = build_report({**report_config(params), "ui_url": served}, layout.root,
-                          tmp_path / "report", tracking_db=db)
+    report = build_report({**report_config(params), "ui_url": served}, layout.root, tmp_path / "report", tracking_db=db)
     after = {r.info.run_id: r for r in client.search_runs([exp])}
     assert set(after) == set(before)  # found by tags: nothing made twice
     for run_id, run in after.items():
@@ -222,8 +222,9 @@ def test_every_run_logs_its_best_checkpoint_as_a_loadable_mlflow_model(study, pa
     assert {r.info.run_id for r in runs} <= set(logged)  # the Models tab lists every run's model
     for run in runs:
         model = logged[run.info.run_id]
-        metrics = json.loads((layout.run_dir(run.data.tags["variant"], run.data.tags["seed"]) /
-                              "metrics.json").read_text())
+        metrics = json.loads(
+            (layout.run_dir(run.data.tags["variant"], run.data.tags["seed"]) / "metrics.json").read_text()
+        )
         assert model.name == "model" and model.status == "READY"
         assert {m.key for m in model.metrics or []} >= {"val_top1", "best_val_top1"}  # linked at the best epoch
         assert all(m.step == metrics["best_epoch"] for m in model.metrics)
@@ -244,8 +245,7 @@ def test_results_table_matches_the_evaluations(study, params, layout):
     md = (report / "results.md").read_text()
     tex = (report / "results.tex").read_text()
     for row in rows:
-        evals = [json.loads((layout.eval_file(row["variant"], s)).read_text())
-                 for s in params["seeds"]]
+        evals = [json.loads((layout.eval_file(row["variant"], s)).read_text()) for s in params["seeds"]]
         accs = [100 * e["test_top1"] for e in evals]
         assert float(row["test_top1_mean"]) == pytest.approx(sum(accs) / len(accs))
         assert int(row["n_seeds"]) == 2 and row["missing_seeds"] == ""
@@ -254,20 +254,32 @@ def test_results_table_matches_the_evaluations(study, params, layout):
         for e in evals:  # which test images each run got right: as many as its top-1 says
             assert unpack_bits(e["test_hits"], e["n"]).sum() == round(e["test_top1"] * e["n"])
             # the split it scored (the report pairs on it) and the machine it was scored on
-            assert e["test_hash"] == test_split and e["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+            assert (
+                e["test_hash"] == test_split
+                and e["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+            )
         assert row["verdict"] in ("baseline", "better", "worse", "equivalent", "undecided")
         if row["verdict"] != "baseline":  # each verdict agrees with its interval
             low, high = float(row["delta_ci95_low"]), float(row["delta_ci95_high"])
             assert low < float(row["delta_vs_baseline"]) < high and float(row["mde80"]) > 0
-            assert {"better": low > 0, "worse": high < 0, "undecided": True,
-                    "equivalent": abs(float(row["delta_vs_baseline"])) < params["equivalence_margin"]}[row["verdict"]]
+            assert {
+                "better": low > 0,
+                "worse": high < 0,
+                "undecided": True,
+                "equivalent": abs(float(row["delta_vs_baseline"])) < params["equivalence_margin"],
+            }[row["verdict"]]
         assert f"| {row['variant']} |" in md and row["variant"].replace("_", r"\_") in tex
     assert "±" in md and r"\toprule" in tex
 
 
 def test_locvit_results_prints_the_statistics(study, params, layout):
-    out = subprocess.run([str(BIN / "locvit"), "results", "--params", TINY], cwd=study, capture_output=True,
-                         text=True, env=env_with_venv())
+    out = subprocess.run(
+        [str(BIN / "locvit"), "results", "--params", TINY],
+        cwd=study,
+        capture_output=True,
+        text=True,
+        env=env_with_venv(),
+    )
     assert out.returncode == 0, out.stderr
     rows = {r["variant"]: r for r in csv.DictReader((layout.report / "results.csv").open())}
     assert "Δ vs deit_a" in out.stdout and "Δ 95% CI" in out.stdout and "MDE" in out.stdout
@@ -285,8 +297,13 @@ def test_rerun_with_nothing_changed_does_nothing(study):
 def _planned(dry_run_output: str, rule: str) -> list[str]:
     """The wildcards of every job of ``rule`` in a dry run's output."""
     jobs = dry_run_output.split("\nrule ")[1:]
-    return [line.strip() for job in jobs if job.startswith(f"{rule}:")
-            for line in job.splitlines() if line.strip().startswith("wildcards:")]
+    return [
+        line.strip()
+        for job in jobs
+        if job.startswith(f"{rule}:")
+        for line in job.splitlines()
+        if line.strip().startswith("wildcards:")
+    ]
 
 
 def test_changing_one_variant_retrains_only_that_variant(study):
@@ -340,7 +357,6 @@ def test_cluster_profile_dry_run(repo, tmp_path):
 def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
     """Each paper study stays valid: its whole DAG plans on the SLURM profile."""
     from locvit.config import load_params
-
     from locvit.run_config import variant_seeds
 
     params = load_params(repo / "presets" / preset)
@@ -378,8 +394,11 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
     params = load_params(repo / "presets" / "data_efficiency.yaml")
     work = copy_workflow(tmp_path)
     out = snakemake(work, "-n", "all", "--config", "params=presets/data_efficiency.yaml")
-    prepared = sorted(line.split("output: ")[1].split("/")[2] for line in out.stdout.splitlines()
-                      if "output: results/data_efficiency/data" in line and "manifest.json" in line)
+    prepared = sorted(
+        line.split("output: ")[1].split("/")[2]
+        for line in out.stdout.splitlines()
+        if "output: results/data_efficiency/data" in line and "manifest.json" in line
+    )
     assert prepared == ["data", "data_10pct", "data_25pct", "data_50pct"]
     # deit_25pct trains on the 25 % file and its run configs say so; deit on the whole split
     job = next(j for j in out.stdout.split("\nrule ") if j.startswith("train") and "variant=deit_25pct" in j)
@@ -393,8 +412,11 @@ def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_pa
     assert run_config(params, "deit", 0)["train"]["epochs"] == 25
     assert job.startswith("train:") and all(f"deit_25pct/seed{s}/best.pt" in job for s in range(4))
     assert all(params["variants"][v]["seeds"] == [0, 1, 2, 3] for v in params["variants"])
-    planned = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
-               if re.match(r"^(train|evaluate|analyse)\w* +\d+$", line)}
+    planned = {
+        line.split()[0]: int(line.split()[1])
+        for line in out.stdout.splitlines()
+        if re.match(r"^(train|evaluate|analyse)\w* +\d+$", line)
+    }
     assert planned == {rule: 20 for rule in ("train", "evaluate", "analyse")}
 
 
@@ -432,9 +454,24 @@ def test_report_names_a_missing_run(study, params, tmp_path, layout):
     copy = tmp_path / "tiny"
     shutil.copytree(layout.root, copy, ignore=shutil.ignore_patterns("data", "mlartifacts"))
     (copy / "eval" / "mait_b" / "seed1.json").unlink()
-    out = subprocess.run([str(BIN / "locvit"), "report", "--params", str(study / TINY), "--study-dir", str(copy),
-                          "--out-dir", str(copy / "report"), "--tracking-db", str(copy / "mlflow.db"),
-                          "--no-mlflow"], capture_output=True, text=True, env=env_with_venv())
+    out = subprocess.run(
+        [
+            str(BIN / "locvit"),
+            "report",
+            "--params",
+            str(study / TINY),
+            "--study-dir",
+            str(copy),
+            "--out-dir",
+            str(copy / "report"),
+            "--tracking-db",
+            str(copy / "mlflow.db"),
+            "--no-mlflow",
+        ],
+        capture_output=True,
+        text=True,
+        env=env_with_venv(),
+    )
     assert out.returncode == 0, out.stderr
     assert "missing: mait_b seed 1" in (copy / "report" / "tables" / "mait_table2.md").read_text()
     assert "missing: mait_b seed 1" in (copy / "report" / "results.md").read_text()
@@ -452,14 +489,18 @@ def _screenshot_dir() -> Path:
     return out
 
 
-
 def _start_ui(study_dir: Path, log: Path, timeout: float = 180) -> tuple[subprocess.Popen, str]:
     """Start `locvit mlflow-ui` on a free port in its own process group; return it once /health answers."""
     port = free_port()
     env = {**env_with_venv(), "MLFLOW_DISABLE_TELEMETRY": "true"}
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(study_dir), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(study_dir), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
@@ -472,8 +513,9 @@ def _start_ui(study_dir: Path, log: Path, timeout: float = 180) -> tuple[subproc
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop_ui(proc)
-            raise AssertionError(f"locvit mlflow-ui did not answer on {url} (exit {proc.returncode}):\n"
-                                 f"{log.read_text()[-4000:]}")
+            raise AssertionError(
+                f"locvit mlflow-ui did not answer on {url} (exit {proc.returncode}):\n{log.read_text()[-4000:]}"
+            )
         time.sleep(0.5)
 
 
@@ -498,8 +540,13 @@ def test_mlflow_ui_command_binds_locally_and_names_what_is_missing(tmp_path, mon
     from locvit.tracking.ui import ui_command
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    out = subprocess.run([str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(tmp_path)], capture_output=True,
-                         text=True, env=env_with_venv(), timeout=120)
+    out = subprocess.run(
+        [str(BIN / "locvit"), "mlflow-ui", "--study-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env_with_venv(),
+        timeout=120,
+    )
     assert out.returncode == 1 and f"{tmp_path / 'mlflow.db'} does not exist" in out.stderr
     assert "run the pipeline first" in out.stderr
     (tmp_path / "mlflow.db").touch()
@@ -546,8 +593,11 @@ def _tracked_runs(layout, params: dict) -> tuple[str, dict, int]:
     exp = client.get_experiment_by_name("tiny")
     every = client.search_runs([exp.experiment_id])
     seeds = [r for r in every if r.data.tags.get(ROLE) == "seed"]
-    return exp.experiment_id, {r.info.run_name: r for r in seeds if r.data.tags["variant"] in params["variants"]}, \
-        len(every)
+    return (
+        exp.experiment_id,
+        {r.info.run_name: r for r in seeds if r.data.tags["variant"] in params["variants"]},
+        len(every),
+    )
 
 
 def _as_shown(x: float) -> str:

@@ -36,19 +36,25 @@ def shallow(model: torch.nn.Module) -> int:
     """Cut every stack of blocks (a Sequential or ModuleList of 3 or more whose members after the first have the
     same parameter shapes) to its first two members, in place: each stage keeps its first block (which may change
     the width) and one of its repeated ones (Swin's shifted window, the second of a pair). The blocks cut."""
+
     def shapes(m):
         return [tuple(p.shape) for p in m.parameters()]
 
     cut = 0
     for module in list(model.modules()):
         for name, child in list(module._modules.items()):
-            if isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList)) and len(child) > 2 and \
-                    len({type(c) for c in child}) == 1 and all(shapes(c) == shapes(child[1]) for c in child[2:]) \
-                    and shapes(child[1]):
+            if (
+                isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))
+                and len(child) > 2
+                and len({type(c) for c in child}) == 1
+                and all(shapes(c) == shapes(child[1]) for c in child[2:])
+                and shapes(child[1])
+            ):
                 cut += len(child) - 2
                 kept = list(child)[:2]
-                module._modules[name] = torch.nn.ModuleList(kept) if isinstance(child, torch.nn.ModuleList) else \
-                    torch.nn.Sequential(*kept)
+                module._modules[name] = (
+                    torch.nn.ModuleList(kept) if isinstance(child, torch.nn.ModuleList) else torch.nn.Sequential(*kept)
+                )
     return cut
 
 
@@ -94,9 +100,16 @@ def test_a_presets_model_steps_at_its_real_shapes_and_is_analysed(key):
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     mixup = make_mixup(recipe, classes, seed=0)
     for step in range(STEPS):
-        stats = train_one_epoch(model, [(x, y)], optimizer, lambda _: recipe["lr"], start=EpochStart(step=step),
-                                recipe=StepRecipe(recipe["label_smoothing"], recipe["clip_grad"]), compute=compute,
-                                mixup=mixup)
+        stats = train_one_epoch(
+            model,
+            [(x, y)],
+            optimizer,
+            lambda _: recipe["lr"],
+            start=EpochStart(step=step),
+            recipe=StepRecipe(recipe["label_smoothing"], recipe["clip_grad"]),
+            compute=compute,
+            mixup=mixup,
+        )
         assert stats["bad_steps"] == 0 and math.isfinite(stats["train_loss"]), (used_by, stats)
     model.eval()
     with torch.no_grad():
@@ -104,6 +117,8 @@ def test_a_presets_model_steps_at_its_real_shapes_and_is_analysed(key):
     assert logits.shape == (BATCH, classes), used_by
     for m in maps:  # every map a probability distribution over its keys
         assert torch.isfinite(m.probs).all(), (used_by, m)
-    print(f"{', '.join(used_by)}: {cfg['model']} at {size} px ({forward_gmacs:.2f} GMACs), "
-          + (f"steps at a reduced depth ({cut} blocks cut; full depth on the meta device), " if reduced else "")
-          + f"{len(maps)} attention map(s), {time.perf_counter() - start:.1f} s")
+    print(
+        f"{', '.join(used_by)}: {cfg['model']} at {size} px ({forward_gmacs:.2f} GMACs), "
+        + (f"steps at a reduced depth ({cut} blocks cut; full depth on the meta device), " if reduced else "")
+        + f"{len(maps)} attention map(s), {time.perf_counter() - start:.1f} s"
+    )

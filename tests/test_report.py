@@ -6,10 +6,10 @@ analysis/), with numbers chosen here, so every expected cell is computed from th
 
 from __future__ import annotations
 
-import logging
 import copy
 import csv
 import json
+import logging
 import re
 import shutil
 import statistics
@@ -33,8 +33,10 @@ VARIANTS = {
     "deit": {"model": "deit_tiny_patch16_224", "kwargs": VIT},
     "deit_d8": {"model": "deit_tiny_patch16_224", "kwargs": {**VIT, "depth": 8}},
     "mait_3x3": {"model": "mait_tiny_patch16_224", "kwargs": {**VIT, "masked_heads": "sch1", "mask_type": "hard"}},
-    "mait_5x5": {"model": "mait_tiny_patch16_224",
-                 "kwargs": {**VIT, "masked_heads": "sch1", "mask_type": "hard", "mask_kernel": [5, 5]}},
+    "mait_5x5": {
+        "model": "mait_tiny_patch16_224",
+        "kwargs": {**VIT, "masked_heads": "sch1", "mask_type": "hard", "mask_kernel": [5, 5]},
+    },
     "mait_soft": {"model": "mait_tiny_patch16_224", "kwargs": {**VIT, "masked_heads": "all", "mask_type": "soft"}},
     "lsa": {"model": "lsa_tiny_cifar", "kwargs": {**LSA, "shifts": "axes9"}},
     "lsa_noshift": {"model": "lsa_tiny_cifar", "kwargs": {**LSA, "shifts": "none"}},
@@ -43,27 +45,54 @@ VARIANTS = {
     "convit": {"model": "convit_tiny", "kwargs": {"embed_dim": 16, "depth": 4, "num_heads": 3}},
 }
 # Test top-1 (0-1) per variant and seed; None = the run's evaluation file is missing.
-TOP1 = {"deit": [0.70, 0.72], "deit_d8": [0.73, 0.75], "mait_3x3": [0.74, 0.73], "mait_5x5": [0.71, 0.735],
-        "mait_soft": [0.78, None], "lsa": [0.80, 0.82], "lsa_noshift": [0.76, 0.77], "ibit": [0.79, 0.81],
-        "ibit_cutmix": [0.75, 0.74], "convit": [0.72, 0.71]}
-NO_PROFILE = {"convit"}                      # its analyse step did not run
+TOP1 = {
+    "deit": [0.70, 0.72],
+    "deit_d8": [0.73, 0.75],
+    "mait_3x3": [0.74, 0.73],
+    "mait_5x5": [0.71, 0.735],
+    "mait_soft": [0.78, None],
+    "lsa": [0.80, 0.82],
+    "lsa_noshift": [0.76, 0.77],
+    "ibit": [0.79, 0.81],
+    "ibit_cutmix": [0.75, 0.74],
+    "convit": [0.72, 0.71],
+}
+NO_PROFILE = {"convit"}  # its analyse step did not run
 ANALYSED = {"deit": SEEDS, "mait_3x3": [0], "mait_soft": SEEDS, "ibit": SEEDS, "lsa": SEEDS}
-MASK = {"masked_heads": "sch1", "heads_per_layer": [1, 1, 1, 1], "kernel": [3, 3], "mode": "multiply",
-        "type": "hard", "alpha_init": 0.5}
+MASK = {
+    "masked_heads": "sch1",
+    "heads_per_layer": [1, 1, 1, 1],
+    "kernel": [3, 3],
+    "mode": "multiply",
+    "type": "hard",
+    "alpha_init": 0.5,
+}
 ARCH = {  # variant -> (family, depth, mask, lsa)
-    "deit": ("deit", 4, None, None), "deit_d8": ("deit", 8, None, None),
-    "mait_3x3": ("mait", 4, MASK, None), "mait_5x5": ("mait", 4, {**MASK, "kernel": [5, 5]}, None),
+    "deit": ("deit", 4, None, None),
+    "deit_d8": ("deit", 8, None, None),
+    "mait_3x3": ("mait", 4, MASK, None),
+    "mait_5x5": ("mait", 4, {**MASK, "kernel": [5, 5]}, None),
     "mait_soft": ("mait", 4, {**MASK, "masked_heads": "all", "heads_per_layer": [3] * 4, "type": "soft"}, None),
     "lsa": ("lsa", 4, None, {"num_shifts": 9, "shifts": "axes9", "shift_mode": "conv", "pos_embed": "per_variant"}),
-    "lsa_noshift": ("lsa", 4, None, {"num_shifts": 1, "shifts": "none", "shift_mode": "conv",
-                                     "pos_embed": "per_variant"}),
-    "ibit": ("ibit", 4, None, None), "ibit_cutmix": ("ibit", 4, None, None),
+    "lsa_noshift": (
+        "lsa",
+        4,
+        None,
+        {"num_shifts": 1, "shifts": "none", "shift_mode": "conv", "pos_embed": "per_variant"},
+    ),
+    "ibit": ("ibit", 4, None, None),
+    "ibit_cutmix": ("ibit", 4, None, None),
 }
 
 
 def make_params(variants=VARIANTS, study="synth", **data) -> dict:
-    raw = {"study": study, "data": {"source": "digits", "image_size": 32, **data},
-           "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "variants": copy.deepcopy(variants)}
+    raw = {
+        "study": study,
+        "data": {"source": "digits", "image_size": 32, **data},
+        "train": {"epochs": 3, "batch_size": 32},
+        "seeds": SEEDS,
+        "variants": copy.deepcopy(variants),
+    }
     return validate_params(raw, check_models=False)
 
 
@@ -78,8 +107,15 @@ def write(path: Path, obj) -> None:
     path.write_text(json.dumps(obj))
 
 
-def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None, analysed=ANALYSED,
-               seeds=SEEDS, hits: dict | None = None) -> dict:
+def make_study(
+    root: Path,
+    params: dict,
+    top1=TOP1,
+    run_ids: dict | None = None,
+    analysed=ANALYSED,
+    seeds=SEEDS,
+    hits: dict | None = None,
+) -> dict:
     """Write the contract's files for every variant and seed; return the MLflow run ids used.
 
     ``analysed``: variant -> seeds with attention analyses (figures are what takes time here);
@@ -92,43 +128,113 @@ def make_study(root: Path, params: dict, top1=TOP1, run_ids: dict | None = None,
         for s in seeds:
             rid = run_ids[(v, s)]
             if top1[v][s] is not None:
-                write(root / "eval" / v / f"seed{s}.json", {
-                    "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
-                    "test_top1": top1[v][s], "test_loss": 1.0, "n": 360, "n_params": n_params,
-                    "checkpoint_epoch": 2, "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16,
-                    "test_hash": "1" * 64,
-                    **({"test_hits": pack_bits(hits[(v, s)])} if hits else {})})
-            history = [{"epoch": e, "train_loss": 2.0 - 0.4 * e + 0.05 * s, "train_top1": 0.3 + 0.1 * e,
-                        "train_images_per_s": 500.0, "val_loss": 1.5 - 0.2 * e, "val_top1": 0.4 + 0.1 * e}
-                       for e in range(3)]
-            write(root / "runs" / v / f"seed{s}" / "metrics.json", {
-                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "n_params": n_params,
-                "best_val_top1": 0.6, "best_epoch": 2, "final_val_top1": 0.6, "train_time_s": 10.0,
-                "mlflow_run_id": rid, "history": history})
+                write(
+                    root / "eval" / v / f"seed{s}.json",
+                    {
+                        "study": params["study"],
+                        "variant": v,
+                        "seed": s,
+                        "model": spec["model"],
+                        "split": "test",
+                        "test_top1": top1[v][s],
+                        "test_loss": 1.0,
+                        "n": 360,
+                        "n_params": n_params,
+                        "checkpoint_epoch": 2,
+                        "val_top1": top1[v][s] - 0.01,
+                        "mlflow_run_id": rid,
+                        "data_hash": "0" * 16,
+                        "test_hash": "1" * 64,
+                        **({"test_hits": pack_bits(hits[(v, s)])} if hits else {}),
+                    },
+                )
+            history = [
+                {
+                    "epoch": e,
+                    "train_loss": 2.0 - 0.4 * e + 0.05 * s,
+                    "train_top1": 0.3 + 0.1 * e,
+                    "train_images_per_s": 500.0,
+                    "val_loss": 1.5 - 0.2 * e,
+                    "val_top1": 0.4 + 0.1 * e,
+                }
+                for e in range(3)
+            ]
+            write(
+                root / "runs" / v / f"seed{s}" / "metrics.json",
+                {
+                    "study": params["study"],
+                    "variant": v,
+                    "seed": s,
+                    "model": spec["model"],
+                    "n_params": n_params,
+                    "best_val_top1": 0.6,
+                    "best_epoch": 2,
+                    "final_val_top1": 0.6,
+                    "train_time_s": 10.0,
+                    "mlflow_run_id": rid,
+                    "history": history,
+                },
+            )
         if v in NO_PROFILE or v not in ARCH:
             continue
         family, depth, mask, lsa = ARCH[v]
-        arch = {"family": family, "embed_dim": 48, "depth": depth, "num_heads": 3, "img_size": 32,
-                "patch_size": None if lsa else 4, "layer_scale": False, "mask": mask, "lsa": lsa,
-                "ibit": {"rank": 9, "normalize": "frobenius", "mask_kernel": "radial"} if family == "ibit" else None}
-        write(root / "analysis" / v / "profile.json", {
-            "variant": v, "model": spec["model"], "params": n_params, "gmacs": 0.01 * depth, "input_size": [3, 32, 32],
-            "arch": arch})
+        arch = {
+            "family": family,
+            "embed_dim": 48,
+            "depth": depth,
+            "num_heads": 3,
+            "img_size": 32,
+            "patch_size": None if lsa else 4,
+            "layer_scale": False,
+            "mask": mask,
+            "lsa": lsa,
+            "ibit": {"rank": 9, "normalize": "frobenius", "mask_kernel": "radial"} if family == "ibit" else None,
+        }
+        write(
+            root / "analysis" / v / "profile.json",
+            {
+                "variant": v,
+                "model": spec["model"],
+                "params": n_params,
+                "gmacs": 0.01 * depth,
+                "input_size": [3, 32, 32],
+                "arch": arch,
+            },
+        )
         if v != "convit":  # the throughput job's file (convit's row missing)
             _throughput_row(root, v, 1000.0 + len(v))
         for s in analysed.get(v, []):
-            layers = [{"name": f"blocks.{i}.attn", "layer": i, "kind": "shift" if lsa and i == 0 else "softmax",
-                       "heads": 3, "tokens": 65, "grid": None if lsa and i == 0 else [8, 8], "num_prefix": 1}
-                      for i in range(depth)]
+            layers = [
+                {
+                    "name": f"blocks.{i}.attn",
+                    "layer": i,
+                    "kind": "shift" if lsa and i == 0 else "softmax",
+                    "heads": 3,
+                    "tokens": 65,
+                    "grid": None if lsa and i == 0 else [8, 8],
+                    "num_prefix": 1,
+                }
+                for i in range(depth)
+            ]
             als = rng.uniform(size=(depth, 3)).tolist()
             if lsa:
                 als[0] = None
-            write(root / "analysis" / v / f"seed{s}.json", {
-                "variant": v, "seed": s, "model": spec["model"], "mlflow_run_id": run_ids[(v, s)], "images": 4,
-                "als_kernel": [3, 3], "layers": layers, "als": als,
-                "als_layers": [i for i, a in enumerate(als) if a is not None],
-                "cross_layer_similarity": None if lsa else rng.uniform(size=(3, depth, depth)).tolist(),
-                "alphas": rng.uniform(size=(depth, 3)).tolist() if mask and mask["type"] == "soft" else None})
+            write(
+                root / "analysis" / v / f"seed{s}.json",
+                {
+                    "variant": v,
+                    "seed": s,
+                    "model": spec["model"],
+                    "mlflow_run_id": run_ids[(v, s)],
+                    "images": 4,
+                    "als_kernel": [3, 3],
+                    "layers": layers,
+                    "als": als,
+                    "als_layers": [i for i, a in enumerate(als) if a is not None],
+                    "cross_layer_similarity": None if lsa else rng.uniform(size=(3, depth, depth)).tolist(),
+                    "alphas": rng.uniform(size=(depth, 3)).tolist() if mask and mask["type"] == "soft" else None,
+                },
+            )
             arrays = {"images": rng.integers(0, 255, size=(4, 32, 32, 3), dtype=np.uint8)}
             if not lsa:
                 arrays["rollout"] = rng.uniform(size=(4, 8, 8)).astype(np.float32)
@@ -143,7 +249,9 @@ def _throughput_row(root: Path, variant: str, img_s: float) -> None:
     path = root / "report" / "throughput.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     head = "variant,img_s_median,img_s_low,img_s_high,ratio_vs_baseline,rounds,device\n"
-    lines = [x for x in (path.read_text() if path.is_file() else head).splitlines(True) if not x.startswith(f"{variant},")]
+    lines = [
+        x for x in (path.read_text() if path.is_file() else head).splitlines(True) if not x.startswith(f"{variant},")
+    ]
     path.write_text("".join(lines) + f"{variant},{img_s},{img_s - 10},{img_s + 10},{img_s / 1004.0},5,cpu (Test CPU)\n")
 
 
@@ -171,8 +279,12 @@ def test_mait_table2_cells_are_mean_std_and_delta_vs_deit(built):
     assert [r["Model size"] for r in rows] == ["48-d, 4 layers, 3 heads"]  # deit_d8 has no MaiT of its size
     row = rows[0]
     base = expected("deit")[0]
-    for column, variant in (("DeiT", "deit"), ("MaiT(3x3)", "mait_3x3"), ("MaiT(5x5)", "mait_5x5"),
-                            ("MaiT+(3x3)", "mait_soft")):
+    for column, variant in (
+        ("DeiT", "deit"),
+        ("MaiT(3x3)", "mait_3x3"),
+        ("MaiT(5x5)", "mait_5x5"),
+        ("MaiT+(3x3)", "mait_soft"),
+    ):
         mean, std, n = expected(variant)
         assert float(row[column]) == pytest.approx(mean)
         assert int(row[f"{column} n"]) == n
@@ -190,20 +302,47 @@ def test_mait_table2_cells_are_mean_std_and_delta_vs_deit(built):
     assert row["DeiT verdict"] == "baseline"
     # The missing run is named, never filled: mait_soft's cell has one seed and says which is absent.
     assert row["MaiT+(3x3) missing"] == "missing: mait_soft seed 1"
-    assert f"{100 * TOP1['mait_soft'][0]:.2f} (n=1) ({100 * TOP1['mait_soft'][0] - base:+.2f}, undecided); " \
-           "missing: mait_soft seed 1" in md
+    assert (
+        f"{100 * TOP1['mait_soft'][0]:.2f} (n=1) ({100 * TOP1['mait_soft'][0] - base:+.2f}, undecided); "
+        "missing: mait_soft seed 1" in md
+    )
     assert f"`{run_ids[('mait_3x3', 0)][:8]}`" in md  # no tracking: run ids shown, no links
 
 
 def test_mait_table3_by_scheme_and_table4_with_missing_profile(built):
     _, out, _, _ = built
     header = next(csv.reader((out / "tables" / "mait_table3.csv").open()))
-    cols = [h for h in header if not h.endswith((" std", " n", " ci95_low", " ci95_high", " reference", " delta", " p",
-                                                 " p_holm", " p_equivalence_holm", " mde80", " verdict", " delta_ci95_low",
-                                                 " delta_ci95_high", " mlflow_run_ids", " missing", " delta_ci90_low",
-                                                 " delta_ci90_high", " min_margin", " p_improvement",
-                                                 " p_improvement_ci95_low", " p_improvement_ci95_high",
-                                                 " within_margin", " holm_family"))]
+    cols = [
+        h
+        for h in header
+        if not h.endswith(
+            (
+                " std",
+                " n",
+                " ci95_low",
+                " ci95_high",
+                " reference",
+                " delta",
+                " p",
+                " p_holm",
+                " p_equivalence_holm",
+                " mde80",
+                " verdict",
+                " delta_ci95_low",
+                " delta_ci95_high",
+                " mlflow_run_ids",
+                " missing",
+                " delta_ci90_low",
+                " delta_ci90_high",
+                " min_margin",
+                " p_improvement",
+                " p_improvement_ci95_low",
+                " p_improvement_ci95_high",
+                " within_margin",
+                " holm_family",
+            )
+        )
+    ]
     assert cols == ["Model size", "DeiT", "MaiT(Sch.1)", "MaiT(Sch.1, 5x5)", "MaiT(all heads, soft)"]
     row = read_csv(out / "tables" / "mait_table3.csv")[0]
     assert float(row["MaiT(Sch.1, 5x5) delta"]) == pytest.approx(expected("mait_5x5")[0] - expected("deit")[0])
@@ -228,7 +367,9 @@ def test_lsa_tables(built):
     assert rows["convit"][head] == "missing: convit in report/throughput.csv"
     t5 = read_csv(out / "tables" / "lsa_table5.csv")
     assert [(r["Variant"], r["#Shifting"], r["Shift mode"], r["Local block"]) for r in t5] == [
-        ("lsa_noshift", "0", "", "no"), ("lsa", "9", "conv", "yes")]
+        ("lsa_noshift", "0", "", "no"),
+        ("lsa", "9", "conv", "yes"),
+    ]
     assert float(t5[1]["Digits (%)"]) == pytest.approx(expected("lsa")[0])
 
 
@@ -236,7 +377,12 @@ def test_ibit_tables(built):
     _, out, _, _ = built
     t3 = read_csv(out / "tables" / "ibit_table3.csv")
     assert [(r["Model type"], r["Variant"]) for r in t3] == [
-        ("IBiT", "ibit"), ("IBiT", "ibit_cutmix"), ("DeiT", "deit"), ("DeiT", "deit_d8"), ("ConViT", "convit")]
+        ("IBiT", "ibit"),
+        ("IBiT", "ibit_cutmix"),
+        ("DeiT", "deit"),
+        ("DeiT", "deit_d8"),
+        ("ConViT", "convit"),
+    ]
     t4 = read_csv(out / "tables" / "ibit_table4.csv")
     got = [(r["Variant"], r["Learnable masks"], r["CutMix"]) for r in t4]
     assert got[:3] == [("ibit", "yes", "no"), ("ibit_cutmix", "yes", "yes"), ("deit", "no", "no")]
@@ -271,8 +417,18 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
     _, out, _, _ = built
     header = next(csv.reader((out / "results.csv").open()))
     assert header[:6] == CONTRACT
-    assert header[6:16] == ["reference", "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline",
-                            "p_holm", "p_equivalence_holm", "mde80", "verdict", "mlflow_run_ids"]
+    assert header[6:16] == [
+        "reference",
+        "delta_vs_baseline",
+        "delta_ci95_low",
+        "delta_ci95_high",
+        "p_vs_baseline",
+        "p_holm",
+        "p_equivalence_holm",
+        "mde80",
+        "verdict",
+        "mlflow_run_ids",
+    ]
     rows = {r["variant"]: r for r in read_csv(out / "results.csv")}
     assert list(rows) == list(VARIANTS)
     # deit is the default baseline (the first DeiT variant): not compared with itself.
@@ -299,16 +455,28 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
             assert float(row["p_vs_baseline"]) == pytest.approx(c.p)
     # Holm over exactly the variants that could be tested (one family: all against deit); MDE at alpha / m
     m = len(tested)
-    assert header[16:25] == ["missing_seeds", "delta_ci90_low", "delta_ci90_high", "equivalence_margin_min",
-                             "p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "within_margin",
-                             "holm_family"]
+    assert header[16:25] == [
+        "missing_seeds",
+        "delta_ci90_low",
+        "delta_ci90_high",
+        "equivalence_margin_min",
+        "p_improvement",
+        "p_improvement_ci95_low",
+        "p_improvement_ci95_high",
+        "within_margin",
+        "holm_family",
+    ]
     for (name, c), p in zip(tested.items(), stats.holm([c.p for c in tested.values()])):
         row = rows[name]
         assert float(row["p_holm"]) == pytest.approx(p)
         assert float(row["mde80"]) == pytest.approx(stats.mde(c.se, c.df, stats.ALPHA / m))
-        assert float(row["equivalence_margin_min"]) == pytest.approx(abs(c.delta) + sps.t.ppf(1 - 0.05 / m, c.df) * c.se)
-        assert (float(row["delta_ci90_low"]), float(row["delta_ci90_high"])) == (pytest.approx(c.ci90_low),
-                                                                               pytest.approx(c.ci90_high))
+        assert float(row["equivalence_margin_min"]) == pytest.approx(
+            abs(c.delta) + sps.t.ppf(1 - 0.05 / m, c.df) * c.se
+        )
+        assert (float(row["delta_ci90_low"]), float(row["delta_ci90_high"])) == (
+            pytest.approx(c.ci90_low),
+            pytest.approx(c.ci90_high),
+        )
         assert c.ci_low < c.ci90_low < c.delta < c.ci90_high < c.ci_high
         values = [100 * t for t in TOP1[name] if t is not None]
         wins = sum((x > y) + (x == y) / 2 for x in values for y in base) / (len(values) * len(base))
@@ -317,23 +485,43 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
         assert row["holm_family"] == "against deit" and row["within_margin"] in ("yes", "no")
     for row in rows.values():  # no accuracy interval leaves [0, 100]
         if row["test_top1_ci95_low"]:
-            assert 0 <= float(row["test_top1_ci95_low"]) <= float(row["test_top1_mean"]) <= \
-                float(row["test_top1_ci95_high"]) <= 100
+            assert (
+                0
+                <= float(row["test_top1_ci95_low"])
+                <= float(row["test_top1_mean"])
+                <= float(row["test_top1_ci95_high"])
+                <= 100
+            )
     seeds = read_csv(out / "results_seeds.csv")
     assert [(r["variant"], int(r["seed"])) for r in seeds] == [
-        (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None]
+        (v, s) for v in VARIANTS for s in SEEDS if TOP1[v][s] is not None
+    ]
     assert float(seeds[0]["test_top1"]) == pytest.approx(100 * TOP1["deit"][0])
     md = (out / "results.md").read_text()
-    assert ("| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | Δ 95% CI | Δ 90% CI (TOST) | p (Holm) | MDE | "
-            "min. margin | P(>ref) [95% CI] | verdict | Holm family |") in md
+    assert (
+        "| Variant | n | Test top-1 (%) | 95% CI | Δ vs deit | Δ 95% CI | Δ 90% CI (TOST) | p (Holm) | MDE | "
+        "min. margin | P(>ref) [95% CI] | verdict | Holm family |"
+    ) in md
     assert "deit is the baseline." in md and "lsa vs deit: +10.00 points [" in md
     assert "mait_soft vs deit:" in md and "not tested (needs at least 2 seeds on both sides)" in md
     assert f"over the whole study): deit ({m} comparisons)." in md
     assert r"$\Delta$ vs deit" in (out / "results.tex").read_text()
 
 
-COMPARISON_FIELDS = ("delta", "delta_ci95_low", "delta_ci95_high", "p_holm", "p_equivalence_holm", "mde80", "verdict",
-                     "delta_ci90_low", "delta_ci90_high", "min_margin", "p_improvement", "holm_family")
+COMPARISON_FIELDS = (
+    "delta",
+    "delta_ci95_low",
+    "delta_ci95_high",
+    "p_holm",
+    "p_equivalence_holm",
+    "mde80",
+    "verdict",
+    "delta_ci90_low",
+    "delta_ci90_high",
+    "min_margin",
+    "p_improvement",
+    "holm_family",
+)
 RESULTS_NAMES = {"delta": "delta_vs_baseline", "min_margin": "equivalence_margin_min"}
 
 
@@ -344,9 +532,14 @@ def test_one_number_per_comparison_in_every_table(built):
     _, out, _, _ = built
     results = {r["variant"]: r for r in read_csv(out / "results.csv")}
     # table -> (the column naming the variant, or the variant itself; the accuracy column)
-    cells = [("mait_table2", "mait_3x3", "MaiT(3x3)"), ("mait_table3", "mait_3x3", "MaiT(Sch.1)"),
-             ("mait_table4", "Model", "Top-1 (%)"), ("lsa_table3", "Method", "Digits (%)"),
-             ("lsa_table5", "Variant", "Digits (%)"), ("locality", "Variant", "Top-1 (%)")]
+    cells = [
+        ("mait_table2", "mait_3x3", "MaiT(3x3)"),
+        ("mait_table3", "mait_3x3", "MaiT(Sch.1)"),
+        ("mait_table4", "Model", "Top-1 (%)"),
+        ("lsa_table3", "Method", "Digits (%)"),
+        ("lsa_table5", "Variant", "Digits (%)"),
+        ("locality", "Variant", "Top-1 (%)"),
+    ]
     seen = {"lsa": [], "mait_3x3": []}
     for table, key, column in cells:
         for row in read_csv(out / "tables" / f"{table}.csv"):
@@ -358,12 +551,16 @@ def test_one_number_per_comparison_in_every_table(built):
             for f in COMPARISON_FIELDS:
                 assert row[f"{column} {f}"] == want[RESULTS_NAMES.get(f, f)], (table, name, f)
             seen[name].append(table)
-    assert seen == {"lsa": ["mait_table4", "lsa_table3", "lsa_table5", "locality"],
-                    "mait_3x3": ["mait_table2", "mait_table3", "mait_table4", "lsa_table3", "locality"]}
+    assert seen == {
+        "lsa": ["mait_table4", "lsa_table3", "lsa_table5", "locality"],
+        "mait_3x3": ["mait_table2", "mait_table3", "mait_table4", "lsa_table3", "locality"],
+    }
     for table in ("mait_table2", "lsa_table5", "results"):  # each table names the family
         path = out / ("results.md" if table == "results" else f"tables/{table}.md")
-        assert "Holm families (the comparisons against one reference, over the whole study): deit (8 comparisons)" in \
-            path.read_text()
+        assert (
+            "Holm families (the comparisons against one reference, over the whole study): deit (8 comparisons)"
+            in path.read_text()
+        )
 
 
 def test_a_difference_shown_inside_the_margin_says_so(tmp_path):
@@ -392,8 +589,13 @@ def prefix_hits(k: int, n: int = 360) -> np.ndarray:
 def test_every_verdict_with_its_interval(tmp_path):
     """better, worse, equivalent and undecided, each agreeing with its interval; pairing over the same
     360 images makes a tie provable that the unpaired test set could not show."""
-    ks = {"deit": [253, 254, 255], "far": [353, 354, 355], "low": [200, 201, 202], "same": [253, 254, 255],
-          "noisy": [230, 250, 270]}
+    ks = {
+        "deit": [253, 254, 255],
+        "far": [353, 354, 355],
+        "low": [200, 201, 202],
+        "same": [253, 254, 255],
+        "noisy": [230, 250, 270],
+    }
     top1 = {v: [k / 360 for k in ks[v]] for v in ks}
     hits = {(v, s): prefix_hits(ks[v][s]) for v in ks for s in range(3)}
     variants = {v: VARIANTS["deit"] for v in ks}
@@ -401,8 +603,13 @@ def test_every_verdict_with_its_interval(tmp_path):
     make_study(tmp_path, params, top1=top1, analysed={}, seeds=[0, 1, 2], hits=hits)
     build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     rows = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}
-    assert {v: rows[v]["verdict"] for v in ks} == {"deit": "baseline", "far": "better", "low": "worse",
-                                                   "same": "equivalent", "noisy": "undecided"}
+    assert {v: rows[v]["verdict"] for v in ks} == {
+        "deit": "baseline",
+        "far": "better",
+        "low": "worse",
+        "same": "equivalent",
+        "noisy": "undecided",
+    }
     for v in ("far", "low", "same", "noisy"):
         low, high, delta = (float(rows[v][k]) for k in ("delta_ci95_low", "delta_ci95_high", "delta_vs_baseline"))
         assert low < delta < high
@@ -418,7 +625,10 @@ def test_every_verdict_with_its_interval(tmp_path):
     md = (tmp_path / "report" / "results.md").read_text()
     assert f"could detect a difference of {mde:.2f} points or more (80 % power)" in md
     assert "far vs deit: +27.78 points [" in md and "], better (Holm-adjusted p = " in md
-    assert "same vs deit: +0.00 points [" in md and "equivalent: within ± 1 point (two one-sided tests, 90 % interval [" in md
+    assert (
+        "same vs deit: +0.00 points [" in md
+        and "equivalent: within ± 1 point (two one-sided tests, 90 % interval [" in md
+    )
     # without the per-image results (older evaluation files) the same tie cannot be shown
     for v in ks:
         for s in range(3):
@@ -432,8 +642,20 @@ def test_every_verdict_with_its_interval(tmp_path):
 def test_figures_are_valid_files_with_captions(built):
     _, out, report, _ = built
     figs = report["figures"]
-    want = {"curves", "accuracy_vs_depth", "als_deit", "als_mait_3x3", "als_mait_soft", "als_ibit", "als_lsa",
-            "similarity_deit", "rollout_deit", "rollout_ibit", "learned_masks_ibit", "alphas_mait_soft"}
+    want = {
+        "curves",
+        "accuracy_vs_depth",
+        "als_deit",
+        "als_mait_3x3",
+        "als_mait_soft",
+        "als_ibit",
+        "als_lsa",
+        "similarity_deit",
+        "rollout_deit",
+        "rollout_ibit",
+        "learned_masks_ibit",
+        "alphas_mait_soft",
+    }
     assert want <= set(figs)
     # No figure where the study has nothing to draw: no rollout without a class token, no masks outside IBiT.
     assert not {"rollout_lsa", "similarity_lsa", "learned_masks_deit", "alphas_deit", "als_convit"} & set(figs)
@@ -461,7 +683,8 @@ def test_absent_families_are_not_written_and_stale_tables_go(built, tmp_path):
     assert {"lsa_table3", "lsa_table5", "ibit_table3", "ibit_table4", "accuracy_vs_depth"} <= set(report["skipped"])
     assert not (out / "tables" / "lsa_table3.md").exists() and not (out / "figures" / "als_lsa.png").exists()
     assert sorted(p.name for p in (out / "tables").iterdir()) == sorted(
-        f"{t}.{e}" for t in ("mait_table2", "mait_table3", "mait_table4") for e in ("md", "csv", "tex"))
+        f"{t}.{e}" for t in ("mait_table2", "mait_table3", "mait_table4") for e in ("md", "csv", "tex")
+    )
 
 
 def test_fraction_figure_from_several_studies(built, tmp_path):
@@ -480,9 +703,14 @@ def test_fraction_figure_from_several_studies(built, tmp_path):
 def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     """train_fractions: each variant at each fraction in one study; cells are tested against the baseline
     at the same fraction, and the figure draws one line per base variant."""
-    raw = {"study": "eff", "data": {"source": "digits", "image_size": 32}, "train": {"epochs": 3, "batch_size": 32},
-           "seeds": SEEDS, "train_fractions": [0.25, 1.0],
-           "variants": {v: copy.deepcopy(VARIANTS[v]) for v in ("deit", "lsa")}}
+    raw = {
+        "study": "eff",
+        "data": {"source": "digits", "image_size": 32},
+        "train": {"epochs": 3, "batch_size": 32},
+        "seeds": SEEDS,
+        "train_fractions": [0.25, 1.0],
+        "variants": {v: copy.deepcopy(VARIANTS[v]) for v in ("deit", "lsa")},
+    }
     params = validate_params(raw, check_models=False)
     assert list(params["variants"]) == ["deit", "deit_25pct", "lsa", "lsa_25pct"]
     top1 = {"deit": [0.90, 0.92], "deit_25pct": [0.50, 0.54], "lsa": [0.99, 0.98], "lsa_25pct": [0.90, 0.91]}
@@ -501,8 +729,10 @@ def test_data_efficiency_table_and_figure_from_one_study(tmp_path):
     for name, table in (("lsa_25pct", results), ("lsa", results)):
         assert float(table[name]["p_holm"]) == pytest.approx(float(table[name]["p_vs_baseline"]))
     assert float(rows["lsa"]["25% of train p_holm"]) == pytest.approx(float(rows["lsa"]["25% of train p"]))
-    assert "over the whole study): deit_25pct (1 comparison); deit (1 comparison)." in \
-        (tmp_path / "report" / "tables" / "data_efficiency.md").read_text()
+    assert (
+        "over the whole study): deit_25pct (1 comparison); deit (1 comparison)."
+        in (tmp_path / "report" / "tables" / "data_efficiency.md").read_text()
+    )
     fig = report["figures"]["accuracy_vs_fraction"]
     assert (tmp_path / "report" / fig["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "95 % interval as error bars" in fig["caption"]
@@ -530,7 +760,9 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
     run_ids[("mait_3x3", 1)] = uuid.uuid4().hex  # a run the backend does not know (e.g. after dvc pull)
     make_study(tmp_path, params, run_ids=run_ids, analysed={"deit": [0], "mait_3x3": [0]})
     with caplog.at_level(logging.WARNING, logger="locvit"):
-        report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
+        report = build_report(
+            config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000"
+        )
     assert "1 MLflow run(s) not in the tracking backend" in caplog.text
     md = (tmp_path / "report" / "tables" / "mait_table2.md").read_text()
     link = f"http://ui:5000/#/experiments/{exp}/runs/{run_ids[('deit', 0)]}?workflowType=machine_learning"
@@ -553,8 +785,16 @@ def test_variant_runs_carry_the_comparison(tmp_path, monkeypatch):
     row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["mait_3x3"]
     assert "variant_runs" in report["mlflow"]["tree"], report["mlflow"]["tree"]
     run = client.get_run(report["mlflow"]["tree"]["variant_runs"]["mait_3x3"])
-    for key in ("p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "delta_ci90_low",
-                "delta_ci90_high", "equivalence_margin_min", "mde80", "p_holm"):
+    for key in (
+        "p_improvement",
+        "p_improvement_ci95_low",
+        "p_improvement_ci95_high",
+        "delta_ci90_low",
+        "delta_ci90_high",
+        "equivalence_margin_min",
+        "mde80",
+        "p_holm",
+    ):
         assert run.data.metrics[key] == pytest.approx(float(row[key])), key
     assert run.data.tags["holm_family"] == "against deit" and run.data.tags["within_margin"] == row["within_margin"]
 

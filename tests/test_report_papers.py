@@ -40,26 +40,92 @@ def _fabricate(root: Path, params: dict, top1=TOP1, n_params=PARAMS, arch=ARCH, 
     for v, spec in params["variants"].items():
         for s in SEEDS:
             rid = uuid.uuid4().hex
-            _write(root / "eval" / v / f"seed{s}.json", {
-                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "split": "test",
-                "test_top1": top1[v][s], "test_loss": 0.5, "n": 10000, "n_params": n_params[v], "checkpoint_epoch": 2,
-                "val_top1": top1[v][s] - 0.01, "mlflow_run_id": rid, "data_hash": "0" * 16})
-            _write(root / "runs" / v / f"seed{s}" / "metrics.json", {
-                "study": params["study"], "variant": v, "seed": s, "model": spec["model"], "n_params": n_params[v],
-                "best_val_top1": 0.6, "best_epoch": 2, "final_val_top1": 0.6, "train_time_s": 10.0,
-                "mlflow_run_id": rid, "history": [{"epoch": e, "train_loss": 1.0, "train_top1": 0.5,
-                                                   "train_images_per_s": 500.0, "val_loss": 1.0, "val_top1": 0.5}
-                                                  for e in range(3)]})
+            _write(
+                root / "eval" / v / f"seed{s}.json",
+                {
+                    "study": params["study"],
+                    "variant": v,
+                    "seed": s,
+                    "model": spec["model"],
+                    "split": "test",
+                    "test_top1": top1[v][s],
+                    "test_loss": 0.5,
+                    "n": 10000,
+                    "n_params": n_params[v],
+                    "checkpoint_epoch": 2,
+                    "val_top1": top1[v][s] - 0.01,
+                    "mlflow_run_id": rid,
+                    "data_hash": "0" * 16,
+                },
+            )
+            _write(
+                root / "runs" / v / f"seed{s}" / "metrics.json",
+                {
+                    "study": params["study"],
+                    "variant": v,
+                    "seed": s,
+                    "model": spec["model"],
+                    "n_params": n_params[v],
+                    "best_val_top1": 0.6,
+                    "best_epoch": 2,
+                    "final_val_top1": 0.6,
+                    "train_time_s": 10.0,
+                    "mlflow_run_id": rid,
+                    "history": [
+                        {
+                            "epoch": e,
+                            "train_loss": 1.0,
+                            "train_top1": 0.5,
+                            "train_images_per_s": 500.0,
+                            "val_loss": 1.0,
+                            "val_top1": 0.5,
+                        }
+                        for e in range(3)
+                    ],
+                },
+            )
             if v != "wrn":  # a CNN has no attention layers: its analysis holds none
-                _write(root / "analysis" / v / f"seed{s}.json", {
-                    "variant": v, "seed": s, "model": spec["model"], "mlflow_run_id": rid, "images": 4,
-                    "als_kernel": [3, 3], "layers": [], "als": [], "als_layers": [], "als_mean": 0.5 + 0.01 * s,
-                    "mad": [], "mad_mean": 4.0, "cross_layer_similarity": None})
+                _write(
+                    root / "analysis" / v / f"seed{s}.json",
+                    {
+                        "variant": v,
+                        "seed": s,
+                        "model": spec["model"],
+                        "mlflow_run_id": rid,
+                        "images": 4,
+                        "als_kernel": [3, 3],
+                        "layers": [],
+                        "als": [],
+                        "als_layers": [],
+                        "als_mean": 0.5 + 0.01 * s,
+                        "mad": [],
+                        "mad_mean": 4.0,
+                        "cross_layer_similarity": None,
+                    },
+                )
         family, display = arch[v]
-        _write(root / "analysis" / v / "profile.json", {
-            "variant": v, "model": spec["model"], "params": n_params[v], "gmacs": 1.0, "input_size": [3, 32, 32],
-            "arch": {"family": family, "display": display, "prior": "-", "embed_dim": 192, "depth": 12,
-                     "num_heads": 3, "patch_size": 4, "layer_scale": False, "mask": None, "lsa": None}})
+        _write(
+            root / "analysis" / v / "profile.json",
+            {
+                "variant": v,
+                "model": spec["model"],
+                "params": n_params[v],
+                "gmacs": 1.0,
+                "input_size": [3, 32, 32],
+                "arch": {
+                    "family": family,
+                    "display": display,
+                    "prior": "-",
+                    "embed_dim": 192,
+                    "depth": 12,
+                    "num_heads": 3,
+                    "patch_size": 4,
+                    "layer_scale": False,
+                    "mask": None,
+                    "lsa": None,
+                },
+            },
+        )
     if throughput is None:
         return
     lines = ["variant,img_s_median,img_s_low,img_s_high,ratio_vs_baseline,rounds,device"]
@@ -71,19 +137,30 @@ def _fabricate(root: Path, params: dict, top1=TOP1, n_params=PARAMS, arch=ARCH, 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     root = tmp_path_factory.mktemp("cifar10")
-    params = validate_params({"study": "papers", "data": {"source": "cifar10", "image_size": 32},
-                              "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "baseline": "deit_t",
-                              "variants": VARIANTS}, check_models=False)
+    params = validate_params(
+        {
+            "study": "papers",
+            "data": {"source": "cifar10", "image_size": 32},
+            "train": {"epochs": 3, "batch_size": 32},
+            "seeds": SEEDS,
+            "baseline": "deit_t",
+            "variants": VARIANTS,
+        },
+        check_models=False,
+    )
     _fabricate(root, params)
     build_report(JobConfig(report_config(params), "report config"), root, root / "report", log_to_mlflow=False)
     rows = {r["Method"]: r for r in csv.DictReader((root / "report" / "tables" / "lsa_table3.csv").open())}
     return rows, (root / "report" / "tables" / "lsa_table3.md").read_text()
 
 
-@pytest.mark.parametrize("variant, paper_row, paper_top1, paper_params, paper_throughput",
-                         [("deit_t", "Deit-T", 88.39, 5.3, 1905.3), ("wrn", "WRN28-10", 95.83, 36.5, 1510.8)])
-def test_lsa_table3_shows_the_papers_numbers_and_the_difference(table, variant, paper_row, paper_top1, paper_params,
-                                                                 paper_throughput):
+@pytest.mark.parametrize(
+    "variant, paper_row, paper_top1, paper_params, paper_throughput",
+    [("deit_t", "Deit-T", 88.39, 5.3, 1905.3), ("wrn", "WRN28-10", 95.83, 36.5, 1510.8)],
+)
+def test_lsa_table3_shows_the_papers_numbers_and_the_difference(
+    table, variant, paper_row, paper_top1, paper_params, paper_throughput
+):
     rows, md = table
     row = rows[variant]
     ours = 100 * sum(TOP1[variant]) / len(TOP1[variant])
@@ -115,23 +192,51 @@ IBIT_VARIANTS = {  # IBiT without and with CutMix (Table 4 A, B), DeiT-Ti with D
     "deit_plain": {"model": "deit_tiny_patch16_224", "train": {"cutmix": 0.0, "mixup": 0.0}},
     "convit": {"model": "convit_tiny", "train": {"cutmix": 0.0, "mixup": 0.0}},
 }
-IBIT_TOP1 = {"ibit": [0.751, 0.745], "ibit_cutmix": [0.73, 0.72], "deit": [0.70, 0.71], "deit_plain": [0.69, 0.68],
-             "convit": [0.74, 0.73]}
-IBIT_PARAMS = {"ibit": 5_760_000, "ibit_cutmix": 5_760_000, "deit": 5_717_416, "deit_plain": 5_717_416,
-               "convit": 5_524_312}
-IBIT_ARCH = {"ibit": ("ibit", "IBiT"), "ibit_cutmix": ("ibit", "IBiT"), "deit": ("deit", "DeiT"),
-             "deit_plain": ("deit", "DeiT"), "convit": ("convit", "ConViT")}
+IBIT_TOP1 = {
+    "ibit": [0.751, 0.745],
+    "ibit_cutmix": [0.73, 0.72],
+    "deit": [0.70, 0.71],
+    "deit_plain": [0.69, 0.68],
+    "convit": [0.74, 0.73],
+}
+IBIT_PARAMS = {
+    "ibit": 5_760_000,
+    "ibit_cutmix": 5_760_000,
+    "deit": 5_717_416,
+    "deit_plain": 5_717_416,
+    "convit": 5_524_312,
+}
+IBIT_ARCH = {
+    "ibit": ("ibit", "IBiT"),
+    "ibit_cutmix": ("ibit", "IBiT"),
+    "deit": ("deit", "DeiT"),
+    "deit_plain": ("deit", "DeiT"),
+    "convit": ("convit", "ConViT"),
+}
 
 
 def _ibit_tables(root: Path, source: str, size: int) -> dict:
-    params = validate_params({"study": "ibit", "data": {"source": source, "image_size": size},
-                              "train": {"epochs": 3, "batch_size": 32}, "seeds": SEEDS, "baseline": "deit",
-                              "variants": IBIT_VARIANTS}, check_models=False)
+    params = validate_params(
+        {
+            "study": "ibit",
+            "data": {"source": source, "image_size": size},
+            "train": {"epochs": 3, "batch_size": 32},
+            "seeds": SEEDS,
+            "baseline": "deit",
+            "variants": IBIT_VARIANTS,
+        },
+        check_models=False,
+    )
     _fabricate(root, params, IBIT_TOP1, IBIT_PARAMS, IBIT_ARCH, throughput=None)
     build_report(JobConfig(report_config(params), "report config"), root, root / "report", log_to_mlflow=False)
     tables = root / "report" / "tables"
-    return {name: ({r["Variant"]: r for r in csv.DictReader((tables / f"{name}.csv").open())},
-                   (tables / f"{name}.md").read_text()) for name in ("ibit_table3", "ibit_table4")}
+    return {
+        name: (
+            {r["Variant"]: r for r in csv.DictReader((tables / f"{name}.csv").open())},
+            (tables / f"{name}.md").read_text(),
+        )
+        for name in ("ibit_table3", "ibit_table4")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +248,10 @@ def _ours(variant: str) -> float:
     return 100 * sum(IBIT_TOP1[variant]) / len(IBIT_TOP1[variant])
 
 
-@pytest.mark.parametrize("variant, paper_row, paper_top1",
-                         [("ibit", "IBiT (Ours)", 74.2), ("deit", "DeiT", 72.2), ("convit", "ConViT", 73.1)])
+@pytest.mark.parametrize(
+    "variant, paper_row, paper_top1",
+    [("ibit", "IBiT (Ours)", 74.2), ("deit", "DeiT", 72.2), ("convit", "ConViT", 73.1)],
+)
 def test_ibit_table3_shows_the_papers_top1_and_params(ibit_tables, variant, paper_row, paper_top1):
     rows, md = ibit_tables["ibit_table3"]
     row = rows[variant]
@@ -166,9 +273,10 @@ def test_ibit_table3_leaves_a_variant_of_another_recipe_without_a_paper_row(ibit
     assert "Paper columns: what the IBiT paper reports" in md and "trains IBiT without CutMix" in md
 
 
-@pytest.mark.parametrize("variant, paper_row, paper_top1",
-                         [("ibit", "A (IBiT)", 74.2), ("ibit_cutmix", "B", 72.2), ("deit", "C (DeiT)", 71.5),
-                          ("deit_plain", None, None)])
+@pytest.mark.parametrize(
+    "variant, paper_row, paper_top1",
+    [("ibit", "A (IBiT)", 74.2), ("ibit_cutmix", "B", 72.2), ("deit", "C (DeiT)", 71.5), ("deit_plain", None, None)],
+)
 def test_ibit_table4_finds_the_row_of_the_variants_masks_and_cutmix(ibit_tables, variant, paper_row, paper_top1):
     rows, md = ibit_tables["ibit_table4"]
     row = rows[variant]
@@ -193,12 +301,22 @@ def test_a_row_with_a_recipe_condition_needs_the_variants_recipe():
     from locvit.report.reported import paper_row
 
     kwargs = {"img_size": 224, "num_classes": 1000}
-    assert paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.0, "mixup": 0.0},
-                     table=4)["row"] == "A (IBiT)"
-    assert paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.5, "mixup": 0.0},
-                     table=4)["row"] == "B"
-    assert paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.5, "mixup": 0.0},
-                     table=3) is None
+    assert (
+        paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.0, "mixup": 0.0}, table=4)[
+            "row"
+        ]
+        == "A (IBiT)"
+    )
+    assert (
+        paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.5, "mixup": 0.0}, table=4)[
+            "row"
+        ]
+        == "B"
+    )
+    assert (
+        paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", recipe={"cutmix": 0.5, "mixup": 0.0}, table=3)
+        is None
+    )
     assert paper_row("IBiT", "ibit_tiny_patch16_224", kwargs, "imagenet", table=4) is None  # no recipe given
     assert paper_row("IBiT", "convit_tiny", kwargs, "imagenet")["row"] == "ConViT"  # no condition: any recipe
 
@@ -208,7 +326,8 @@ def test_a_recipe_condition_that_is_not_true_or_false_is_refused(tmp_path, monke
     from locvit.errors import InputError
 
     (tmp_path / "papers_reported.yaml").write_text(
-        "papers: {IBiT: IBiT}\nrows:\n  - {paper: IBiT, table: 4, row: B, dataset: imagenet, model: m, cutmix: 1.0}\n")
+        "papers: {IBiT: IBiT}\nrows:\n  - {paper: IBiT, table: 4, row: B, dataset: imagenet, model: m, cutmix: 1.0}\n"
+    )
     monkeypatch.setattr(rep, "files", lambda package: tmp_path)
     rep.reported.cache_clear()
     try:
@@ -244,8 +363,14 @@ def test_the_ibit_rows_are_registered_models_of_the_papers_size():
 
     rows = [r for r in reported() if r["paper"] == "IBiT"]
     assert {(r["table"], r["row"]) for r in rows} == {
-        (3, "IBiT (Ours)"), (3, "DeiT"), (3, "DeiT (Our Reproduction)"), (3, "ConViT"),
-        (4, "A (IBiT)"), (4, "B"), (4, "C (DeiT)")}
+        (3, "IBiT (Ours)"),
+        (3, "DeiT"),
+        (3, "DeiT (Our Reproduction)"),
+        (3, "ConViT"),
+        (4, "A (IBiT)"),
+        (4, "B"),
+        (4, "C (DeiT)"),
+    }
     assert all(r["dataset"] == "imagenet" and r["model"] for r in rows)
     for r in rows:
         assert timm.is_model(r["model"]), f"{r['row']}: {r['model']} is not a registered entrypoint"
@@ -253,16 +378,23 @@ def test_the_ibit_rows_are_registered_models_of_the_papers_size():
     assert {r["table"] for r in sized} == {3}  # Table 4 gives top-1 only
     for r in sized:
         with torch.device("meta"):
-            model = locvit.models.create({"model": r["model"], "model_kwargs": {
-                "img_size": 224, "num_classes": 1000, **(r.get("kwargs") or {})}})
+            model = locvit.models.create(
+                {"model": r["model"], "model_kwargs": {"img_size": 224, "num_classes": 1000, **(r.get("kwargs") or {})}}
+            )
         ours = sum(p.numel() for p in model.parameters()) / 1e6
         half_unit = 0.5 * 10 ** -_decimals(r["params_m"])
         assert abs(ours - r["params_m"]) <= half_unit, f"IBiT Table 3 {r['row']}: {r['model']} has {ours:.2f}M"
 
 
-@pytest.mark.parametrize("preset, paper, not_in_the_table",
-                         [("lsa_cifar", "LSA", set()), ("lsa_imagenet", "LSA", set()), ("mait_sota", "MaiT", {"deit_t"}),
-                          ("ibit_imagenet", "IBiT", set())])
+@pytest.mark.parametrize(
+    "preset, paper, not_in_the_table",
+    [
+        ("lsa_cifar", "LSA", set()),
+        ("lsa_imagenet", "LSA", set()),
+        ("mait_sota", "MaiT", {"deit_t"}),
+        ("ibit_imagenet", "IBiT", set()),
+    ],
+)
 def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, not_in_the_table):
     """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
     data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""

@@ -19,8 +19,8 @@ import threading
 
 import pytest
 import yaml
-
 from helpers import BIN, copy_workflow, env_with_venv
+
 from locvit.config import load_params
 from locvit.errors import InputError
 from locvit.run_config import train_resources
@@ -32,12 +32,19 @@ SIZES = {
 }
 
 
-def dry_run(work, *extra, profile: tuple[str, ...] = ("--profile", "cluster"), said: list | None = None
-            ) -> dict[str, dict]:
+def dry_run(
+    work, *extra, profile: tuple[str, ...] = ("--profile", "cluster"), said: list | None = None
+) -> dict[str, dict]:
     """The dry run's resources, shell command and grouping of each training job, by variant (with ``said``:
     its output appended there)."""
-    out = subprocess.run([str(BIN / "snakemake"), *profile, "all", "-n", "--config", "params=presets/sized.yaml",
-                          *extra], cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(BIN / "snakemake"), *profile, "all", "-n", "--config", "params=presets/sized.yaml", *extra],
+        cwd=work,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     if said is not None:
         said.append(out.stdout + out.stderr)
@@ -47,8 +54,11 @@ def dry_run(work, *extra, profile: tuple[str, ...] = ("--profile", "cluster"), s
             continue
         variant = re.search(r"wildcards: variant=(\S+)", block).group(1)
         resources = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block).group(1).split(", "))
-        jobs[variant] = {"resources": resources, "shell": re.search(r"Shell command: (.*)", block).group(1),
-                         "grouped": bool(re.search(r"^\s+rule train:", block, re.M))}  # a group's jobs: indented
+        jobs[variant] = {
+            "resources": resources,
+            "shell": re.search(r"Shell command: (.*)", block).group(1),
+            "grouped": bool(re.search(r"^\s+rule train:", block, re.M)),
+        }  # a group's jobs: indented
     return jobs
 
 
@@ -67,23 +77,36 @@ def work(tmp_path_factory):
 def test_a_variants_resources_override_the_studys_key_by_key(work):
     params = load_params(work / "presets" / "sized.yaml")
     assert train_resources(params, "deit_a") == {"nodes": 1, "gpus": 1, "cpus": 8, "mem_mb": 4000, "runtime": 30}
-    assert train_resources(params, "mait_b") == {"nodes": 2, "gpus": 4, "cpus": 32, "mem_mb": 200000,
-                                                 "runtime": 2880}
+    assert train_resources(params, "mait_b") == {"nodes": 2, "gpus": 4, "cpus": 32, "mem_mb": 200000, "runtime": 2880}
 
 
 @pytest.mark.e2e
 def test_the_cluster_dry_run_shows_each_variants_sizes(work):
     jobs = dry_run(work)
     small, big = jobs["deit_a"], jobs["mait_b"]
-    assert {k: small["resources"].get(k) for k in ("nodes", "gpu", "cpus_per_task", "mem_mb", "runtime")} == \
-        {"nodes": "1", "gpu": "1", "cpus_per_task": "8", "mem_mb": "4000", "runtime": "30"}
+    assert {k: small["resources"].get(k) for k in ("nodes", "gpu", "cpus_per_task", "mem_mb", "runtime")} == {
+        "nodes": "1",
+        "gpu": "1",
+        "cpus_per_task": "8",
+        "mem_mb": "4000",
+        "runtime": "30",
+    }
     assert not {"mpi", "tasks", "gres"} & set(small["resources"])
     assert " -m locvit train " in small["shell"]
     # Two nodes: one task (one torchrun) per node, 4 GPUs on each, and the launcher that starts them.
-    assert {k: big["resources"].get(k) for k in ("nodes", "tasks", "gres", "mpi", "tasks_per_gpu", "cpus_per_task",
-                                                 "mem_mb", "runtime")} == \
-        {"nodes": "2", "tasks": "2", "gres": "gpu:4", "mpi": "srun", "tasks_per_gpu": "0", "cpus_per_task": "32",
-         "mem_mb": "200000", "runtime": "2880"}
+    assert {
+        k: big["resources"].get(k)
+        for k in ("nodes", "tasks", "gres", "mpi", "tasks_per_gpu", "cpus_per_task", "mem_mb", "runtime")
+    } == {
+        "nodes": "2",
+        "tasks": "2",
+        "gres": "gpu:4",
+        "mpi": "srun",
+        "tasks_per_gpu": "0",
+        "cpus_per_task": "32",
+        "mem_mb": "200000",
+        "runtime": "2880",
+    }
     assert "gpu" not in big["resources"]  # per-node GPUs go through gres, not --gpus for the whole job
     assert " -m locvit launch --nodes 2 --gpus-per-node 4 -- train " in big["shell"]
     # The profile adds only the site's settings to them.
@@ -109,17 +132,31 @@ def test_the_command_line_overrides_every_variant(work):
 @pytest.mark.e2e
 def test_nodes_from_the_command_line_are_refused_with_where_to_set_them(work):
     """deit_a would get two nodes and use one (a multi-node job's override: test_launch)."""
-    out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
-                          "params=presets/sized.yaml", "--set-resources", "train:nodes=2"],
-                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            str(BIN / "snakemake"),
+            "--profile",
+            "cluster",
+            "all",
+            "-n",
+            "--config",
+            "params=presets/sized.yaml",
+            "--set-resources",
+            "train:nodes=2",
+        ],
+        cwd=work,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     said = out.stdout + out.stderr
     assert "train: nodes=2 from --set-resources" in said and "variant's resources.nodes in params" in said
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("train_jobs, extra", [("per_variant", ["--group-components", "variant=2"]),
-                                               ("per_run", [])])
+@pytest.mark.parametrize("train_jobs, extra", [("per_variant", ["--group-components", "variant=2"]), ("per_run", [])])
 def test_trainings_that_a_group_would_hold_side_by_side_go_alone(work, train_jobs, extra):
     """Inside a group job the SLURM executor runs one job at a time, while Snakemake would size side-by-side
     trainings (two variants' groups in one job; a variant's seeds as separate jobs) as parallel: sizes
@@ -127,9 +164,23 @@ def test_trainings_that_a_group_would_hold_side_by_side_go_alone(work, train_job
     params = yaml.safe_load((work / "presets" / "sized.yaml").read_text())
     params["train_jobs"] = train_jobs
     (work / "presets" / "side_by_side.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out = subprocess.run([str(BIN / "snakemake"), "--profile", "cluster", "all", "-n", "--config",
-                          "params=presets/side_by_side.yaml", *extra],
-                         cwd=work, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            str(BIN / "snakemake"),
+            "--profile",
+            "cluster",
+            "all",
+            "-n",
+            "--config",
+            "params=presets/side_by_side.yaml",
+            *extra,
+        ],
+        cwd=work,
+        env=env_with_venv(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"^rule train:", out.stdout, re.M)  # at the top level: not in a group
     assert not re.search(r"^\s+rule train:", out.stdout, re.M)
@@ -141,8 +192,7 @@ def this_machine() -> dict[str, int]:
     import psutil
     import torch
 
-    return {"cpus": os.cpu_count(), "mem_mb": psutil.virtual_memory().total // 2**20,
-            "gpus": torch.cuda.device_count()}
+    return {"cpus": os.cpu_count(), "mem_mb": psutil.virtual_memory().total // 2**20, "gpus": torch.cuda.device_count()}
 
 
 @pytest.mark.e2e
@@ -152,20 +202,25 @@ def test_a_local_run_sizes_training_by_this_machine(work):
     SLURM settings; a job that uses GPUs first takes its own (locvit.train.gpus)."""
     said: list[str] = []
     jobs, here = dry_run(work, profile=(), said=said), this_machine()
-    assert (f"locvit: local sizes: this machine's {here['cpus']} CPUs, {here['mem_mb']} MB, {here['gpus']} GPU(s)"
-            in said[0])
+    assert (
+        f"locvit: local sizes: this machine's {here['cpus']} CPUs, {here['mem_mb']} MB, {here['gpus']} GPU(s)"
+        in said[0]
+    )
     params = load_params(work / "presets" / "sized.yaml")
     for variant, job in jobs.items():
         sizes = train_resources(params, variant)
         gpu = min(sizes["nodes"] * sizes["gpus"], here["gpus"])
-        assert {k: job["resources"].get(k) for k in ("gpu", "cpus_per_task", "mem_mb")} == \
-            {"gpu": str(gpu), "cpus_per_task": str(min(sizes["cpus"], here["cpus"])),
-             "mem_mb": str(min(sizes["mem_mb"], here["mem_mb"]))}, variant
-        assert not {"nodes", "tasks", "gres", "mpi", "runtime", "slurm_partition", "slurm_extra"} & set(job["resources"])
+        assert {k: job["resources"].get(k) for k in ("gpu", "cpus_per_task", "mem_mb")} == {
+            "gpu": str(gpu),
+            "cpus_per_task": str(min(sizes["cpus"], here["cpus"])),
+            "mem_mb": str(min(sizes["mem_mb"], here["mem_mb"])),
+        }, variant
+        assert not {"nodes", "tasks", "gres", "mpi", "runtime", "slurm_partition", "slurm_extra"} & set(
+            job["resources"]
+        )
         # One machine: no multi-node launcher; torchrun over several GPUs. On GPUs the job takes its own first
         # (gpus.CLAIM, which the Snakefile turns on here: the same command as on the cluster, nothing recorded)
-        launcher = f"-m torch.distributed.run --standalone --nproc_per_node {gpu} -m locvit" if gpu > 1 else \
-            "-m locvit"
+        launcher = f"-m torch.distributed.run --standalone --nproc_per_node {gpu} -m locvit" if gpu > 1 else "-m locvit"
         assert job["shell"].startswith(f'{gpus.CLAIM} "$LOCVIT_PYTHON" {launcher} train '), job["shell"]
     assert params["variants"]["mait_b"]["resources"]["nodes"] == 2
 
@@ -194,8 +249,9 @@ def test_local_jobs_take_gpus_no_other_job_holds(tmp_path):
     second = gpus.claim(1, ["0", "1"], tmp_path)
     assert [d for d, _ in first + second] == ["0", "1"]
     third: list = []
-    waiting = threading.Thread(target=lambda: third.extend(gpus.claim(1, ["0", "1"], tmp_path, poll_s=0.05)),
-                               daemon=True)
+    waiting = threading.Thread(
+        target=lambda: third.extend(gpus.claim(1, ["0", "1"], tmp_path, poll_s=0.05)), daemon=True
+    )
     waiting.start()
     waiting.join(timeout=0.5)
     assert waiting.is_alive() and not third  # both held
@@ -228,14 +284,23 @@ def test_a_local_job_runs_on_its_gpus_and_holds_them_while_it_runs(tmp_path):
     folder = tmp_path / f"locvit-gpus-{os.getuid()}"
     folder.mkdir()
     taken = gpus.claim(1, ["3"], folder)  # another job holds GPU 3
-    proc = subprocess.run([sys.executable, "-m", "locvit.train.gpus", "--", sys.executable, "-c", CHILD,
-                           str(folder)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "locvit.train.gpus", "--", sys.executable, "-c", CHILD, str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["5", "held"] and "locvit: GPU 5 for this job" in proc.stderr
     os.close(taken[0][1])
     # as many GPUs as the command starts processes
-    assert gpus.processes(["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-                           "-m", "locvit", "train"]) == 4
+    assert (
+        gpus.processes(
+            ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "locvit", "train"]
+        )
+        == 4
+    )
     assert gpus.processes(["python", "-m", "locvit", "train", "--threads", "2"]) == 1
 
 
@@ -249,6 +314,7 @@ def test_the_snakemake_inside_a_cluster_job_sizes_it_as_the_submitter_did(work):
     assert "locvit: local sizes" not in said[0]
     for variant in SIZES:
         assert inside[variant]["shell"] == submitted[variant]["shell"]
-        assert {k: v for k, v in inside[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))} \
-            == {k: v for k, v in submitted[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))}
+        assert {
+            k: v for k, v in inside[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))
+        } == {k: v for k, v in submitted[variant]["resources"].items() if not k.startswith(("slurm_", "disk", "tmp"))}
     assert " -m locvit launch --nodes 2 --gpus-per-node 4 -- train " in inside["mait_b"]["shell"]

@@ -1,8 +1,8 @@
 """Resume: a run killed (SIGKILL) after an epoch continues where it stopped, bitwise, into the same MLflow run.
 
 One uninterrupted `locvit train` and one that SIGKILLs itself right after writing the
-second epoch's last.pt (LOCVIT_KILL_AT, tests/faultinject), then started again with the same command; both on CPU with a fixed
-seed and FFCV's loader uncompiled (its augmentations then draw from the seeded numpy
+second epoch's last.pt (LOCVIT_KILL_AT, tests/faultinject), then started again with the same command; both on CPU
+with a fixed seed and FFCV's loader uncompiled (its augmentations then draw from the seeded numpy
 generator), with EMA on so the average is carried over too.
 """
 
@@ -17,10 +17,10 @@ import time
 
 import pytest
 import torch
-
 from helpers import env_with_venv, seed_runs, train_cmd
-from locvit.run_config import run_config
+
 from locvit.checkpoint import load_checkpoint, save_checkpoint
+from locvit.run_config import run_config
 from locvit.train.resume import plan_run
 from locvit.train.stop import EXIT_STOPPED
 
@@ -34,7 +34,6 @@ def cfg(tiny_params) -> dict:
     cfg = run_config(tiny_params, "deit_a", 0)
     cfg["train"].update(epochs=EPOCHS, ema=True, ema_decay=0.9, lr_scale_batch=128)
     return cfg
-
 
 
 def run_ok(cmd: list[str]) -> str:
@@ -59,8 +58,13 @@ def kill_at(cmd: list[str], point: str) -> None:
 def runs(cfg, prepared, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("resume")
     # The uninterrupted run goes alongside the one that is killed (one thread each).
-    whole = subprocess.Popen(train_cmd(cfg, prepared, root / "whole", root / "whole.db"), env=env_with_venv(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    whole = subprocess.Popen(
+        train_cmd(cfg, prepared, root / "whole", root / "whole.db"),
+        env=env_with_venv(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     cut = root / "cut"
     kill_after_epoch(train_cmd(cfg, prepared, cut, root / "cut.db"), 1)
     out, _ = whole.communicate(timeout=300)
@@ -68,8 +72,14 @@ def runs(cfg, prepared, tmp_path_factory) -> dict:
     killed_at = load_checkpoint(cut / "last.pt")["epoch"]
     metrics_after_kill = (cut / "metrics.json").exists()
     out = run_ok(train_cmd(cfg, prepared, cut, root / "cut.db"))
-    return {"root": root, "whole": root / "whole", "cut": cut, "killed_at": killed_at,
-            "metrics_after_kill": metrics_after_kill, "resume_stdout": out}
+    return {
+        "root": root,
+        "whole": root / "whole",
+        "cut": cut,
+        "killed_at": killed_at,
+        "metrics_after_kill": metrics_after_kill,
+        "resume_stdout": out,
+    }
 
 
 def test_a_killed_run_resumes_to_the_same_weights_and_history(runs):
@@ -164,16 +174,26 @@ def test_a_finished_run_is_restored_not_retrained_when_asked(runs, cfg, prepared
     before = json.loads((folder / "metrics.json").read_text())
     (folder / "metrics.json").unlink()
     (folder / "best.pt").unlink()
-    after = train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], folder,
-                      tmp_path / "mlflow.db", show_progress=False, threads=1, keep_finished=True)
+    after = train_run(
+        cfg,
+        prepared["train"],
+        prepared["val"],
+        prepared["manifest"],
+        folder,
+        tmp_path / "mlflow.db",
+        show_progress=False,
+        threads=1,
+        keep_finished=True,
+    )
     for key in ("history", "rank_weights_sha256", "best_epoch", "train_time_s", "mlflow_run_id"):
         assert after[key] == before[key], key
     assert json.loads((folder / "metrics.json").read_text())["history"] == before["history"]
     assert load_checkpoint(folder / "best.pt")["epoch"] == before["best_epoch"]
 
 
-def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_same_weights(runs, cfg, prepared,
-                                                                                           tmp_path):
+def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_same_weights(
+    runs, cfg, prepared, tmp_path
+):
     """SIGUSR1 (what a SLURM job's warning before its time limit becomes) in the middle of the second epoch:
     `locvit train` saves last.pt at its next read (train.read_every 5 here, 50 in the uninterrupted run) and
     exits with EXIT_STOPPED; run again, it continues at that step and ends bitwise equal to the
@@ -189,8 +209,9 @@ def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_sam
     hold.touch()
     env = {**env_with_venv(), "LOCVIT_HOLD_AT": f"train_step_{at}", "LOCVIT_HOLD_FILE": str(hold)}
     out, db = tmp_path / "run", tmp_path / "mlflow.db"
-    proc = subprocess.Popen(train_cmd(cfg, prepared, out, db), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        train_cmd(cfg, prepared, out, db), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 240
     while not list(tmp_path.glob("hold.*.json")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -210,8 +231,9 @@ def test_a_run_stopped_by_signal_within_an_epoch_resumes_at_that_step_to_the_sam
     for a, b in zip(whole["optimizer"]["state"].values(), cut["optimizer"]["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)
     for a, b in zip(whole["history"], cut["history"]):
-        assert {k: v for k, v in a.items() if k != "train_images_per_s"} == \
-               {k: v for k, v in b.items() if k != "train_images_per_s"}
+        assert {k: v for k, v in a.items() if k != "train_images_per_s"} == {
+            k: v for k, v in b.items() if k != "train_images_per_s"
+        }
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     found = seed_runs(client, cfg["study"])
     assert [r.info.status for r in found] == ["FINISHED"]

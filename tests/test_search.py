@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import config_file
 
 from locvit.analysis.search import assign, calibrate, next_spec, search_run_config, search_table
-from helpers import config_file
 from locvit.cli import main
 
 # ALS[layer][head] of a 4-layer, 3-head model whose head 0 is masked in every layer.
@@ -49,9 +49,24 @@ def test_cli_derives_a_round_from_a_known_als_file(tmp_path):
     (tmp_path / "analysis0.json").write_text(json.dumps({"als": ALS}))
     config = config_file({"variant": "mait_b", "all_above": 0.9, "remove_below": 0.45}, tmp_path / "search.json")
     for r, previous in ((1, "spec0.json"), (2, "spec1.json")):
-        assert main(["search-spec", "--round", str(r), "--search-config", config,
-                     "--previous-spec", str(tmp_path / previous), "--previous-analysis", str(tmp_path / "analysis0.json"),
-                     "--out", str(tmp_path / f"spec{r}.json")]) == 0
+        assert (
+            main(
+                [
+                    "search-spec",
+                    "--round",
+                    str(r),
+                    "--search-config",
+                    config,
+                    "--previous-spec",
+                    str(tmp_path / previous),
+                    "--previous-analysis",
+                    str(tmp_path / "analysis0.json"),
+                    "--out",
+                    str(tmp_path / f"spec{r}.json"),
+                ]
+            )
+            == 0
+        )
     # Round 1 with these thresholds: 0.95 -> all, 0.5 -> keep, 0.1 -> remove, 0.8 -> keep.
     assert json.loads((tmp_path / "spec1.json").read_text())["masked_heads"] == [[0, 1, 2], [0], [], [0]]
     # Round 2 calibrates with the same ALS: heads 1 and 2 of layer 0 (0.40, 0.30) drop.
@@ -59,9 +74,17 @@ def test_cli_derives_a_round_from_a_known_als_file(tmp_path):
 
 
 def test_a_bad_search_config_names_the_key(tmp_path, capsys):
-    code = main(["search-spec", "--round", "0", "--search-config",
-                 config_file({"variant": "m", "all_above": 2}, tmp_path / "search.json"),
-                 "--out", str(tmp_path / "spec.json")])
+    code = main(
+        [
+            "search-spec",
+            "--round",
+            "0",
+            "--search-config",
+            config_file({"variant": "m", "all_above": 2}, tmp_path / "search.json"),
+            "--out",
+            str(tmp_path / "spec.json"),
+        ]
+    )
     assert code == 2 and "mask_search.all_above" in capsys.readouterr().err
     assert not (tmp_path / "spec.json").exists()
 
@@ -80,8 +103,10 @@ def test_a_round_trains_the_base_variant_with_its_masks(tiny_params):
 def test_the_table_reports_each_round(tiny_params):
     specs = [next_spec(0), {"round": 1, "masked_heads": [[0, 1], []], "rule": ["layer 0: x", "layer 1: y"]}]
     analyses = [{"als": [[0.9, 0.2], [0.1, 0.3]]}, {"als": [[0.8, 0.6], [0.2, 0.1]]}]
-    evals = [{"val_top1": 0.5, "test_top1": 0.4, "mlflow_run_id": "a"}, {"val_top1": 0.6, "test_top1": 0.55,
-                                                                        "mlflow_run_id": "b"}]
+    evals = [
+        {"val_top1": 0.5, "test_top1": 0.4, "mlflow_run_id": "a"},
+        {"val_top1": 0.6, "test_top1": 0.55, "mlflow_run_id": "b"},
+    ]
     rows = search_table(specs, analyses, evals)
     assert [r["masked_heads"] for r in rows] == [2, 2]
     assert rows[0]["mean_als_masked"] == pytest.approx((0.9 + 0.1) / 2)

@@ -10,8 +10,18 @@ from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_ind
 
-from locvit.report.stats import (ALPHA, Part, binomial_part, compare, crossed, describe, holm, mde,
-                                 satterthwaite, verdict)
+from locvit.report.stats import (
+    ALPHA,
+    Part,
+    binomial_part,
+    compare,
+    crossed,
+    describe,
+    holm,
+    mde,
+    satterthwaite,
+    verdict,
+)
 
 Z975 = 1.959963984540054
 
@@ -55,7 +65,7 @@ def test_describe_one_value_has_no_spread():
 
 def test_binomial_part_is_agresti_coull():
     # 97 of 100 right: p~ = (97 + z^2/2) / (100 + z^2), variance p~(1 - p~) / (100 + z^2), in points^2.
-    z2 = Z975 ** 2
+    z2 = Z975**2
     p = (97 + z2 / 2) / (100 + z2)
     part = binomial_part(97.0, 100)
     assert part.var == pytest.approx(1e4 * p * (1 - p) / (100 + z2), rel=1e-12) and part.df == math.inf
@@ -67,7 +77,7 @@ def test_binomial_part_is_agresti_coull():
 def test_satterthwaite_by_hand():
     # 1/3 (df 2) + 5/3 (df 3): 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 216 / 53; a normal part adds no term.
     assert satterthwaite([Part(1 / 3, 2), Part(5 / 3, 3)]) == pytest.approx(216 / 53)
-    assert satterthwaite([Part(1.0, 2), Part(1.0, math.inf)]) == pytest.approx(2 ** 2 / (1 / 2))
+    assert satterthwaite([Part(1.0, 2), Part(1.0, math.inf)]) == pytest.approx(2**2 / (1 / 2))
     assert satterthwaite([Part(1.0, math.inf)]) == math.inf
 
 
@@ -76,7 +86,7 @@ def test_describe_adds_the_test_set_to_the_seeds():
     b = binomial_part(97.0, 100).var
     s = describe([96.0, 97.0, 98.0], n_images=100)
     se2 = 1 / 3 + b
-    df = se2 ** 2 / ((1 / 3) ** 2 / 2)
+    df = se2**2 / ((1 / 3) ** 2 / 2)
     assert s.se == pytest.approx(math.sqrt(se2)) and s.df == pytest.approx(df)
     low, high = wilson_by_hand(97.0, se2, sps.t.ppf(0.975, df), 0.97 * 0.03 * 1e4 / se2)
     assert (s.ci_low, s.ci_high) == (pytest.approx(low), pytest.approx(high))
@@ -100,11 +110,11 @@ def test_every_seed_right_on_every_image():
     would need the two to differ on at least 1 % of the images (0.99^360 = 2.7 %): equivalent within 1."""
     hits = np.ones((360, 3), dtype=bool)
     s = describe([100.0] * 3, hits=hits)
-    assert (s.ci_low, s.ci_high) == (pytest.approx(100 * 360 / (360 + Z975 ** 2)), pytest.approx(100.0))
+    assert (s.ci_low, s.ci_high) == (pytest.approx(100 * 360 / (360 + Z975**2)), pytest.approx(100.0))
     assert s.ci_low == pytest.approx(98.944, abs=1e-3)
     c = compare([100.0] * 3, [100.0] * 3, 1.0, 360, (hits, hits))
-    p = (Z975 ** 2 / 2) / (360 + Z975 ** 2)
-    var = 1e4 * p * (1 - p) / (360 + Z975 ** 2)
+    p = (Z975**2 / 2) / (360 + Z975**2)
+    var = 1e4 * p * (1 - p) / (360 + Z975**2)
     assert var == pytest.approx(0.14432, abs=1e-5)
     assert c.delta == 0 and c.df == math.inf and c.se == pytest.approx(math.sqrt(var))
     assert (c.ci_low, c.ci_high) == (pytest.approx(-Z975 * math.sqrt(var)), pytest.approx(Z975 * math.sqrt(var)))
@@ -126,11 +136,11 @@ def test_equal_errors_on_every_seed():
     perfect = np.ones((360, 3), dtype=bool)
     spread = perfect.copy()
     for s in range(3):
-        spread[3 * s:3 * s + 3, s] = False
+        spread[3 * s : 3 * s + 3, s] = False
     a = [100 * 357 / 360] * 3
     c = compare(a, [100.0] * 3, 1.0, 360, (spread, perfect))
     ms = 6 / 718
-    assert c.se ** 2 == pytest.approx(1e4 * ms / 1080) and c.df == pytest.approx(718)
+    assert c.se**2 == pytest.approx(1e4 * ms / 1080) and c.df == pytest.approx(718)
     assert c.delta == pytest.approx(-100 * 3 / 360)
     assert c.p == pytest.approx(2 * sps.t.sf(abs(c.delta) / c.se, 718)) and c.p < 0.01
     assert verdict(c.delta, c.p, c.p_equivalent) == "worse"
@@ -138,7 +148,7 @@ def test_equal_errors_on_every_seed():
     same[:3, :] = False
     c = compare(a, [100.0] * 3, 1.0, 360, (same, perfect))
     var_d = (3 - 360 * (1 / 120) ** 2) / 359  # d = -1 on 3 images, 0 on 357
-    assert c.se ** 2 == pytest.approx(1e4 * var_d / 360) and c.df == pytest.approx(359)
+    assert c.se**2 == pytest.approx(1e4 * var_d / 360) and c.df == pytest.approx(359)
     assert 0.05 < c.p < 0.1 and verdict(c.delta, c.p, c.p_equivalent) == "undecided"
 
 
@@ -196,7 +206,10 @@ def test_pairing_on_shared_images_narrows_the_difference():
     a = np.repeat((~hard)[:, None], 3, axis=1)
     b = a.copy()
     b[:4, :] = ~b[:4, :]  # b differs on 4 images
-    acc = lambda h: list(100 * h.mean(axis=0))
+
+    def acc(h):
+        return list(100 * h.mean(axis=0))
+
     paired = compare(acc(a), acc(b), 1.0, 360, (a, b))
     unpaired = compare(acc(a), acc(b), 1.0, 360)
     assert paired.paired and not unpaired.paired
@@ -277,7 +290,8 @@ def test_power_where_scipys_lower_tail_is_nan():
 
     # at df 2.43245, alpha 0.05/7 scipy's nct.cdf is NaN at nc 7, 8 and 20; quad gives 0.443 at 25.145/3.67099
     for nc, _, _, want in [(25.145 / 3.67099, 0, 0, 0.44272608604367064)] + [
-            (nc, 0, 0, p) for *_, nc, p in MDE_REFERENCE[:1]]:
+        (nc, 0, 0, p) for *_, nc, p in MDE_REFERENCE[:1]
+    ]:
         assert power(nc, 2.43245, 0.05 / 7) == pytest.approx(want, rel=0.005)
     for se, df, alpha, _, nc, want in MDE_REFERENCE:
         assert power(nc, df, alpha) == pytest.approx(want, rel=0.005)
@@ -288,7 +302,9 @@ def test_power_where_scipys_lower_tail_is_nan():
 # per-image difficulty a shared by both variants, a per-variant image effect e (the variants differ image by
 # image), a per-seed offset u and the image x seed interaction w, all normal with these standard deviations.
 SIGMA = {"image": 1.5, "variant_image": 0.7, "seed": 0.2, "interaction": 0.7}
-GRID = [(seeds, images, accuracy) for seeds in (3, 5, 10) for images in (360, 10_000) for accuracy in (0.70, 0.95, 0.99)]
+GRID = [
+    (seeds, images, accuracy) for seeds in (3, 5, 10) for images in (360, 10_000) for accuracy in (0.70, 0.95, 0.99)
+]
 REPLICATES = 2000
 
 
@@ -322,9 +338,12 @@ def simulate(seeds: int, images: int, accuracy: float, rng) -> dict[str, float]:
         difficulty = rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["image"]
 
         def logits():
-            return (difficulty + rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["variant_image"]
-                    + rng.standard_normal((r, 1, seeds), dtype=np.float32) * SIGMA["seed"]
-                    + rng.standard_normal((r, images, seeds), dtype=np.float32) * SIGMA["interaction"])
+            return (
+                difficulty
+                + rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["variant_image"]
+                + rng.standard_normal((r, 1, seeds), dtype=np.float32) * SIGMA["seed"]
+                + rng.standard_normal((r, images, seeds), dtype=np.float32) * SIGMA["interaction"]
+            )
 
         a = rng.random((r, images, seeds), dtype=np.float32) < expit(mu_a + logits())
         b_logit, u = logits(), rng.random((r, images, seeds), dtype=np.float32)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from helpers import REPO
+
 from locvit.analysis.throughput import COLUMNS, measure_throughput, read_throughput
 from locvit.config import ConfigError, validate_params
 from locvit.io import JobConfig
@@ -138,16 +138,25 @@ def test_each_variant_is_timed_under_its_runs_precision_and_memory_format(tmp_pa
     from locvit.analysis import throughput
 
     raw = _raw()
-    raw["variants"] = {"deit_bf16": {"model": "deit_tiny_patch16_224", "kwargs": DEMO,
-                                     "train": {"amp": "bf16", "channels_last": True}},
-                       "deit_fp32": {"model": "deit_tiny_patch16_224", "kwargs": DEMO, "train": {"amp": "off"}}}
+    raw["variants"] = {
+        "deit_bf16": {
+            "model": "deit_tiny_patch16_224",
+            "kwargs": DEMO,
+            "train": {"amp": "bf16", "channels_last": True},
+        },
+        "deit_fp32": {"model": "deit_tiny_patch16_224", "kwargs": DEMO, "train": {"amp": "off"}},
+    }
     raw["analysis"] = {"profile_batch": 4, "profile_repeats": 1, "throughput_rounds": 3}
     seen = {}
     config = throughput_config(validate_params(raw, check_models=False))
     built = throughput._build(config)
     for variant, b in built.items():
-        b.model.register_forward_hook(lambda m, args, out, v=variant: seen.setdefault(v, (
-            torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+        b.model.register_forward_hook(
+            lambda m, args, out, v=variant: seen.setdefault(
+                v,
+                (torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last), out.dtype),
+            )
+        )
     monkeypatch.setattr(throughput, "_build", lambda params: built)
     measure_throughput(config, tmp_path / "t.csv", threads=1)
     assert seen == {"deit_bf16": (True, True, torch.bfloat16), "deit_fp32": (False, False, torch.float32)}

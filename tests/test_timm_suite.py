@@ -18,12 +18,11 @@ import fnmatch
 import pytest
 import timm
 import torch
+from helpers import CLAIMED_MODELS, ENTRYPOINT_SHAPES, FAMILY_SHAPES, small
 from timm.models import get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import locvit.models  # noqa: F401  registers locvit's families
-
-from helpers import CLAIMED_MODELS, ENTRYPOINT_SHAPES, FAMILY_SHAPES, small
 
 pytestmark = [
     pytest.mark.usefixtures("cache_in_tmp"),
@@ -42,10 +41,14 @@ VARIANTS = {
     "mait_head_indices": ("mait_tiny_patch16_224", dict(masked_heads=[1, [0, 2], 0], mask_type="hard")),
     "mait_random": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_type="random")),
     "mait_restrict": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_mode="restrict")),
-    "mait_restrict_flex": ("mait_tiny_patch16_224", dict(masked_heads="sch1", mask_mode="restrict",
-                                                         restrict_kernel="flex")),
-    "ibit_softmax_reference": ("ibit_tiny_patch16_224", dict(normalize="softmax", residual="reference",
-                                                             pos_embed="sincos")),
+    "mait_restrict_flex": (
+        "mait_tiny_patch16_224",
+        dict(masked_heads="sch1", mask_mode="restrict", restrict_kernel="flex"),
+    ),
+    "ibit_softmax_reference": (
+        "ibit_tiny_patch16_224",
+        dict(normalize="softmax", residual="reference", pos_embed="sincos"),
+    ),
     "lsa_no_shift": ("lsa_tiny_cifar", dict(shifts="none")),
     "lsa_translate": ("lsa_tiny_cifar", dict(shift_mode="translate", pos_embed="shared")),
 }
@@ -53,7 +56,7 @@ VARIANTS = {
 #: Variant patterns TorchScript cannot run, and why; torch.export runs them (test below).
 NOT_SCRIPTABLE = {
     "mait_restrict_flex": "restrict_kernel 'flex' runs FlexAttention, which only eager PyTorch and "
-                          "torch.compile run; the scripted model raises rather than run dense in its place",
+    "torch.compile run; the scripted model raises rather than run dense in its place",
 }
 
 TRACER = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
@@ -76,8 +79,9 @@ def _not_scriptable(variant: str) -> str | None:
 def _fx(model: torch.nn.Module) -> torch.nn.Module:
     """The model traced by torch.fx through timm's leaves, returning its output (in the mode it is in)."""
     train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=TRACER)
-    return create_feature_extractor(model, train_return_nodes=train_nodes[-1:], eval_return_nodes=eval_nodes[-1:],
-                                    tracer_kwargs=TRACER)
+    return create_feature_extractor(
+        model, train_return_nodes=train_nodes[-1:], eval_return_nodes=eval_nodes[-1:], tracer_kwargs=TRACER
+    )
 
 
 def _assert_every_parameter_has_a_gradient(model: torch.nn.Module) -> None:
@@ -217,8 +221,10 @@ def test_fx_then_torchscript_equals_eager(variant):
 
 # The exceptions, and a model of each family locvit registers entrypoints for (the entrypoint its family's
 # shape builds): torch.export is the supported path for all of them.
-EXPORTED = sorted({v for v in VARIANTS if _not_scriptable(v)}
-                  | {shape.model for shape in FAMILY_SHAPES.values() if shape.model in ENTRYPOINT_SHAPES})
+EXPORTED = sorted(
+    {v for v in VARIANTS if _not_scriptable(v)}
+    | {shape.model for shape in FAMILY_SHAPES.values() if shape.model in ENTRYPOINT_SHAPES}
+)
 
 
 @pytest.mark.parametrize("variant", EXPORTED)

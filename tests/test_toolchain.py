@@ -12,20 +12,30 @@ import timm
 import torch
 
 from locvit import toolchain
-from locvit.run_config import run_config
 from locvit.models import mait
+from locvit.run_config import run_config
 from locvit.toolchain import ToolchainError
 from locvit.train import loop
 
-MAIT = dict(img_size=64, patch_size=4, embed_dim=48, depth=2, num_heads=3, masked_heads="sch1", mask_type="hard",
-            mask_mode="restrict")  # a 16 x 16 grid: 257 tokens
+MAIT = dict(
+    img_size=64,
+    patch_size=4,
+    embed_dim=48,
+    depth=2,
+    num_heads=3,
+    masked_heads="sch1",
+    mask_type="hard",
+    mask_mode="restrict",
+)  # a 16 x 16 grid: 257 tokens
 
 
 @pytest.fixture
 def fresh_probe(monkeypatch):
     """The per-process probe and MaiT's once-per-process warning, fresh for the test (the session's probe,
     made before the first test, is back afterwards)."""
-    monkeypatch.setattr(toolchain, "_missing_once", functools.lru_cache(maxsize=None)(toolchain._missing_once.__wrapped__))
+    monkeypatch.setattr(
+        toolchain, "_missing_once", functools.lru_cache(maxsize=None)(toolchain._missing_once.__wrapped__)
+    )
     monkeypatch.setattr(mait, "_WARNED_NO_TOOLCHAIN", False)
 
 
@@ -61,7 +71,8 @@ def test_the_probe_names_what_is_missing_and_what_to_install(no_toolchain):
     assert "apt-get install gcc" in found["compiler"] and "conda install" in found["compiler"]
     assert "Python.h" in found["python-headers"] and "-dev" in found["python-headers"]
     assert toolchain.missing_pieces(toolchain.probe_compiler(), {"include": "/x", "python_h": True}).keys() == {
-        "compiler"}
+        "compiler"
+    }
 
 
 @pytest.mark.e2e  # the probe runs `cc --version`
@@ -80,15 +91,23 @@ def test_restrict_auto_falls_back_to_dense_with_one_warning(no_toolchain, compil
         model(x)  # only MaiT's own once-per-process flag holds the second back
         torch.testing.assert_close(out, dense(x))
     assert all(b.attn._block_mask is None for b in model.blocks)  # never took FlexAttention
-    said = [r.getMessage() for r in caplog.records if "restrict_kernel: auto runs restrict heads dense" in r.getMessage()]
+    said = [
+        r.getMessage() for r in caplog.records if "restrict_kernel: auto runs restrict heads dense" in r.getMessage()
+    ]
     assert len(said) == 1, said
     assert "compiler: no C compiler" in said[0] and "install gcc" in said[0] and "Python.h" in said[0]
 
 
 def test_an_explicit_flex_request_raises_naming_what_to_install(no_toolchain, compiled_flex):
     model, _, x = _pair("flex")
-    with pytest.raises(ToolchainError, match=r"restrict_kernel: flex .*compiler: no C compiler.*install gcc.*"
-                                             r"set restrict_kernel: auto"), torch.no_grad():
+    with (
+        pytest.raises(
+            ToolchainError,
+            match=r"restrict_kernel: flex .*compiler: no C compiler.*install gcc.*"
+            r"set restrict_kernel: auto",
+        ),
+        torch.no_grad(),
+    ):
         model(x)
     assert issubclass(ToolchainError, ValueError)  # a user's error: the CLI prints it as one line
 
@@ -108,8 +127,9 @@ class _Built(Exception):
 
 
 @pytest.mark.parametrize("have_toolchain", [False, True])
-def test_compile_true_stops_at_the_start_without_the_toolchain(prepared, tiny_params, tmp_path, monkeypatch,
-                                                               request, have_toolchain):
+def test_compile_true_stops_at_the_start_without_the_toolchain(
+    prepared, tiny_params, tmp_path, monkeypatch, request, have_toolchain
+):
     def loader(*args, **kwargs):
         raise _Built
 
@@ -123,8 +143,16 @@ def test_compile_true_stops_at_the_start_without_the_toolchain(prepared, tiny_pa
     cfg["train"]["compile"] = True
     expected = _Built if have_toolchain else ToolchainError
     with pytest.raises(expected) as err:
-        loop.train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], tmp_path / "run",
-                       tmp_path / "mlflow.db", show_progress=False, threads=1)
+        loop.train_run(
+            cfg,
+            prepared["train"],
+            prepared["val"],
+            prepared["manifest"],
+            tmp_path / "run",
+            tmp_path / "mlflow.db",
+            show_progress=False,
+            threads=1,
+        )
     if not have_toolchain:
         message = str(err.value)
         assert "train.compile: true (torch.compile's inductor on cpu)" in message

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import BIN, create_and_die, env_with_venv, free_port, train_cmd
+
 from locvit import cli, tracking
 from locvit.run_config import run_config
 from locvit.tracking.run import SYSTEM_METRICS_ENV
@@ -42,8 +42,6 @@ def quick_http(monkeypatch):
     """This process's MLflow client gives up on a dead server in seconds, not minutes."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-
-
 
 
 def start(cmd: list[str], **env: str) -> subprocess.Popen:
@@ -77,9 +75,25 @@ class Server:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = open(root / f"server-{self.port}.log", "w")
         self.proc = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
-             "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "art")],
-            env=env_with_venv(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--backend-store-uri",
+                f"sqlite:///{root / 'server.db'}",
+                "--artifacts-destination",
+                str(root / "art"),
+            ],
+            env=env_with_venv(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 120) -> None:
         import requests
@@ -190,29 +204,45 @@ def trained(tiny_params, prepared, tmp_path_factory, servers) -> dict:
         return train_cmd(cfgs[key], prepared, sqlite_dir / key[0] / f"seed{key[1]}", db)
 
     untracked_dir = untracked / "runs" / "deit_a" / "seed0"
-    lone = start(train_cmd(cfgs[("deit_a", 0)], prepared, untracked_dir, untracked / "mlflow.db"),
-                 MLFLOW_TRACKING_URI=closed)
+    lone = start(
+        train_cmd(cfgs[("deit_a", 0)], prepared, untracked_dir, untracked / "mlflow.db"), MLFLOW_TRACKING_URI=closed
+    )
     lone_started = time.monotonic()
-    procs = {key: start(sqlite_cmd(key), **SAMPLED, **({"SLURM_JOB_ID": "1001", "LOCVIT_KILL_AT": "after_epoch_0"}
-                                                       if key == killed else {})) for key in RUNS}
+    procs = {
+        key: start(
+            sqlite_cmd(key),
+            **SAMPLED,
+            **({"SLURM_JOB_ID": "1001", "LOCVIT_KILL_AT": "after_epoch_0"} if key == killed else {}),
+        )
+        for key in RUNS
+    }
     sqlite_logs = {key: finish(proc, rc=-signal.SIGKILL if key == killed else 0) for key, proc in procs.items()}
     lone_logs = finish(lone)
     lone_s = time.monotonic() - lone_started
 
     server.wait_ready()
     resumed = start(sqlite_cmd(killed), SLURM_JOB_ID="1002", SLURM_RESTART_COUNT="1", **SAMPLED)
-    procs = {key: start(train_cmd(cfg, prepared, via_server / "runs" / key[0] / f"seed{key[1]}",
-                                  via_server / "unused.db"), MLFLOW_TRACKING_URI=server.uri, **SAMPLED)
-             for key, cfg in cfgs.items()}
+    procs = {
+        key: start(
+            train_cmd(cfg, prepared, via_server / "runs" / key[0] / f"seed{key[1]}", via_server / "unused.db"),
+            MLFLOW_TRACKING_URI=server.uri,
+            **SAMPLED,
+        )
+        for key, cfg in cfgs.items()
+    }
     server_logs = {key: finish(proc) for key, proc in procs.items()}
     sqlite_logs[killed] = finish(resumed)
 
     late_cfg = {**cfgs[("deit_a", 0)], "variant": "deit_late"}
     late_dir = via_server / "runs" / "deit_late" / "seed0"
     with open(root / "late.err", "w") as late_err:
-        late = subprocess.Popen(train_cmd(late_cfg, prepared, late_dir, via_server / "unused.db"),
-                                stdout=subprocess.PIPE, stderr=late_err, text=True,
-                                env={**env_with_venv(), "MLFLOW_TRACKING_URI": server.uri})
+        late = subprocess.Popen(
+            train_cmd(late_cfg, prepared, late_dir, via_server / "unused.db"),
+            stdout=subprocess.PIPE,
+            stderr=late_err,
+            text=True,
+            env={**env_with_venv(), "MLFLOW_TRACKING_URI": server.uri},
+        )
     for line in late.stdout:
         if f"epoch 1/{EPOCHS}" in line:  # printed after the epoch is logged
             break
@@ -223,14 +253,30 @@ def trained(tiny_params, prepared, tmp_path_factory, servers) -> dict:
     assert late.wait(timeout=300) == 0, (root / "late.err").read_text()[-3000:]
     late_s = time.monotonic() - server_killed
     servers[-1].wait_ready()
-    print(f"\nrun with a closed port as its server: {lone_s:.1f} s in all; "
-          f"run whose server died: finished {late_s:.1f} s after the kill")
-    return {"sqlite": {"root": sqlite_dir, "uri": f"sqlite:///{db}", "logs": sqlite_logs},
-            "server": {"study": via_server, "logs": server_logs, "late_dir": late_dir, "late_s": late_s,
-                       "late_err": (root / "late.err").read_text(), "dead_uri": server.uri, "uri": servers[-1].uri},
-            "untracked": {"study": untracked, "out_dir": untracked_dir, "uri": closed, "logs": lone_logs,
-                          "seconds": lone_s},
-            "prepared": prepared}
+    print(
+        f"\nrun with a closed port as its server: {lone_s:.1f} s in all; "
+        f"run whose server died: finished {late_s:.1f} s after the kill"
+    )
+    return {
+        "sqlite": {"root": sqlite_dir, "uri": f"sqlite:///{db}", "logs": sqlite_logs},
+        "server": {
+            "study": via_server,
+            "logs": server_logs,
+            "late_dir": late_dir,
+            "late_s": late_s,
+            "late_err": (root / "late.err").read_text(),
+            "dead_uri": server.uri,
+            "uri": servers[-1].uri,
+        },
+        "untracked": {
+            "study": untracked,
+            "out_dir": untracked_dir,
+            "uri": closed,
+            "logs": lone_logs,
+            "seconds": lone_s,
+        },
+        "prepared": prepared,
+    }
 
 
 @pytest.fixture
@@ -322,9 +368,20 @@ def test_a_run_whose_server_dies_finishes_and_is_completed_later(trained, monkey
 
     # The server is back (same database and artifacts); the run's test result is there by now.
     (study / "eval" / "deit_late").mkdir(parents=True)
-    (study / "eval" / "deit_late" / "seed0.json").write_text(json.dumps(
-        {"study": "tiny", "variant": "deit_late", "seed": 0, "split": "test", "test_top1": 0.25, "test_loss": 2.0,
-         "checkpoint_epoch": metrics["best_epoch"], "mlflow_run_id": partial}))
+    (study / "eval" / "deit_late" / "seed0.json").write_text(
+        json.dumps(
+            {
+                "study": "tiny",
+                "variant": "deit_late",
+                "seed": 0,
+                "split": "test",
+                "test_top1": 0.25,
+                "test_loss": 2.0,
+                "checkpoint_epoch": metrics["best_epoch"],
+                "mlflow_run_id": partial,
+            }
+        )
+    )
     sync = ["sync-tracking", "--runs-dir", str(study / "runs"), "--tracking-db", str(study / "unused.db")]
     with env_uri(monkeypatch, uri):
         assert cli.main(sync) == 0
@@ -376,17 +433,40 @@ def test_an_unreachable_backend_does_not_stop_training_and_sync_uploads_it_later
     # Then the run is evaluated, the server still dead: the score is written, the failure said aloud.
     evaluation = study / "eval" / "deit_a" / "seed0.json"
     with env_uri(monkeypatch, untracked["uri"]):
-        assert cli.main(["evaluate", "--checkpoint", str(out_dir / "best.pt"), "--out", str(evaluation),
-                         "--data", str(trained["prepared"]["test"]),
-                         "--manifest", str(trained["prepared"]["manifest"]),
-                         "--tracking-db", str(study / "mlflow.db"), "--threads", "1"]) == 0
+        assert (
+            cli.main(
+                [
+                    "evaluate",
+                    "--checkpoint",
+                    str(out_dir / "best.pt"),
+                    "--out",
+                    str(evaluation),
+                    "--data",
+                    str(trained["prepared"]["test"]),
+                    "--manifest",
+                    str(trained["prepared"]["manifest"]),
+                    "--tracking-db",
+                    str(study / "mlflow.db"),
+                    "--threads",
+                    "1",
+                ]
+            )
+            == 0
+        )
     err = capsys.readouterr().err
     assert "MLFLOW TRACKING FAILED while logging test_top1, test_loss" in err and f"kept in {evaluation}" in err
     test_top1 = json.loads(evaluation.read_text())["test_top1"]
     command = shlex.split(next(line.strip(" !") for line in err.splitlines() if "locvit sync-tracking" in line))
     assert command[:2] == [f"MLFLOW_TRACKING_URI={untracked['uri']}", "locvit"]
-    assert command[2:] == ["sync-tracking", "--runs-dir", str(out_dir), "--tracking-db", str(study / "mlflow.db"),
-                           "--eval-dir", str(study / "eval")]
+    assert command[2:] == [
+        "sync-tracking",
+        "--runs-dir",
+        str(out_dir),
+        "--tracking-db",
+        str(study / "mlflow.db"),
+        "--eval-dir",
+        str(study / "eval"),
+    ]
     with env_uri(monkeypatch, None):  # the printed command, with the study's SQLite file as the backend
         assert cli.main(command[2:]) == 0
         evaluated = capsys.readouterr().out
@@ -500,8 +580,11 @@ def test_a_half_created_database_is_named_with_what_to_do(tmp_path, monkeypatch)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db = tmp_path / "mlflow.db"
     create_and_die("mlflow", db, at=20)  # MLflow alone builds it in place
-    with pytest.raises(RuntimeError, match=re.escape(f"{db} is a half-built MLflow tracking database") +
-                       ".* It holds no runs: delete it and run the step again"):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(f"{db} is a half-built MLflow tracking database")
+        + ".* It holds no runs: delete it and run the step again",
+    ):
         tracking.setup("study", db)
     db.unlink()  # what the message says to do
     tracking.setup("study", db)
@@ -540,8 +623,14 @@ def test_an_older_database_is_upgraded_whole_and_keeps_its_runs(tmp_path, monkey
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     db, alone = tmp_path / "mlflow.db", tmp_path / "alone" / "mlflow.db"
-    run_id = subprocess.run([str(BIN / "python"), "-c", OLDER, str(db)], env=env_with_venv(), check=True,
-                            capture_output=True, text=True, timeout=300).stdout.split()[-1]
+    run_id = subprocess.run(
+        [str(BIN / "python"), "-c", OLDER, str(db)],
+        env=env_with_venv(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout.split()[-1]
     assert sqlite.revision(db, sqlite.TRACKING) != sqlite.TRACKING.head()
     alone.parent.mkdir()
     shutil.copy(db, alone)
@@ -556,8 +645,11 @@ def test_an_older_database_is_upgraded_whole_and_keeps_its_runs(tmp_path, monkey
 
     create_and_die("mlflow", alone, at=1)  # MLflow alone upgrades in place: its runs are stuck
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # set by setup (mlflow.set_tracking_uri)
-    with pytest.raises(RuntimeError, match=re.escape(f"{alone} is an MLflow tracking database whose upgrade") +
-                       ".* It holds runs \\(1\\), so do not delete it: restore it from a backup"):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(f"{alone} is an MLflow tracking database whose upgrade")
+        + ".* It holds runs \\(1\\), so do not delete it: restore it from a backup",
+    ):
         tracking.setup("study", alone)
 
 
@@ -570,7 +662,9 @@ def test_a_database_of_a_newer_mlflow_is_named_as_such(tmp_path, monkeypatch):
     tracking.setup("study", db)
     with contextlib.closing(sqlite3.connect(db)) as con, con:
         con.execute("UPDATE alembic_version SET version_num = 'f00dfeedbeef'")  # a revision this MLflow lacks
-    with pytest.raises(RuntimeError, match=re.escape(f"{db} was written by a newer MLflow than this one") +
-                       ".* revision f00dfeedbeef, unknown here"):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(f"{db} was written by a newer MLflow than this one") + ".* revision f00dfeedbeef, unknown here",
+    ):
         sqlite.ensure(db)
     assert sqlite.revision(db, sqlite.TRACKING) == "f00dfeedbeef" and temporaries(db) == []

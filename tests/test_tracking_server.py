@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from helpers import env_with_venv, free_port, train_cmd
+
 from locvit.run_config import run_config
 from locvit.tracking import TrackingAuthError, check_reachable
 from locvit.tracking.server import server_command
@@ -48,9 +48,24 @@ def server(tmp_path_factory):
     log = study.parent / "server.log"
     env = {**env_with_venv(), "MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": PASSWORD}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "locvit", "mlflow-server", "--study-dir", str(study),
-                                 "--port", str(port), "--workers", "1"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "locvit",
+                "mlflow-server",
+                "--study-dir",
+                str(study),
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_ready(proc, uri, log)
         yield {"uri": uri, "study": study, "proc": proc, "log": log}
@@ -66,8 +81,9 @@ def test_a_client_without_the_login_is_refused_and_told_what_to_set(server, monk
     assert answer.status_code == 401
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(TrackingAuthError, match="refused no credentials.*set MLFLOW_TRACKING_USERNAME and "
-                                                "MLFLOW_TRACKING_PASSWORD"):
+    with pytest.raises(
+        TrackingAuthError, match="refused no credentials.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+    ):
         check_reachable(server["uri"])
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
@@ -83,10 +99,19 @@ def test_training_with_the_login_logs_a_run_the_server_lists(server, tiny_params
 
     cfg = run_config(tiny_params, "deit_a", 0)
     cfg["train"]["epochs"] = 1
-    env = {**env_with_venv(), "MLFLOW_TRACKING_URI": server["uri"], "MLFLOW_TRACKING_USERNAME": USER,
-           "MLFLOW_TRACKING_PASSWORD": PASSWORD}
-    proc = subprocess.run(train_cmd(cfg, prepared, tmp_path / "run", tmp_path / "unused.db"), env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **env_with_venv(),
+        "MLFLOW_TRACKING_URI": server["uri"],
+        "MLFLOW_TRACKING_USERNAME": USER,
+        "MLFLOW_TRACKING_PASSWORD": PASSWORD,
+    }
+    proc = subprocess.run(
+        train_cmd(cfg, prepared, tmp_path / "run", tmp_path / "unused.db"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_id = json.loads((tmp_path / "run" / "metrics.json").read_text())["mlflow_run_id"]
     os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = USER, PASSWORD
@@ -101,8 +126,12 @@ def test_training_with_the_login_logs_a_run_the_server_lists(server, tiny_params
 
 @pytest.mark.e2e
 def test_the_password_is_in_no_file_and_not_on_the_command_line(server):
-    cmdlines = [server["proc"].pid, *map(int, subprocess.run(["pgrep", "-g", str(server["proc"].pid)],
-                                                              capture_output=True, text=True).stdout.split())]
+    cmdlines = [
+        server["proc"].pid,
+        *map(
+            int, subprocess.run(["pgrep", "-g", str(server["proc"].pid)], capture_output=True, text=True).stdout.split()
+        ),
+    ]
     for pid in cmdlines:
         with contextlib.suppress(FileNotFoundError):
             assert PASSWORD not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -115,13 +144,17 @@ def test_the_password_is_in_no_file_and_not_on_the_command_line(server):
 
 
 def test_a_server_for_other_machines_needs_the_login(tmp_path):
-    with pytest.raises(ValueError, match="--host 0.0.0.0: a server reachable from other machines needs a login; "
-                                         "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
+    with pytest.raises(
+        ValueError,
+        match="--host 0.0.0.0: a server reachable from other machines needs a login; "
+        "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+    ):
         server_command(tmp_path, host="0.0.0.0", env={})
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_PASSWORD is not set"):
         server_command(tmp_path, host="127.0.0.1", env={"MLFLOW_TRACKING_USERNAME": USER})
-    cmd, env = server_command(tmp_path, host="10.1.2.3", env={"MLFLOW_TRACKING_USERNAME": USER,
-                                                             "MLFLOW_TRACKING_PASSWORD": PASSWORD})
+    cmd, env = server_command(
+        tmp_path, host="10.1.2.3", env={"MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+    )
     assert cmd[cmd.index("--host") + 1] == "10.1.2.3" and cmd[cmd.index("--app-name") + 1] == "basic-auth"
     assert PASSWORD not in " ".join(cmd) and env["MLFLOW_AUTH_ADMIN_PASSWORD"] == PASSWORD
     cmd, _ = server_command(tmp_path, host="127.0.0.1", env={})
@@ -132,7 +165,8 @@ def test_the_server_starts_on_databases_built_whole(tmp_path, monkeypatch):
     """`locvit mlflow-server` builds the study's database and its login database (at this MLflow's
     schema, under temporary names) before it becomes MLflow, which would build them in place."""
     from locvit.io import temporaries
-    from locvit.tracking import server as served, sqlite
+    from locvit.tracking import server as served
+    from locvit.tracking import sqlite
 
     execs = []
     monkeypatch.setattr(served.os, "execve", lambda *args: execs.append(args))
@@ -148,6 +182,7 @@ def test_the_server_starts_on_databases_built_whole(tmp_path, monkeypatch):
 @pytest.mark.e2e
 def test_a_login_database_whose_creation_was_killed_is_built_whole_next_time(tmp_path):
     from helpers import create_and_die
+
     from locvit.io import temporaries
     from locvit.tracking import sqlite
 

@@ -12,8 +12,17 @@ import multiprocessing
 import pytest
 
 from locvit import tracking
-from locvit.tracking.tree import (PARENT, ROLE, adopt, find, find_or_create, lock_beside, study_tags, variant_parent,
-                                  variant_tags)
+from locvit.tracking.tree import (
+    PARENT,
+    ROLE,
+    adopt,
+    find,
+    find_or_create,
+    lock_beside,
+    study_tags,
+    variant_parent,
+    variant_tags,
+)
 
 
 @pytest.fixture
@@ -72,10 +81,14 @@ def test_the_report_merges_duplicates_and_adopts_flat_runs(backend):
     # Two variant runs (a race across nodes whose clocks disagree), each with a seed run under it,
     # and a flat seed run as an older locvit logged it.
     study = find_or_create(client, exp, study_tags("tiny"), "tiny")
-    twins = [client.create_run(exp, run_name="deit", tags={**variant_tags("tiny", "deit"), PARENT: study}).info.run_id
-             for _ in range(2)]
-    seeds = [client.create_run(exp, run_name=f"deit-seed{i}", tags={PARENT: twins[i], ROLE: "seed"}).info.run_id
-             for i in range(2)]
+    twins = [
+        client.create_run(exp, run_name="deit", tags={**variant_tags("tiny", "deit"), PARENT: study}).info.run_id
+        for _ in range(2)
+    ]
+    seeds = [
+        client.create_run(exp, run_name=f"deit-seed{i}", tags={PARENT: twins[i], ROLE: "seed"}).info.run_id
+        for i in range(2)
+    ]
     flat = client.create_run(exp, run_name="deit-seed2", tags={"variant": "deit"}).info.run_id
     ids = adopt(client, exp, "tiny", {"deit": [*seeds, flat]})
     assert ids[""] == study and ids["deit"] == twins[0]  # the oldest one stays

@@ -9,13 +9,21 @@ import timm
 import torch
 
 from locvit import models
-from locvit.config import ConfigError, validate_params
-from locvit.run_config import run_config
-from locvit.data.ffcv_io import make_loader
 from locvit.checkpoint import load_checkpoint, save_checkpoint
+from locvit.config import ConfigError, validate_params
 from locvit.data.feed import TrainFeed
-from locvit.train.engine import (Compute, EpochStart, NonFiniteLoss, StepRecipe, cosine_schedule, evaluate,
-                                 set_deterministic, train_one_epoch)
+from locvit.data.ffcv_io import make_loader
+from locvit.run_config import run_config
+from locvit.train.engine import (
+    Compute,
+    EpochStart,
+    NonFiniteLoss,
+    StepRecipe,
+    cosine_schedule,
+    evaluate,
+    set_deterministic,
+    train_one_epoch,
+)
 from locvit.train.generators import seed_everything
 from locvit.train.loop import amp_dtype, param_groups
 
@@ -35,8 +43,9 @@ def test_cosine_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_weight_decay_skips_biases_norms_and_tokens():
-    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
-                              num_heads=2, num_classes=10)
+    model = timm.create_model(
+        "deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10
+    )
     decay, no_decay = param_groups(model, 0.05)
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(p.ndim > 1 for p in decay["params"])
@@ -81,8 +90,9 @@ def test_checkpoint_round_trip_gives_the_same_logits(tmp_path, tiny_params):
     seed_everything(1)
     model = models.create(cfg).eval()
     path = tmp_path / "ckpt" / "best.pt"
-    save_checkpoint(path, {"model": model.state_dict(), "config": cfg, "epoch": 3, "val_top1": 0.5,
-                           "mlflow_run_id": "abc"})
+    save_checkpoint(
+        path, {"model": model.state_dict(), "config": cfg, "epoch": 3, "val_top1": 0.5, "mlflow_run_id": "abc"}
+    )
     assert [p.name for p in path.parent.iterdir()] == ["best.pt"]  # no temporary file left behind
     state = load_checkpoint(path)
     rebuilt = models.load(state, "cpu")
@@ -125,8 +135,14 @@ def test_mixup_and_cutmix_are_a_recipe_setting(prepared, tiny_params):
         model.tag = tag
         loader = make_loader(prepared["train"], 64, True, torch.device("cpu"), seed=0)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        stats = train_one_epoch(model, ready(loader, (0.5,) * 3, (0.5,) * 3), opt, lambda s: 0.0,
-                                recipe=StepRecipe(label_smoothing=0.1), mixup=mixup)
+        stats = train_one_epoch(
+            model,
+            ready(loader, (0.5,) * 3, (0.5,) * 3),
+            opt,
+            lambda s: 0.0,
+            recipe=StepRecipe(label_smoothing=0.1),
+            mixup=mixup,
+        )
         assert math.isfinite(stats["train_loss"])
 
     first_batch(None, "plain")
@@ -139,6 +155,7 @@ def test_mixup_and_cutmix_are_a_recipe_setting(prepared, tiny_params):
 
 def test_without_the_loader_jit_a_run_repeats_exactly(prepared, tiny_params):
     """FFCV's random translation draws from numpy's seeded generator when not compiled."""
+
     def one_epoch():
         seed_everything(0)
         model = models.create(run_config(tiny_params, "deit_a", 0))
@@ -161,7 +178,8 @@ def test_bf16_autocast_and_channels_last(prepared, tiny_params):
     model = models.create(run_config(tiny_params, "deit_a", 0)).to(memory_format=torch.channels_last)
     seen = []
     model.patch_embed.proj.register_forward_hook(
-        lambda m, args, out: seen.append((args[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+        lambda m, args, out: seen.append((args[0].is_contiguous(memory_format=torch.channels_last), out.dtype))
+    )
     compute = Compute(torch.bfloat16, channels_last=True)
     mean, std = models.normalisation(model)
     loader = make_loader(prepared["train"], 64, True, cpu, seed=0, jit=False)
@@ -183,8 +201,16 @@ def test_a_seeded_run_with_mixup_and_cutmix_repeats_bitwise(prepared, tiny_param
     cfg["train"].update(epochs=2, mixup=0.8, cutmix=1.0, mixup_switch_prob=0.5, translate=2)
 
     def run(name: str) -> dict:
-        return train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], tmp_path / name,
-                         tmp_path / "mlflow.db", show_progress=False, threads=1)
+        return train_run(
+            cfg,
+            prepared["train"],
+            prepared["val"],
+            prepared["manifest"],
+            tmp_path / name,
+            tmp_path / "mlflow.db",
+            show_progress=False,
+            threads=1,
+        )
 
     first, second = run("a"), run("b")
     assert first["rank_weights_sha256"] == second["rank_weights_sha256"]
@@ -210,8 +236,12 @@ def global_determinism(monkeypatch):
 def _determinism() -> tuple:
     import os
 
-    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
 
 
 @pytest.mark.parametrize("value", [True, False])
@@ -252,8 +282,16 @@ def test_a_deterministic_run_trains_on_cpu_with_the_same_weights(prepared, tiny_
     def run(name: str, deterministic: bool) -> dict:
         cfg = run_config(tiny_params, "deit_a", 0)
         cfg["train"].update(epochs=1, deterministic=deterministic)
-        return train_run(cfg, prepared["train"], prepared["val"], prepared["manifest"], tmp_path / name,
-                         tmp_path / "mlflow.db", show_progress=False, threads=1)
+        return train_run(
+            cfg,
+            prepared["train"],
+            prepared["val"],
+            prepared["manifest"],
+            tmp_path / name,
+            tmp_path / "mlflow.db",
+            show_progress=False,
+            threads=1,
+        )
 
     off = run("off", False)
     assert _determinism()[0] is False  # off: training left the switch alone
@@ -283,15 +321,24 @@ def test_a_checkpoint_is_scored_under_its_runs_precision():
     assert Compute.of({"amp": "bf16", "channels_last": True}, cpu) == Compute(torch.bfloat16, True)
     assert Compute.of({"amp": "auto", "channels_last": False}, cpu) == Compute(None, False)  # auto: off on the CPU
     torch.manual_seed(0)
-    model = timm.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=3,
-                              num_classes=10)
+    model = timm.create_model(
+        "deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=3, num_classes=10
+    )
     images = [((torch.rand(4, 3, 16, 16) * 255).to(torch.uint8), torch.arange(4))]
-    for recipe, expected in (({"amp": "bf16", "channels_last": True}, (True, True, torch.bfloat16)),
-                             ({"amp": "off"}, (False, False, torch.float32))):
+    for recipe, expected in (
+        ({"amp": "bf16", "channels_last": True}, (True, True, torch.bfloat16)),
+        ({"amp": "off"}, (False, False, torch.float32)),
+    ):
         seen = []
-        hook = model.register_forward_hook(lambda m, args, out: seen.append(
-            (torch.is_autocast_enabled("cpu"), args[0].is_contiguous(memory_format=torch.channels_last)
-             and not args[0].is_contiguous(), out.dtype)))
+        hook = model.register_forward_hook(
+            lambda m, args, out: seen.append(
+                (
+                    torch.is_autocast_enabled("cpu"),
+                    args[0].is_contiguous(memory_format=torch.channels_last) and not args[0].is_contiguous(),
+                    out.dtype,
+                )
+            )
+        )
         evaluate(model, images, (0.5,) * 3, (0.5,) * 3, Compute.of(recipe, cpu))
         hook.remove()
         assert seen == [expected]

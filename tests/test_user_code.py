@@ -28,8 +28,8 @@ COMMANDS = ("prepare", "train", "evaluate", "analyse", "throughput", "report", "
 # standard library, installed packages and locvit (none of them the user's).
 STUDY_FILES = {
     "my_family.py": "import json\nimport torch\nfrom timm.layers import Attention\n"
-                    "from locvit.models.family import register_family\nfrom pool_helper import pool\n"
-                    "import myfams.vit\n\n\ndef forward(x):\n    return pool(x)\n",
+    "from locvit.models.family import register_family\nfrom pool_helper import pool\n"
+    "import myfams.vit\n\n\ndef forward(x):\n    return pool(x)\n",
     "pool_helper.py": "def pool(x):\n    return x.mean(1)  # (B, C)\n",
     "myfams/__init__.py": "",
     "myfams/vit.py": "from . import blocks\nfrom .blocks import Block\n",
@@ -74,10 +74,17 @@ def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_pat
     after = {c: code_digest(c, model_modules=modules) for c in COMMANDS}
     assert {c for c in COMMANDS if after[c] != before[c]} == set(MODEL_COMMANDS)
     # locvit's digest, then each of the user's modules by name: Snakemake's reason shows which one changed
-    assert [part.split("=")[0] for part in after["train"].split()] == \
-        [code_digest("train"), "my_family", "myfams", "myfams.blocks", "myfams.vit", "pool_helper"]
-    assert set(after["train"].split()) ^ set(before["train"].split()) == \
-        {p for p in (before["train"] + " " + after["train"]).split() if p.startswith("pool_helper=")}
+    assert [part.split("=")[0] for part in after["train"].split()] == [
+        code_digest("train"),
+        "my_family",
+        "myfams",
+        "myfams.blocks",
+        "myfams.vit",
+        "pool_helper",
+    ]
+    assert set(after["train"].split()) ^ set(before["train"].split()) == {
+        p for p in (before["train"] + " " + after["train"]).split() if p.startswith("pool_helper=")
+    }
     edit(moved / "myfams" / "blocks.py", "pass", "depth = 2")  # a module of the user's package
     again = {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS}
     assert all(again[c] != after[c] for c in MODEL_COMMANDS)
@@ -89,8 +96,12 @@ def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_pat
 def trained(tmp_path, monkeypatch) -> tuple[Path, dict]:
     """A checkpoint of a run of the user's family, written in the study's folder."""
     monkeypatch.chdir(study(tmp_path / "study"))
-    state = {"model": {"head.weight": torch.ones(2, 3)}, "epoch": 0, "weights": "model",
-             "config": {"model": "my_vit", "model_kwargs": {}, "model_modules": ["my_family"]}}
+    state = {
+        "model": {"head.weight": torch.ones(2, 3)},
+        "epoch": 0,
+        "weights": "model",
+        "config": {"model": "my_vit", "model_kwargs": {}, "model_modules": ["my_family"]},
+    }
     path = tmp_path / "study" / "results" / "best.pt"
     save_checkpoint(path, state)
     return path, state

@@ -37,9 +37,16 @@ def _hide_others(folder: Path, also: tuple[str, ...] = ()) -> dict:
     """A sitecustomize in ``folder`` that makes every top-level module of a distribution the node
     would not have (and the modules ``also``) fail to import; the environment to run a process under it."""
     visible = _node_visible()
-    hidden = sorted({m for m, dists in md.packages_distributions().items()
-                     if not any(canonicalize_name(d) in visible for d in dists) and m.isidentifier()} | set(also))
-    (folder / "sitecustomize.py").write_text(textwrap.dedent(f"""
+    hidden = sorted(
+        {
+            m
+            for m, dists in md.packages_distributions().items()
+            if not any(canonicalize_name(d) in visible for d in dists) and m.isidentifier()
+        }
+        | set(also)
+    )
+    (folder / "sitecustomize.py").write_text(
+        textwrap.dedent(f"""
         import importlib.machinery, sys
         HIDDEN = set({hidden!r})
         class _Hide:
@@ -51,7 +58,8 @@ def _hide_others(folder: Path, also: tuple[str, ...] = ()) -> dict:
             def exec_module(self, module):
                 pass
         sys.meta_path.insert(0, _Hide())
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(REPO / "src")]))
     return {"env": env, "hidden": hidden}
 
@@ -61,10 +69,27 @@ def demo_data(tmp_path_factory) -> Path:
     """The demo's prepared splits (locvit prepare reads the digits with scikit-learn, which the node lacks:
     the wheelhouse carries them prepared)."""
     out = tmp_path_factory.mktemp("demo-data")
-    subprocess.run([sys.executable, "-m", "locvit", "prepare", "--params", str(REPO / "params.yaml"),
-                    "--train", str(out / "train.beton"), "--val", str(out / "val.beton"), "--test",
-                    str(out / "test.beton"), "--manifest", str(out / "manifest.json")],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locvit",
+            "prepare",
+            "--params",
+            str(REPO / "params.yaml"),
+            "--train",
+            str(out / "train.beton"),
+            "--val",
+            str(out / "val.beton"),
+            "--test",
+            str(out / "test.beton"),
+            "--manifest",
+            str(out / "manifest.json"),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -92,7 +117,8 @@ def node_env(tmp_path: Path, **extra) -> dict:
             (bin_ / tool).symlink_to(found)
     site = tmp_path / "hide"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent("""
         import importlib.machinery, sys
         class _Hide:
             def find_spec(self, name, path=None, target=None):
@@ -103,7 +129,8 @@ def node_env(tmp_path: Path, **extra) -> dict:
             def exec_module(self, module):
                 pass
         sys.meta_path.insert(0, _Hide())
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     return {**env, "PATH": str(bin_), "PYTHONPATH": str(site), **extra}
 
@@ -118,14 +145,36 @@ def test_the_first_visit_runs_on_the_nodes_python_without_make_or_venv_and_bring
     node stand-in's Python (3.12, the node's torch); every group in a process of its own within the deadline; at
     most 8 files, flat, under the folder named; the summary table printed last."""
     results, deadline = tmp_path / "results", 400
-    proc = subprocess.run([node_python(), "-m", "gpu_node.visit", "--device", "cpu", "--quick", "--results-dir",
-                           str(results), "--site", str(tmp_path / "site"), "--deadline-s", str(deadline)],
-                          cwd=REPO, env=node_env(tmp_path), capture_output=True, text=True, timeout=deadline + 60)
+    proc = subprocess.run(
+        [
+            node_python(),
+            "-m",
+            "gpu_node.visit",
+            "--device",
+            "cpu",
+            "--quick",
+            "--results-dir",
+            str(results),
+            "--site",
+            str(tmp_path / "site"),
+            "--deadline-s",
+            str(deadline),
+        ],
+        cwd=REPO,
+        env=node_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=deadline + 60,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     files = _files(results)
-    assert [p.name for p in files] == sorted([f"{g}.json" for g, _ in visit.GROUPS["first-visit"]] + [
-        "summary.md", "visit.json"]) and len(files) <= 8 and all(p.parent == results for p in files)
+    assert (
+        [p.name for p in files]
+        == sorted([f"{g}.json" for g, _ in visit.GROUPS["first-visit"]] + ["summary.md", "visit.json"])
+        and len(files) <= 8
+        and all(p.parent == results for p in files)
+    )
     summary = (results / "summary.md").read_text()
     assert proc.stdout.endswith(summary) and len(summary.splitlines()) <= visit.SUMMARY_LINES
     r = json.loads((results / "visit.json").read_text())
@@ -152,7 +201,8 @@ def test_the_first_visit_runs_on_the_nodes_python_without_make_or_venv_and_bring
         assert "error" not in row and _finite_positive(row["images_per_s"]), label
         assert row["mfu"] is None and _finite_positive(row["mfu_of_measured_peak"]), label
     assert eager["lsa_vs_nest"]["ratio"] == pytest.approx(
-        eager["lsa_vs_nest"]["lsa_tiny_images_per_s"] / eager["lsa_vs_nest"]["nest_tiny_images_per_s"])
+        eager["lsa_vs_nest"]["lsa_tiny_images_per_s"] / eager["lsa_vs_nest"]["nest_tiny_images_per_s"]
+    )
     for tokens, row in groups["flex"]["restrict_attention"]["by_patch_tokens"].items():
         assert row["flex_kernel_used"] == "flex" and row["flex_matches_dense"] and row["mask_applied"], tokens
         assert row["flex_vs_unmasked_max_abs_diff"] > 100 * row["flex_vs_dense_max_abs_diff"], tokens
@@ -164,26 +214,34 @@ def test_a_slow_section_is_cut_at_its_groups_timeout_and_the_others_keep_their_f
     """A section planted to hang (augmentation) is cut with its process at the group's hard timeout; the figures
     its group saved before it, and the groups after it, are kept; the cut is a problem."""
     (tmp_path / "planted").mkdir()
-    (tmp_path / "planted" / "slow_worker.py").write_text(textwrap.dedent("""
+    (tmp_path / "planted" / "slow_worker.py").write_text(
+        textwrap.dedent("""
         import time
         from gpu_node import gpu_check
         gpu_check.augmentation = lambda device, s: time.sleep(3600)
         gpu_check.main()
-    """))
+    """)
+    )
     script = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
         from gpu_node import visit
         visit.BUDGETS = {{**visit.BUDGETS, "augmentation": ("first-visit", 5, "planted")}}
         groups = (("eager", ("throughput", "augmentation")), ("flex", ("restrict_attention",)))
-        r = visit.visit("first-visit", Path({str(tmp_path / 'results')!r}), "cpu", True, 300, visit.REPO / "wheelhouse",
+        r = visit.visit("first-visit", Path({str(tmp_path / "results")!r}), "cpu", True, 300, visit.REPO / "wheelhouse",
                         None, groups=groups, worker="slow_worker")
         print(json.dumps(r))
     """)
     env = node_env(tmp_path)
     env["PYTHONPATH"] += os.pathsep + str(tmp_path / "planted")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "PATH": os.environ["PATH"]},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**env, "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     eager, flex = r["groups"]["eager"], r["groups"]["flex"]
@@ -210,22 +268,36 @@ def test_a_visit_at_its_budgets_fits_its_deadline_and_each_timeout_leaves_the_la
 @pytest.mark.e2e
 def test_without_pip_the_wheelhouse_is_unpacked_and_imports(tmp_path):
     """A node whose Python has no pip: each wheel unpacked (a wheel is a zip of its installed files)."""
-    script = ("import json, sys; from pathlib import Path; from gpu_node import visit; "
-              f"print(json.dumps(visit.install(visit.REPO / 'wheelhouse', Path({str(tmp_path / 'site')!r}), pip=False)))")
-    proc = subprocess.run([node_python(), "-c", script], cwd=REPO, env=node_env(tmp_path, PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=120)
+    script = (
+        "import json, sys; from pathlib import Path; from gpu_node import visit; "
+        f"print(json.dumps(visit.install(visit.REPO / 'wheelhouse', Path({str(tmp_path / 'site')!r}), pip=False)))"
+    )
+    proc = subprocess.run(
+        [node_python(), "-c", script],
+        cwd=REPO,
+        env=node_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["ok"] and r["with"] == "zipfile" and r["missing"] == {}, r
 
 
 def test_a_section_that_did_not_run_is_a_problem_unless_allowed():
-    payload = {"errors": {}, "sections_run": ["demo_training", "augmentation"], "ffcv": {"available": True},
-               "demo_training": {"ran": False, "reason": "locvit prepare failed: no scikit-learn"},
-               "augmentation": {"images_per_s": 1.0}}
+    payload = {
+        "errors": {},
+        "sections_run": ["demo_training", "augmentation"],
+        "ffcv": {"available": True},
+        "demo_training": {"ran": False, "reason": "locvit prepare failed: no scikit-learn"},
+        "augmentation": {"images_per_s": 1.0},
+    }
     found = gpu_check.problems(payload)
-    assert found == ["demo_training: did not run (locvit prepare failed: no scikit-learn); "
-                     "--allow-skipped demo_training accepts that"]
+    assert found == [
+        "demo_training: did not run (locvit prepare failed: no scikit-learn); "
+        "--allow-skipped demo_training accepts that"
+    ]
     assert gpu_check.problems({**payload, "allowed": {"skipped": ["demo_training"]}}) == []
     # --allow-no-ffcv does not cover a section that skipped for another reason
     assert gpu_check.problems({**payload, "allowed": {"no_ffcv": True}}) == found
@@ -244,9 +316,16 @@ def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkey
     assert json.loads((tmp_path / "gpu.json").read_text())["errors"] == r["errors"]
 
 
-@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
-                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-                                        ("NVIDIA GeForce GTX 1080", None)])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
 def test_bf16_peak_by_device_name(name, peak):
     found, note = gpu_check.peak_for_name(name)
     assert found == peak

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,17 +25,22 @@ def wheelhouse():
     from gpu_node import wheelhouse as module
 
     if not (WHEELHOUSE / "wheelhouse.json").is_file():
-        pytest.fail(f"{WHEELHOUSE} is not built: run make -C gpu_node wheelhouse (make test builds it before the tests)")
+        pytest.fail(
+            f"{WHEELHOUSE} is not built: run make -C gpu_node wheelhouse (make test builds it before the tests)"
+        )
     return module
 
 
 def _node_tags(glibc: str) -> set[tags.Tag]:
     """What pip on the node (CPython 3.12, Linux x86_64, this glibc) installs."""
     major, minor = map(int, glibc.split(".")[:2])
-    platforms = [f"manylinux_{major}_{m}_x86_64" for m in range(minor, 16, -1)] + ["manylinux2014_x86_64",
-                                                                                   "linux_x86_64"]
+    platforms = [f"manylinux_{major}_{m}_x86_64" for m in range(minor, 16, -1)] + [
+        "manylinux2014_x86_64",
+        "linux_x86_64",
+    ]
     return set(tags.cpython_tags((3, 12), platforms=platforms)) | set(
-        tags.compatible_tags((3, 12), "cp312", platforms=platforms))
+        tags.compatible_tags((3, 12), "cp312", platforms=platforms)
+    )
 
 
 def test_the_wheelhouse_holds_a_cp312_wheel_of_everything_the_check_imports_within_64_mib(wheelhouse):
@@ -49,12 +53,14 @@ def test_the_wheelhouse_holds_a_cp312_wheel_of_everything_the_check_imports_with
     wheels = {}
     for wheel in WHEELHOUSE.glob("*.whl"):
         name, version, _, wheel_tags = parse_wheel_filename(wheel.name)
-        assert wheel_tags & node, f"{wheel.name} does not install on CPython 3.12 with glibc {info['node_needs']['glibc']}"
+        assert wheel_tags & node, (
+            f"{wheel.name} does not install on CPython 3.12 with glibc {info['node_needs']['glibc']}"
+        )
         wheels[canonicalize_name(name)] = str(version)
     assert wheels == pins  # one wheel per pin, at its version, nothing else
     # everything a GPU node is given beside the repository: the wheelhouse (its demo data included)
     carried = sum(p.stat().st_size for p in WHEELHOUSE.rglob("*") if p.is_file())
-    assert carried <= wheelhouse.CARRY_LIMIT == 64 * 2 ** 20, f"{carried / 2 ** 20:.1f} MiB"
+    assert carried <= wheelhouse.CARRY_LIMIT == 64 * 2**20, f"{carried / 2**20:.1f} MiB"
     assert (WHEELHOUSE / "demo-data.tar.gz").is_file() and not (WHEELHOUSE / "lib").exists()
 
 
@@ -64,8 +70,24 @@ def test_ffcvs_wheel_carries_its_libraries_and_loads_without_ld_library_path(whe
     in the wheel (``ffcv.libs/``, through its RPATH), not on the system's paths, and loads with no
     LD_LIBRARY_PATH (ffcv loads it with ctypes, as here)."""
     python = wheelhouse.python312()
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(WHEELHOUSE),
-                    "--target", str(tmp_path), "ffcv"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--find-links",
+            str(WHEELHOUSE),
+            "--target",
+            str(tmp_path),
+            "ffcv",
+        ],
+        check=True,
+        capture_output=True,
+    )
     ext = next((tmp_path / "ffcv").glob("_libffcv*.so"))
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     ldd = subprocess.run(["ldd", str(ext)], check=True, capture_output=True, text=True, env=env).stdout

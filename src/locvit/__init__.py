@@ -26,8 +26,19 @@ __version__ = "0.1.0"
 
 #: The layers of :mod:`locvit`'s top-level modules and packages, lowest first (see above).
 LAYERS = (
-    ("errors", "io", "logs", "layout", "toolchain", "neighbourhood", "model_modules", "checkpoint",
-     "throughput_file", "machine", "precision"),
+    (
+        "errors",
+        "io",
+        "logs",
+        "layout",
+        "toolchain",
+        "neighbourhood",
+        "model_modules",
+        "checkpoint",
+        "throughput_file",
+        "machine",
+        "precision",
+    ),
     ("data", "models"),
     ("model_checks", "config", "run_config", "job_configs", "versioning"),
     ("tracking",),

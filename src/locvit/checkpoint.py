@@ -28,7 +28,6 @@ from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
 from locvit.model_modules import NOT_FOUND, module_digests, user_code
 
-
 #: The key under which a checkpoint records its own :func:`content_digest`.
 DIGEST_KEY = "content_sha256"
 #: The key under which a run's checkpoint records its model's code (:func:`model_code`).
@@ -54,8 +53,11 @@ def model_code(cfg: dict) -> dict[str, str]:
     timm = sys.modules.get("timm")  # the model was built in this process, so its module is imported
     if timm is not None and timm.is_model(cfg["model"]):
         entry = sys.modules.get(timm.models.model_entrypoint(cfg["model"]).__module__)
-        if entry is not None and getattr(entry, "__file__", None) and (
-                entry.__name__.split(".")[0] == "locvit" or user_code(entry.__name__, Path(entry.__file__))):
+        if (
+            entry is not None
+            and getattr(entry, "__file__", None)
+            and (entry.__name__.split(".")[0] == "locvit" or user_code(entry.__name__, Path(entry.__file__)))
+        ):
             modules.append(entry.__name__)
     return module_digests(modules)
 
@@ -64,18 +66,24 @@ def changed_code(recorded: dict[str, str]) -> list[str]:
     """The modules of a checkpoint's ``model_code`` whose file is not what it was (``name (missing)`` for
     one that is gone), found as a job would import them now."""
     now = module_digests(recorded)
-    return [name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})"
-            for name in sorted(recorded) if now[name] != recorded[name]]
+    return [
+        name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})"
+        for name in sorted(recorded)
+        if now[name] != recorded[name]
+    ]
 
 
 def rebuild_hint(path: str | Path) -> str:
     """How to make a checkpoint again: re-run the job that wrote it (and what depends on it)."""
-    return (f"Rebuild it: snakemake --cores all --forcerun {path} (re-runs its training job and the steps after "
-            f"it), or dvc repro --force train@<its variant>.")
+    return (
+        f"Rebuild it: snakemake --cores all --forcerun {path} (re-runs its training job and the steps after "
+        f"it), or dvc repro --force train@<its variant>."
+    )
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
-                    fix: str | None = None, allow_code_change: bool = False) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", fix: str | None = None, allow_code_change: bool = False
+) -> dict[str, Any]:
     """Read a checkpoint and check its recorded digest; a missing, corrupt or unchecked file raises.
 
     A checkpoint whose model's code changed since it was written (its ``model_code``, :func:`changed_code`)
@@ -90,21 +98,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        raise InputError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); "
-                         f"it is truncated or corrupt. {fix}") from err
+        raise InputError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. {fix}"
+        ) from err
     recorded = state.pop(DIGEST_KEY, None) if isinstance(state, dict) else None
     if recorded is None:
-        raise InputError(f"checkpoint {path} records no content digest (not written by this version of locvit's "
-                         f"save_checkpoint), so it cannot be checked. {fix}")
+        raise InputError(
+            f"checkpoint {path} records no content digest (not written by this version of locvit's "
+            f"save_checkpoint), so it cannot be checked. {fix}"
+        )
     if recorded != content_digest(state):
-        raise InputError(f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it "
-                         f"was written. {fix}")
+        raise InputError(
+            f"checkpoint {path} is corrupt: what it holds does not match the digest recorded when it was written. {fix}"
+        )
     recorded_code = state.pop(CODE_KEY, None) or {}  # like the digest, a record of the file's: not given back
     changed = [] if allow_code_change else changed_code(recorded_code)
     if changed:
-        raise InputError(f"checkpoint {path} was trained with other model code: {', '.join(changed)} changed since "
-                         f"it was written, so its weights would load into a different model. {fix} Or put that code "
-                         "back, or load it anyway with load_checkpoint(..., allow_code_change=True).")
+        raise InputError(
+            f"checkpoint {path} was trained with other model code: {', '.join(changed)} changed since "
+            f"it was written, so its weights would load into a different model. {fix} Or put that code "
+            "back, or load it anyway with load_checkpoint(..., allow_code_change=True)."
+        )
     return state
 
 

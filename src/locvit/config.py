@@ -69,8 +69,10 @@ def _describe(err: jsonschema.ValidationError) -> str:
         if "x-pattern-message" in schema:  # what the pattern means, said in words
             return f"{key}: {err.instance!r} {schema['x-pattern-message']}"
         if "file name" in schema.get("description", ""):
-            return (f"{key}: name {err.instance!r} is not safe as a file name; use letters, digits, '_' and '-', "
-                    "starting with a letter or digit (at most 64)")
+            return (
+                f"{key}: name {err.instance!r} is not safe as a file name; use letters, digits, '_' and '-', "
+                "starting with a letter or digit (at most 64)"
+            )
         return f"{key}: {err.instance!r} does not match the pattern {err.validator_value!r}"
     return f"{key}: {err.message}"
 
@@ -129,11 +131,16 @@ def _expand_fractions(params: dict) -> list[str]:
     if not fractions:
         return []
     default = params["data"]["train_fraction"]
-    problems = [f"train_fractions: {f} is not a whole percent (e.g. 0.1, 0.25)" for f in fractions
-                if abs(100 * f - round(100 * f)) > 1e-9]
+    problems = [
+        f"train_fractions: {f} is not a whole percent (e.g. 0.1, 0.25)"
+        for f in fractions
+        if abs(100 * f - round(100 * f)) > 1e-9
+    ]
     if default not in fractions:
-        problems.append(f"train_fractions: {fractions} must include data.train_fraction ({default}), the fraction "
-                        "whose runs keep the variants' own names")
+        problems.append(
+            f"train_fractions: {fractions} must include data.train_fraction ({default}), the fraction "
+            "whose runs keep the variants' own names"
+        )
     if problems:
         return problems
     expanded = {}
@@ -141,8 +148,10 @@ def _expand_fractions(params: dict) -> list[str]:
         for f in sorted(fractions, reverse=True):
             new = name if f == default else fraction_name(name, f)
             if len(new) > 64:
-                problems.append(f"train_fractions: variant {name!r} at {f} would be named {new!r}, longer than 64 "
-                                "characters; shorten the variant's name")
+                problems.append(
+                    f"train_fractions: variant {name!r} at {f} would be named {new!r}, longer than 64 "
+                    "characters; shorten the variant's name"
+                )
             if new in expanded or (new != name and new in params["variants"]):
                 problems.append(f"train_fractions: variant {name!r} at {f} would be named {new!r}, which is taken")
             expanded[new] = {**spec, "train_fraction": f, "base": name}
@@ -163,8 +172,12 @@ def fraction_recipe(recipe: dict, fraction: float, protocol: str) -> dict:
     (the warm-up keeps its share of the schedule), so a run sees about as many images as a full one.
     """
     if protocol not in FRACTION_PROTOCOLS:
-        raise ConfigError([f"fraction_protocol: {protocol!r} is not allowed; allowed values: "
-                           f"{', '.join(map(repr, FRACTION_PROTOCOLS))}"])
+        raise ConfigError(
+            [
+                f"fraction_protocol: {protocol!r} is not allowed; allowed values: "
+                f"{', '.join(map(repr, FRACTION_PROTOCOLS))}"
+            ]
+        )
     if protocol == "same_epochs" or fraction >= 1:
         return dict(recipe)
     epochs = max(1, round(recipe["epochs"] / fraction))
@@ -208,16 +221,25 @@ def _check_limits(params: dict, own_seeds: set[str]) -> list[str]:
     counts = {name: len(spec.get("seeds") or params["seeds"]) for name, spec in params["variants"].items()}
     name, seeds = max(counts.items(), key=lambda item: item[1])
     if seeds > limits["max_seeds_per_variant"]:
-        key = (f"variants.{params['variants'][name].get('base', name)}.seeds" if name in own_seeds else
-               "seed_budget" if params.get("seed_budget") else "seeds")
-        problems.append(f"{key}: variant {name!r} would train {seeds} seeds, more than limits.max_seeds_per_variant "
-                        f"({limits['max_seeds_per_variant']}); use fewer seeds, or raise limits.max_seeds_per_variant "
-                        f"(at most {most['max_seeds_per_variant']['maximum']})")
+        key = (
+            f"variants.{params['variants'][name].get('base', name)}.seeds"
+            if name in own_seeds
+            else "seed_budget"
+            if params.get("seed_budget")
+            else "seeds"
+        )
+        problems.append(
+            f"{key}: variant {name!r} would train {seeds} seeds, more than limits.max_seeds_per_variant "
+            f"({limits['max_seeds_per_variant']}); use fewer seeds, or raise limits.max_seeds_per_variant "
+            f"(at most {most['max_seeds_per_variant']['maximum']})"
+        )
     runs = sum(counts.values())
     if runs > limits["max_runs"]:
-        problems.append(f"variants: {len(counts)} variant(s) x their seeds would make {runs} training runs, more than "
-                        f"limits.max_runs ({limits['max_runs']}); use fewer variants, fractions or seeds, or raise "
-                        f"limits.max_runs (at most {most['max_runs']['maximum']})")
+        problems.append(
+            f"variants: {len(counts)} variant(s) x their seeds would make {runs} training runs, more than "
+            f"limits.max_runs ({limits['max_runs']}); use fewer variants, fractions or seeds, or raise "
+            f"limits.max_runs (at most {most['max_runs']['maximum']})"
+        )
     return problems
 
 
@@ -225,15 +247,23 @@ def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
     """The variant the results table compares every other one with when ``baseline`` is not given: the
     first whose model a baseline family claims (:attr:`locvit.models.family.Family.baseline`: DeiT/ViT,
     ``deit*``, ``vit_*``), else none. ``modules``: params' ``model_modules``, whose families count too."""
-    return next((name for name, v in variants.items()
-                 if (family := claiming_family(v["model"], modules)) and family["baseline"]), None)
+    return next(
+        (
+            name
+            for name, v in variants.items()
+            if (family := claiming_family(v["model"], modules)) and family["baseline"]
+        ),
+        None,
+    )
 
 
 def _check_baseline(params: dict) -> list[str]:
     if params["baseline"] is None or params["baseline"] in params["variants"]:
         return []
-    return [f"baseline: {params['baseline']!r} is not a variant of this study; allowed: "
-            f"{', '.join(params['variants'])} (or null: the first variant of a baseline family, e.g. DeiT)"]
+    return [
+        f"baseline: {params['baseline']!r} is not a variant of this study; allowed: "
+        f"{', '.join(params['variants'])} (or null: the first variant of a baseline family, e.g. DeiT)"
+    ]
 
 
 def _fill_defaults_section(section: dict, schema: dict) -> dict:
@@ -253,9 +283,11 @@ def _check_fraction_epochs(params: dict) -> list[str]:
         fraction = variant.get("train_fraction", params["data"]["train_fraction"])
         epochs = fraction_recipe(recipe, fraction, params["fraction_protocol"])["epochs"]
         if epochs > most:
-            problems.append(f"variants.{name}: fraction_protocol same_images trains {recipe['epochs']} epochs / "
-                            f"{fraction} = {epochs} epochs, more than {most}; use fewer epochs, a larger "
-                            "fraction or fraction_protocol: same_epochs")
+            problems.append(
+                f"variants.{name}: fraction_protocol same_images trains {recipe['epochs']} epochs / "
+                f"{fraction} = {epochs} epochs, more than {most}; use fewer epochs, a larger "
+                "fraction or fraction_protocol: same_epochs"
+            )
     return problems
 
 
@@ -266,29 +298,40 @@ def _check_semantics(params: dict) -> list[str]:
     problems = []
     recipes = {"train": params["train"]}
     # A variant's recipe is checked only where it overrides something (else train's message says it all).
-    recipes.update({f"variants.{n}.train": {**params["train"], **v["train"]}
-                    for n, v in params["variants"].items() if v["train"]})
+    recipes.update(
+        {f"variants.{n}.train": {**params["train"], **v["train"]} for n, v in params["variants"].items() if v["train"]}
+    )
     for where, recipe in recipes.items():
         if recipe["min_lr"] > recipe["lr"]:
             problems.append(f"{where}.min_lr: {recipe['min_lr']} is larger than lr {recipe['lr']}")
         if recipe["warmup_epochs"] >= recipe["epochs"] and recipe["warmup_epochs"] > 0:
-            problems.append(f"{where}.warmup_epochs: {recipe['warmup_epochs']} must be smaller than epochs ({recipe['epochs']})")
+            problems.append(
+                f"{where}.warmup_epochs: {recipe['warmup_epochs']} must be smaller than epochs ({recipe['epochs']})"
+            )
         if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and recipe["batch_size"] % 2:
-            problems.append(f"{where}.batch_size: MixUp/CutMix pair images within a batch, so it must be even "
-                            f"(got {recipe['batch_size']}); or set mixup and cutmix to 0")
+            problems.append(
+                f"{where}.batch_size: MixUp/CutMix pair images within a batch, so it must be even "
+                f"(got {recipe['batch_size']}); or set mixup and cutmix to 0"
+            )
     if any(k % 2 == 0 for k in params["analysis"]["als_kernel"]):
-        problems.append(f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
-                        "(a neighbourhood centred on the patch)")
+        problems.append(
+            f"analysis.als_kernel: {params['analysis']['als_kernel']} must be odd in both directions "
+            "(a neighbourhood centred on the patch)"
+        )
     source = get_source(params["data"]["source"], params["data"]["root"])  # imagefolder counts its class folders
     problems.extend(_check_sizes(params, source))
     problems.extend(_check_search(params, source.num_classes))
     for name, variant in params["variants"].items():
         owned = [key for key in PIPELINE_KWARGS if key in variant["kwargs"]]
-        problems.extend(f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
-                        f"(data.image_size / the dataset's classes); remove it from the variant" for key in owned)
+        problems.extend(
+            f"variants.{name}.kwargs.{key}: set by the pipeline from the data section "
+            f"(data.image_size / the dataset's classes); remove it from the variant"
+            for key in owned
+        )
         if not owned:
-            problems.extend(check_model(name, variant, params["data"]["image_size"], source.num_classes,
-                                        params["model_modules"]))
+            problems.extend(
+                check_model(name, variant, params["data"]["image_size"], source.num_classes, params["model_modules"])
+            )
     return problems
 
 
@@ -308,29 +351,45 @@ def _check_sizes(params: dict, source) -> list[str]:
     for name, variant in params["variants"].items():
         fraction = variant.get("train_fraction", data["train_fraction"])
         if fraction not in splits:
-            splits[fraction] = split_indices(labels, data["val_fraction"], data["test_fraction"], data["split_seed"],
-                                             fixed_test, fraction)
+            splits[fraction] = split_indices(
+                labels, data["val_fraction"], data["test_fraction"], data["split_seed"], fixed_test, fraction
+            )
         train = splits[fraction]["train"]
-        where = ("train_fractions" if params.get("train_fractions") else f"variants.{name}.train_fraction"
-                 if "train_fraction" in variant else "data.train_fraction")
+        where = (
+            "train_fractions"
+            if params.get("train_fractions")
+            else f"variants.{name}.train_fraction"
+            if "train_fraction" in variant
+            else "data.train_fraction"
+        )
         batch_key = f"variants.{name}.train.batch_size" if "batch_size" in variant["train"] else "train.batch_size"
         batch = {**params["train"], **variant["train"]}["batch_size"]
         if len(train) < batch:
-            lead = (f"{where}: {fraction} leaves {len(train)} training image(s) of {source.name}, fewer than one "
-                    f"batch ({batch_key} {batch})" if fraction < 1 else
-                    f"{batch_key}: {batch} is more than the {len(train)} images of the training split of {source.name} "
-                    f"(data.val_fraction {data['val_fraction']}, data.test_fraction {data['test_fraction']})")
-            problems.append(f"{lead}: not one optimiser step per epoch (a partial batch is dropped); use a batch of at "
-                            f"most {len(train)}" + (" or a larger fraction" if fraction < 1 else ""))
+            lead = (
+                f"{where}: {fraction} leaves {len(train)} training image(s) of {source.name}, fewer than one "
+                f"batch ({batch_key} {batch})"
+                if fraction < 1
+                else f"{batch_key}: {batch} is more than the {len(train)} images of the training split of "
+                f"{source.name} "
+                f"(data.val_fraction {data['val_fraction']}, data.test_fraction {data['test_fraction']})"
+            )
+            problems.append(
+                f"{lead}: not one optimiser step per epoch (a partial batch is dropped); use a batch of at "
+                f"most {len(train)}" + (" or a larger fraction" if fraction < 1 else "")
+            )
         empty = empty_classes(labels, train, source.num_classes)
         if empty:
-            problems.append(f"{where}: {fraction} leaves {len(empty)} of the {source.num_classes} classes of "
-                            f"{source.name} with no training image ({len(train)} training image(s) in all); use a larger fraction")
+            problems.append(
+                f"{where}: {fraction} leaves {len(empty)} of the {source.num_classes} classes of "
+                f"{source.name} with no training image ({len(train)} training image(s) in all); use a larger fraction"
+            )
     test = len(next(iter(splits.values()))["test"])  # the same at every fraction
     if params["analysis"]["images"] > test:
-        problems.append(f"analysis.images: {params['analysis']['images']} is more than the {test} images of "
-                        f"the test split of {source.name} (data.test_fraction {data['test_fraction']}), whose first "
-                        f"analysis.images are analysed; use at most {test}")
+        problems.append(
+            f"analysis.images: {params['analysis']['images']} is more than the {test} images of "
+            f"the test split of {source.name} (data.test_fraction {data['test_fraction']}), whose first "
+            f"analysis.images are analysed; use at most {test}"
+        )
     return list(dict.fromkeys(problems))  # one message per key and numbers, not one per variant
 
 
@@ -342,8 +401,10 @@ def _check_tracking(params: dict) -> list[str]:
     from urllib.parse import urlsplit
 
     if any(c.isspace() for c in url):
-        return [f"tracking.ui_url: {url!r} holds whitespace; every link of the report would be broken. Give the "
-                "address users open the MLflow UI at, e.g. http://mlflow.example.org:5000"]
+        return [
+            f"tracking.ui_url: {url!r} holds whitespace; every link of the report would be broken. Give the "
+            "address users open the MLflow UI at, e.g. http://mlflow.example.org:5000"
+        ]
     try:
         parts = urlsplit(url)
         host, _ = parts.hostname, parts.port  # port: a ValueError when it is not a number in range
@@ -361,18 +422,22 @@ def _check_search(params: dict, num_classes: int) -> list[str]:
     problems = []
     name = search["variant"]
     if name not in params["variants"]:
-        problems.append(f"mask_search.variant: {name!r} is not a variant of this study; "
-                        f"defined: {', '.join(params['variants'])}")
+        problems.append(
+            f"mask_search.variant: {name!r} is not a variant of this study; defined: {', '.join(params['variants'])}"
+        )
     elif not any(key in params["variants"][name]["kwargs"] for key in PIPELINE_KWARGS):  # else: its own message
         # The search sets masked_heads, from round 0's "sch1" (locvit.analysis.search.INITIAL).
         variant = params["variants"][name]
         searched = {**variant, "kwargs": {**variant["kwargs"], "masked_heads": "sch1"}}
         if check_model(name, searched, params["data"]["image_size"], num_classes, params["model_modules"]):
-            problems.append(f"mask_search.variant: {name!r} is a {variant['model']}, which does not build with "
-                            "masked_heads (the search sets it); the search needs a MaiT model (mait_*)")
+            problems.append(
+                f"mask_search.variant: {name!r} is a {variant['model']}, which does not build with "
+                "masked_heads (the search sets it); the search needs a MaiT model (mait_*)"
+            )
     if search["remove_below"] > search["all_above"]:
-        problems.append(f"mask_search.remove_below: {search['remove_below']} is larger than all_above "
-                        f"{search['all_above']}")
+        problems.append(
+            f"mask_search.remove_below: {search['remove_below']} is larger than all_above {search['all_above']}"
+        )
     return problems
 
 
@@ -393,8 +458,12 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
     problems = _check_limits(params, own_seeds)  # before anything that costs per run
     if problems:
         raise ConfigError(problems, source)
-    problems = (_check_baseline(params) + _check_fraction_epochs(params) + _check_tracking(params)
-                + (_check_semantics(params) if check_models else []))
+    problems = (
+        _check_baseline(params)
+        + _check_fraction_epochs(params)
+        + _check_tracking(params)
+        + (_check_semantics(params) if check_models else [])
+    )
     if problems:
         raise ConfigError(problems, source)
     return params

@@ -16,8 +16,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from locvit.errors import InputError, MissingFileError
 
@@ -128,8 +129,10 @@ class JobConfig(dict):
     def __getitem__(self, key):
         self.read.add(f"{self.name}.{key}")
         if not super().__contains__(key):
-            raise InputError(f"{self.name}: no key {key!r}, which its job reads; it holds {', '.join(map(repr, self))}. "
-                             "Write the job configs again (locvit job-configs; Snakemake does at every start)")
+            raise InputError(
+                f"{self.name}: no key {key!r}, which its job reads; it holds {', '.join(map(repr, self))}. "
+                "Write the job configs again (locvit job-configs; Snakemake does at every start)"
+            )
         return super().__getitem__(key)
 
     def get(self, key, default=None):

@@ -38,8 +38,10 @@ def job_configs(params: dict) -> dict[Path, object]:
     runs = {(v, s): run_config(params, v, s) for v in variants for s in variant_seeds(params, v)}
     configs: dict[Path, object] = {}
     for fraction in {variant_fraction(params, v) for v in variants}:
-        configs[layout.job_config("prepare", layout.data_name(fraction))] = {**params["data"],
-                                                                             "train_fraction": fraction}
+        configs[layout.job_config("prepare", layout.data_name(fraction))] = {
+            **params["data"],
+            "train_fraction": fraction,
+        }
     for (variant, seed), cfg in runs.items():
         configs[layout.train_config(variant, seed)] = cfg
     configs[layout.job_config("analyse")] = {k: v for k, v in params["analysis"].items() if k not in THROUGHPUT_KEYS}
@@ -55,8 +57,10 @@ def job_configs(params: dict) -> dict[Path, object]:
 
 def _first_runs(params: dict, runs: dict | None) -> dict[str, dict]:
     """Each variant's run config of its first seed (the model, the recipe and the fraction do not depend on it)."""
-    return {v: (runs or {}).get((v, variant_seeds(params, v)[0])) or run_config(params, v, variant_seeds(params, v)[0])
-            for v in params["variants"]}
+    return {
+        v: (runs or {}).get((v, variant_seeds(params, v)[0])) or run_config(params, v, variant_seeds(params, v)[0])
+        for v in params["variants"]
+    }
 
 
 def throughput_config(params: dict, runs: dict | None = None) -> dict:
@@ -67,9 +71,17 @@ def throughput_config(params: dict, runs: dict | None = None) -> dict:
     return {
         "analysis": {k: params["analysis"][k] for k in THROUGHPUT_KEYS},
         "baseline": params["baseline"],
-        "models": {v: {"model": c["model"], "model_kwargs": c["model_kwargs"], "device": c["train"]["device"],
-                       "amp": c["train"]["amp"], "channels_last": c["train"]["channels_last"],
-                       "model_modules": c.get("model_modules", [])} for v, c in _first_runs(params, runs).items()},
+        "models": {
+            v: {
+                "model": c["model"],
+                "model_kwargs": c["model_kwargs"],
+                "device": c["train"]["device"],
+                "amp": c["train"]["amp"],
+                "channels_last": c["train"]["channels_last"],
+                "model_modules": c.get("model_modules", []),
+            }
+            for v, c in _first_runs(params, runs).items()
+        },
     }
 
 
@@ -82,17 +94,27 @@ def report_config(params: dict, runs: dict | None = None) -> dict:
     dataset's name and fraction, the tracking UI's address, the batch the profiles were measured at, and per
     variant its model, seeds, fraction and the recipe keys its tables show."""
     return {
-        "study": params["study"], "baseline": params["baseline"], "equivalence_margin": params["equivalence_margin"],
+        "study": params["study"],
+        "baseline": params["baseline"],
+        "equivalence_margin": params["equivalence_margin"],
         "data": {"source": params["data"]["source"], "train_fraction": params["data"]["train_fraction"]},
-        "profile_batch": params["analysis"]["profile_batch"], "ui_url": params["tracking"]["ui_url"],
+        "profile_batch": params["analysis"]["profile_batch"],
+        "ui_url": params["tracking"]["ui_url"],
         "fraction_protocol": params["fraction_protocol"],  # the captions say how the fractions trained
         "order": list(params["variants"]),  # the tables' row order: params.yaml's (the file's keys are sorted)
-        "variants": {v: {"model": c["model"], "description": params["variants"][v].get("description", ""),
-                         "seeds": variant_seeds(params, v), "train_fraction": c["data"]["train_fraction"],
-                         "base": params["variants"][v].get("base", v), "model_kwargs": c["model_kwargs"],
-                         "model_modules": c.get("model_modules", []),
-                         "recipe": {k: c["train"][k] for k in REPORT_RECIPE_KEYS}}
-                     for v, c in _first_runs(params, runs).items()},
+        "variants": {
+            v: {
+                "model": c["model"],
+                "description": params["variants"][v].get("description", ""),
+                "seeds": variant_seeds(params, v),
+                "train_fraction": c["data"]["train_fraction"],
+                "base": params["variants"][v].get("base", v),
+                "model_kwargs": c["model_kwargs"],
+                "model_modules": c.get("model_modules", []),
+                "recipe": {k: c["train"][k] for k in REPORT_RECIPE_KEYS},
+            }
+            for v, c in _first_runs(params, runs).items()
+        },
     }
 
 

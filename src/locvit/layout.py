@@ -29,13 +29,25 @@ from pathlib import Path
 SPLITS = ("train", "val", "test")
 #: The report's files (``report/``) by their role, and its folders (tables and figures per name, PDFs,
 #: one metrics file per variant).
-REPORT_FILES = {"md": "results.md", "csv": "results.csv", "seeds": "results_seeds.csv", "tex": "results.tex",
-                "summary": "summary.json", "index": "index.md", "record": "report.json"}
+REPORT_FILES = {
+    "md": "results.md",
+    "csv": "results.csv",
+    "seeds": "results_seeds.csv",
+    "tex": "results.tex",
+    "summary": "summary.json",
+    "index": "index.md",
+    "record": "report.json",
+}
 REPORT_FOLDERS = ("tables", "figures", "pdf", "metrics")
 #: The mask search's table in ``report/`` (Snakemake only), and a round's files beside its run's.
 SEARCH_TABLE = {"md": "mask_search.md", "json": "mask_search.json"}
-ROUND_FILES = {"spec": "spec.json", "eval": "eval.json", "analysis": "analysis.json", "maps": "analysis.npz",
-               "profile": "profile.json"}
+ROUND_FILES = {
+    "spec": "spec.json",
+    "eval": "eval.json",
+    "analysis": "analysis.json",
+    "maps": "analysis.npz",
+    "profile": "profile.json",
+}
 TRACKING_DB = "mlflow.db"
 #: The environment variable the workflow hands the study's params file in, for the report to log to MLflow as
 #: it is. Not a rule param: the same study started with another path to its params file re-runs nothing

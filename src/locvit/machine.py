@@ -73,4 +73,3 @@ def describe(device: torch.device | str | None = None) -> dict:
         "python": platform.python_version(),
         "gpu": gpu(device) if kind in (None, "cuda") else None,
     }
-

@@ -86,16 +86,24 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
         return [f"variants.{name}.model: {model!r} is not a registered timm model{hint}"]
     try:
         with torch.device("meta"):
-            built = models.create({"model": model, "model_kwargs": {"img_size": image_size,
-                                                                   "num_classes": num_classes, **variant["kwargs"]}})
+            built = models.create(
+                {
+                    "model": model,
+                    "model_kwargs": {"img_size": image_size, "num_classes": num_classes, **variant["kwargs"]},
+                }
+            )
     except Exception as err:  # any build failure is a config problem of this variant
         unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err)) if isinstance(err, TypeError) else None
         close = difflib.get_close_matches(unknown[1], _taken(model, image_size, num_classes), n=1) if unknown else []
         if close:
-            return [f"variants.{name}.kwargs.{unknown[1]}: {model} takes no keyword argument {unknown[1]!r}; "
-                    f"did you mean {close[0]!r}?"]
-        return [f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size} "
-                f"(img_size goes only to models that take it): {err}"]
+            return [
+                f"variants.{name}.kwargs.{unknown[1]}: {model} takes no keyword argument {unknown[1]!r}; "
+                f"did you mean {close[0]!r}?"
+            ]
+        return [
+            f"variants.{name}.kwargs: {model} does not build with {variant['kwargs']} at img_size={image_size} "
+            f"(img_size goes only to models that take it): {err}"
+        ]
     from locvit.models.family import family_of
 
     problems = family_of(built).check(built)  # e.g. Swin's windows that do not divide a stage's grid
@@ -105,10 +113,16 @@ def _build_model(name: str, variant: dict, image_size: int, num_classes: int, mo
     # non-overlapping one, which has a grid: PVT v2's overlapping 7-px patches stride by 4.)
     embed = getattr(built, "patch_embed", None)
     patch = getattr(embed, "patch_size", None)
-    if isinstance(patch, tuple) and hasattr(embed, "grid_size") and not getattr(embed, "dynamic_img_pad", False) \
-            and image_size % patch[0]:
-        return [f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
-                f"choose a patch size that divides the image"]
+    if (
+        isinstance(patch, tuple)
+        and hasattr(embed, "grid_size")
+        and not getattr(embed, "dynamic_img_pad", False)
+        and image_size % patch[0]
+    ):
+        return [
+            f"variants.{name}.kwargs.patch_size: {patch[0]} does not divide data.image_size {image_size}; "
+            f"choose a patch size that divides the image"
+        ]
     return []
 
 
@@ -121,11 +135,19 @@ def _taken(model: str, image_size: int, num_classes: int) -> list[str]:
 
     try:
         with torch.device("meta"):
-            built = models.create({"model": model, "model_kwargs": {"img_size": image_size, "num_classes": num_classes}})
+            built = models.create(
+                {"model": model, "model_kwargs": {"img_size": image_size, "num_classes": num_classes}}
+            )
     except Exception:
         return []
-    return sorted({p.name for cls in type(built).__mro__ for p in inspect.signature(cls.__init__).parameters.values()
-                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"})
+    return sorted(
+        {
+            p.name
+            for cls in type(built).__mro__
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        }
+    )
 
 
 def claiming_family(model: str, modules: list[str] = ()) -> dict | None:

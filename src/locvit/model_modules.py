@@ -21,8 +21,8 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -70,8 +70,10 @@ def module_files(modules: Iterable[str]) -> dict[str, Path | None]:
 def module_digests(modules: Iterable[str]) -> dict[str, str]:
     """``{module: SHA-256 of its file (16 hex digits)}`` of :func:`module_files`; :data:`NOT_FOUND` for a
     named module that is not found."""
-    return {name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND
-            for name, path in module_files(modules).items()}
+    return {
+        name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND
+        for name, path in module_files(modules).items()
+    }
 
 
 def module_file(name: str) -> Path | None:
@@ -133,8 +135,11 @@ def _imports(name: str, path: Path) -> list[str]:
             found += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             try:
-                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
-                    if node.level else node.module
+                base = (
+                    importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                    if node.level
+                    else node.module
+                )
             except (ImportError, ValueError):
                 continue  # a relative import beyond the top: it fails when run, too
             found += [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]

@@ -35,5 +35,8 @@ def set_backends(device: torch.device, dtype: torch.dtype | None, deterministic:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.backends.cudnn.allow_tf32 = tf32  # convolutions
     torch.backends.cudnn.benchmark = not deterministic
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(), "cudnn_allow_tf32": tf32,
-            "cudnn_benchmark": not deterministic}
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": tf32,
+        "cudnn_benchmark": not deterministic,
+    }

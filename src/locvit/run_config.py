@@ -5,8 +5,8 @@ resolved: the model and its keyword arguments (with the data's image size and cl
 the data section at the variant's training fraction, and the variant's recipe over the
 study's, with the epochs and warm-up its fraction trains under params' ``fraction_protocol``
 (:func:`locvit.config.fraction_recipe`; the protocol itself is resolved away, like seed_budget:
-a run at the same epochs is the same run under either). It is what a training job takes as JSON (checked by :func:`validate_run_config`)
-and what MLflow records as params (:func:`flatten`). Reads params that
+a run at the same epochs is the same run under either). It is what a training job takes as JSON (checked by
+:func:`validate_run_config`) and what MLflow records as params (:func:`flatten`). Reads params that
 :func:`locvit.config.load_params` validated.
 """
 
@@ -59,8 +59,11 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "model_kwargs": kwargs,
         "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
         # the variant's recipe over the study's, its epochs for its training fraction (fraction_protocol)
-        "train": fraction_recipe({**params["train"], **spec["train"]}, variant_fraction(params, variant),
-                                 params.get("fraction_protocol", "same_epochs")),
+        "train": fraction_recipe(
+            {**params["train"], **spec["train"]},
+            variant_fraction(params, variant),
+            params.get("fraction_protocol", "same_epochs"),
+        ),
     }
 
 
@@ -69,12 +72,20 @@ def validate_run_config(cfg: dict) -> dict:
     missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
     extra = [k for k in cfg if k not in RUN_CONFIG_KEYS + OPTIONAL_RUN_CONFIG_KEYS]
     if missing or extra:
-        raise ConfigError([f"run config: missing keys {missing}, unknown keys {extra}; "
-                           f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"], "--run-config")
+        raise ConfigError(
+            [
+                f"run config: missing keys {missing}, unknown keys {extra}; "
+                f"expected exactly {', '.join(RUN_CONFIG_KEYS)}"
+            ],
+            "--run-config",
+        )
     schema = load_schema()
     recipe = {**schema["$defs"]["recipe"], "required": list(schema["$defs"]["recipe"]["properties"])}
-    sub = {**schema, "required": ["train", "data"],
-           "properties": {"train": recipe, "data": schema["properties"]["data"]}}
+    sub = {
+        **schema,
+        "required": ["train", "data"],
+        "properties": {"train": recipe, "data": schema["properties"]["data"]},
+    }
     problems = non_finite(cfg) or schema_errors({"train": cfg["train"], "data": cfg["data"]}, sub)
     if problems:
         raise ConfigError(problems, "--run-config")

@@ -54,17 +54,21 @@ def missing_pieces(compiler: dict | None = None, headers: dict | None = None) ->
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     found = {}
     if compiler["path"] is None:
-        found["compiler"] = ("no C compiler ($CC, cc or gcc on PATH), which Triton builds torch.compile's CUDA "
-                             "launchers with: install gcc (apt-get install gcc, dnf install gcc, module load gcc, "
-                             "conda install -c conda-forge gcc) or point $CC at one")
+        found["compiler"] = (
+            "no C compiler ($CC, cc or gcc on PATH), which Triton builds torch.compile's CUDA "
+            "launchers with: install gcc (apt-get install gcc, dnf install gcc, module load gcc, "
+            "conda install -c conda-forge gcc) or point $CC at one"
+        )
     if not headers["python_h"]:
-        found["python-headers"] = (f"no Python.h in {headers['include']}, which Triton compiles against: install "
-                                   f"Python {py}'s development headers (apt-get install python{py}-dev, "
-                                   f"dnf install python{py}-devel; a conda environment's python package has them)")
+        found["python-headers"] = (
+            f"no Python.h in {headers['include']}, which Triton compiles against: install "
+            f"Python {py}'s development headers (apt-get install python{py}-dev, "
+            f"dnf install python{py}-devel; a conda environment's python package has them)"
+        )
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _missing_once() -> tuple[tuple[str, str], ...]:
     return tuple(missing_pieces().items())
 
@@ -84,5 +88,7 @@ def require(what: str, way_out: str) -> None:
     them, what is missing, what to install, and ``way_out`` (how to run without)."""
     found = missing()
     if found:
-        raise ToolchainError(f"{what} needs a C compiler and Python's headers to build its kernels, and this "
-                             f"node lacks them: {describe(found)}. Or {way_out}")
+        raise ToolchainError(
+            f"{what} needs a C compiler and Python's headers to build its kernels, and this "
+            f"node lacks them: {describe(found)}. Or {way_out}"
+        )

@@ -18,13 +18,13 @@ import hashlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
 from locvit.errors import InputError, allowed
-from locvit.layout import REPORT_FILES, REPORT_FOLDERS, RunFiles, StudyLayout
+from locvit.layout import REPORT_FILES, StudyLayout
 from locvit.model_modules import module_digests
 from locvit.run_config import variant_seeds
 
@@ -34,10 +34,22 @@ DVC_PARAMS = "params.yaml"
 PACKAGE = Path(__file__).resolve().parent
 #: The ``locvit`` commands each stage's jobs run (the report's stage holds the throughput job), and the
 #: workflow files holding their rules.
-STAGE_COMMANDS = {"configs": ["job-configs"], "prepare": ["prepare"], "train": ["train"], "evaluate": ["evaluate"],
-                  "analyse": ["analyse"], "report": ["report", "throughput"]}
-STAGE_RULES = {"configs": [], "prepare": ["prepare.smk"], "train": ["train.smk"], "evaluate": ["train.smk"],
-               "analyse": ["analyse.smk"], "report": ["report.smk", "throughput.smk"]}
+STAGE_COMMANDS = {
+    "configs": ["job-configs"],
+    "prepare": ["prepare"],
+    "train": ["train"],
+    "evaluate": ["evaluate"],
+    "analyse": ["analyse"],
+    "report": ["report", "throughput"],
+}
+STAGE_RULES = {
+    "configs": [],
+    "prepare": ["prepare.smk"],
+    "train": ["train.smk"],
+    "evaluate": ["train.smk"],
+    "analyse": ["analyse.smk"],
+    "report": ["report.smk", "throughput.smk"],
+}
 
 
 def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[Path]:
@@ -45,21 +57,29 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
     layout = StudyLayout.of(params)
     allowed("stage", stage, STAGES)
     if stage in ("train", "evaluate", "analyse") and variant not in params["variants"]:
-        raise InputError(f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}")
+        raise InputError(
+            f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}"
+        )
     seeds = variant_seeds(params, variant) if variant else params["seeds"]
     if stage == "prepare":
         return list(layout.data_files().values())
     if stage == "train":
-        return [path for s in seeds for path in (layout.run_files(variant, s).best, layout.run_files(variant, s).metrics)]
+        return [
+            path for s in seeds for path in (layout.run_files(variant, s).best, layout.run_files(variant, s).metrics)
+        ]
     if stage == "evaluate":
         return [layout.eval_file(variant, s) for s in seeds]
     if stage == "analyse":
-        return [layout.analysis_file(variant, s) for s in seeds] + [layout.maps_file(variant, s) for s in seeds] + \
-            [layout.profile_file(variant)]
+        return (
+            [layout.analysis_file(variant, s) for s in seeds]
+            + [layout.maps_file(variant, s) for s in seeds]
+            + [layout.profile_file(variant)]
+        )
     return [layout.report_file("md"), layout.throughput_file]  # the report's stage holds the throughput job
 
 
 # dvc.yaml, generated ----------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=4)  # read once per process: every rule of the Snakefile asks
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -100,7 +120,9 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
     and all they import in turn."""
     graph = import_graph(package)
     tree = ast.parse((package / "cli.py").read_text())
-    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"cmd_{command.replace('-', '_')}")
+    function = next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"cmd_{command.replace('-', '_')}"
+    )
     start = set()  # cli.py itself counts, not every command's imports in it
     for node in [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))] + list(ast.walk(function)):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -152,8 +174,14 @@ def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
     files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
     files |= {package / data for module in modules for data in PACKAGE_DATA.get(module, ())}
-    folders = sorted({path.parent for path in files if path.parent != package and path.suffix == ".py"
-                      and all(f in files for f in path.parent.rglob("*.py"))}, key=lambda f: (len(f.parts), f))
+    folders = sorted(
+        {
+            path.parent
+            for path in files
+            if path.parent != package and path.suffix == ".py" and all(f in files for f in path.parent.rglob("*.py"))
+        },
+        key=lambda f: (len(f.parts), f),
+    )
     kept = [f for i, f in enumerate(folders) if not any(f.is_relative_to(g) for g in folders[:i])]
     paths = kept + sorted(f for f in files if not any(f.is_relative_to(g) for g in kept))
     root = package.parents[1]
@@ -183,35 +211,70 @@ def dvc_yaml() -> str:
         # The jobs' logs are outputs that persist: a stage with one is never restored from DVC's run
         # cache (which would put outputs in place behind Snakemake's back, its records then describing
         # others), while DVC still removes the other outputs, so the stage's jobs run again.
-        body = {"cmd": f"${{snakemake}} $(locvit targets {name}{' ' + v if per_variant else ''})",
-                "deps": [str(d) for d in deps] + stage_code(name), **more,
-                "outs": outs + [{str(log): {"persist": True}} for log in logs]}
+        body = {
+            "cmd": f"${{snakemake}} $(locvit targets {name}{' ' + v if per_variant else ''})",
+            "deps": [str(d) for d in deps] + stage_code(name),
+            **more,
+            "outs": outs + [{str(log): {"persist": True}} for log in logs],
+        }
         return {"foreach": "${variants}", "do": body} if per_variant else body
 
     data = str(layout.data_dir())
     # In the order of the DAG: `dvc commit` rewrites a new output in this order (a copy out of its
     # cache), and the throughput job's file is an input of the report's.
-    report_outs = [str(layout.throughput_file)] + [str(layout.report_file(r)) for r in REPORT_FILES] + \
-        [str(layout.report_file(f)) for f in ("tables", "pdf")]
+    report_outs = (
+        [str(layout.throughput_file)]
+        + [str(layout.report_file(r)) for r in REPORT_FILES]
+        + [str(layout.report_file(f)) for f in ("tables", "pdf")]
+    )
     stages = {
-        "configs": {"cmd": "locvit job-configs", "deps": stage_code("configs"), "params": [{DVC_PARAMS: None}],
-                    "outs": [{str(layout.configs): {"persist": True}}]},
-        "prepare": stage("prepare", [layout.job_config("prepare", layout.data_name())], [data],
-                         [layout.log_file("prepare", layout.data_name())]),
-        "train": stage("train", [data, layout.train_configs(v)],
-                       [{str(layout.runs_dir(v)): {"persist": True}}], [], per_variant=True),
-        "evaluate": stage("evaluate", [layout.runs_dir(v), data], [str(layout.eval_dir(v))],
-                          [layout.log_file("evaluate", v)], per_variant=True),
-        "analyse": stage("analyse", [layout.runs_dir(v), layout.eval_dir(v), data, layout.job_config("analyse")],
-                         [str(layout.analysis_dir(v)), str(layout.maps_dir(v))], [layout.log_file("analyse", v)],
-                         per_variant=True),
-        "report": stage("report", [layout.eval, layout.analysis, layout.maps, layout.job_config("report"),
-                                   layout.job_config("throughput")], report_outs,
-                        [layout.log_file("throughput"), layout.log_file("report")],
-                        metrics=[str(layout.report_file("metrics"))], plots=[str(layout.report_file("figures"))]),
+        "configs": {
+            "cmd": "locvit job-configs",
+            "deps": stage_code("configs"),
+            "params": [{DVC_PARAMS: None}],
+            "outs": [{str(layout.configs): {"persist": True}}],
+        },
+        "prepare": stage(
+            "prepare",
+            [layout.job_config("prepare", layout.data_name())],
+            [data],
+            [layout.log_file("prepare", layout.data_name())],
+        ),
+        "train": stage(
+            "train",
+            [data, layout.train_configs(v)],
+            [{str(layout.runs_dir(v)): {"persist": True}}],
+            [],
+            per_variant=True,
+        ),
+        "evaluate": stage(
+            "evaluate",
+            [layout.runs_dir(v), data],
+            [str(layout.eval_dir(v))],
+            [layout.log_file("evaluate", v)],
+            per_variant=True,
+        ),
+        "analyse": stage(
+            "analyse",
+            [layout.runs_dir(v), layout.eval_dir(v), data, layout.job_config("analyse")],
+            [str(layout.analysis_dir(v)), str(layout.maps_dir(v))],
+            [layout.log_file("analyse", v)],
+            per_variant=True,
+        ),
+        "report": stage(
+            "report",
+            [layout.eval, layout.analysis, layout.maps, layout.job_config("report"), layout.job_config("throughput")],
+            report_outs,
+            [layout.log_file("throughput"), layout.log_file("report")],
+            metrics=[str(layout.report_file("metrics"))],
+            plots=[str(layout.report_file("figures"))],
+        ),
     }
-    body = yaml.safe_dump({"vars": [{"snakemake": "snakemake --cores all --config dvc_commit=false --"}],
-                           "stages": stages}, sort_keys=False, width=120)
+    body = yaml.safe_dump(
+        {"vars": [{"snakemake": "snakemake --cores all --config dvc_commit=false --"}], "stages": stages},
+        sort_keys=False,
+        width=120,
+    )
     return DVC_YAML_HEAD + body.replace(": null", ":")
 
 
@@ -231,11 +294,14 @@ def commit_after_snakemake(params_file: str, enabled: bool = True, root: Path = 
     dvc = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
     if not Path(dvc).exists() and shutil.which(dvc) is None:
         return "skipped: no dvc command"
-    proc = subprocess.run([dvc, "--wait-for-lock", "commit", "--force", "--quiet"], cwd=root, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [dvc, "--wait-for-lock", "commit", "--force", "--quiet"], cwd=root, capture_output=True, text=True
+    )
     if proc.returncode:
-        return (f"dvc.lock NOT updated (dvc commit failed: {(proc.stderr or proc.stdout).strip()[-800:]}); "
-                "run `dvc commit -f` once every stage's outputs exist")
+        return (
+            f"dvc.lock NOT updated (dvc commit failed: {(proc.stderr or proc.stdout).strip()[-800:]}); "
+            "run `dvc commit -f` once every stage's outputs exist"
+        )
     return "dvc.lock records this run (dvc commit -f); `dvc status`: up to date"
 
 
@@ -248,9 +314,19 @@ def pull(params_file: str = DVC_PARAMS, root: Path = Path(".")) -> None:
     DVC's, checked by ``dvc status``.
     """
     bin_dir = Path(sys.executable).parent
-    for cmd in ([str(bin_dir / "dvc"), "pull"],
-                [str(bin_dir / "snakemake"), "--touch", "--cores", "1", "all", "--config", f"params={params_file}",
-                 "dvc_commit=false"]):
+    for cmd in (
+        [str(bin_dir / "dvc"), "pull"],
+        [
+            str(bin_dir / "snakemake"),
+            "--touch",
+            "--cores",
+            "1",
+            "all",
+            "--config",
+            f"params={params_file}",
+            "dvc_commit=false",
+        ],
+    ):
         proc = subprocess.run(cmd, cwd=root)
         if proc.returncode:
             raise SystemExit(f"locvit pull: `{' '.join(cmd)}` failed (exit {proc.returncode})")

@@ -66,8 +66,11 @@ def hold_point(name: str, where) -> None:
     if not hold.exists():
         return
     marker = hold.with_name(f"{hold.name}.{os.getpid()}.json")
-    marker.write_text(json.dumps({"point": name, "where": str(where), "pid": os.getpid(),
-                                  "slurm_job_id": os.environ.get("SLURM_JOB_ID")}))
+    marker.write_text(
+        json.dumps(
+            {"point": name, "where": str(where), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+        )
+    )
     print(f"fault injection: holding at {name} while {hold} exists", flush=True)
     while hold.exists():
         time.sleep(0.2)
@@ -111,8 +114,12 @@ def _counted(loader, where_key: str):
 
 
 def _patch_loop(loop) -> None:
-    train_run, train_one_epoch, evaluate, save_epoch = loop.train_run, loop.train_one_epoch, loop.evaluate, \
-        loop.save_epoch
+    train_run, train_one_epoch, evaluate, save_epoch = (
+        loop.train_run,
+        loop.train_one_epoch,
+        loop.evaluate,
+        loop.save_epoch,
+    )
 
     def traced_train_run(cfg, train_path, val_path, manifest_path, out_dir, *args, **kwargs):
         _where["train"] = str(out_dir)
@@ -132,8 +139,11 @@ def _patch_loop(loop) -> None:
             hold_point(f"train_step_{step - 1}", _where["train"])
             stall_point(f"train_step_{step - 1}", _where["train"])
 
-        handle = model.register_forward_hook(
-            lambda m, a, out: out * float("nan") if current.get("step") in nan_at else None) if nan_at else None
+        handle = (
+            model.register_forward_hook(lambda m, a, out: out * float("nan") if current.get("step") in nan_at else None)
+            if nan_at
+            else None
+        )
         try:
             return train_one_epoch(model, loader, optimizer, tracked_lr, *args, on_step=after_step, **kwargs)
         finally:
@@ -149,8 +159,12 @@ def _patch_loop(loop) -> None:
             kill_point(f"after_epoch_{p.epoch - 1}", run.out_dir)
             hold_point(f"after_epoch_{p.epoch - 1}", run.out_dir)
 
-    loop.train_run, loop.train_one_epoch, loop.evaluate, loop.save_epoch = \
-        traced_train_run, traced_train_one_epoch, traced_evaluate, traced_save_epoch
+    loop.train_run, loop.train_one_epoch, loop.evaluate, loop.save_epoch = (
+        traced_train_run,
+        traced_train_one_epoch,
+        traced_evaluate,
+        traced_save_epoch,
+    )
 
 
 def _patch_evaluate(module) -> None:
@@ -176,8 +190,12 @@ def _patch_tracking_run(module) -> None:
     module.log_params = traced_log_params
 
 
-PATCHES = {"locvit.io": _patch_io, "locvit.train.loop": _patch_loop, "locvit.train.evaluate": _patch_evaluate,
-           "locvit.tracking.run": _patch_tracking_run}
+PATCHES = {
+    "locvit.io": _patch_io,
+    "locvit.train.loop": _patch_loop,
+    "locvit.train.evaluate": _patch_evaluate,
+    "locvit.tracking.run": _patch_tracking_run,
+}
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -6,7 +6,7 @@ Its map ``phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`` has rows that sum 
 a kind of its own (``linear``), declared here with its properties; nothing in locvit's src/ names it.
 Tests copy this file into a study's working directory and name it in params.yaml's ``model_modules``.
 """
-import torch
+
 import torch.nn.functional as F
 from timm.layers import Attention
 from timm.models import register_model
@@ -14,8 +14,13 @@ from timm.models.vision_transformer import VisionTransformer
 
 from locvit.models.family import Family, MapKind, register_family, vit_blocks, vit_sites
 
-LINEAR = MapKind("linear", grid=True, rows_sum_to_one=True, keys="tokens",
-                 description="linear attention: phi(q) phi(k)^T normalised per row, phi = elu + 1")
+LINEAR = MapKind(
+    "linear",
+    grid=True,
+    rows_sum_to_one=True,
+    keys="tokens",
+    description="linear attention: phi(q) phi(k)^T normalised per row, phi = elu + 1",
+)
 
 
 class LinearAttention(Attention):
@@ -49,6 +54,15 @@ def linear_vit(pretrained=False, **kwargs):
     return LinearViT(**kwargs)
 
 
-register_family(Family("linear", "LinearViT", LinearViT, "none: global linear attention (no softmax)", vit_blocks,
-                       lambda m: vit_sites(m, {LinearAttention: lambda attn, x: ("linear", attn.maps(x))}),
-                       models=("linear_",), kinds=(LINEAR,)))
+register_family(
+    Family(
+        "linear",
+        "LinearViT",
+        LinearViT,
+        "none: global linear attention (no softmax)",
+        vit_blocks,
+        lambda m: vit_sites(m, {LinearAttention: lambda attn, x: ("linear", attn.maps(x))}),
+        models=("linear_",),
+        kinds=(LINEAR,),
+    )
+)

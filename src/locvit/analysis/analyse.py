@@ -39,15 +39,21 @@ import torch
 
 from locvit import models
 from locvit.analysis.attention import collect_attention
-from locvit.analysis.metrics import (attention_locality_score, attention_rollout, cross_layer_similarity,
-                                     mean_attention_distance, pooled_distance, rollout_applies)
+from locvit.analysis.metrics import (
+    attention_locality_score,
+    attention_rollout,
+    cross_layer_similarity,
+    mean_attention_distance,
+    pooled_distance,
+    rollout_applies,
+)
 from locvit.analysis.profile import profile
+from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import family_of, map_kind
-from locvit.checkpoint import load_checkpoint
 from locvit.neighbourhood import neighbourhood_mask
 
 
@@ -93,16 +99,18 @@ def distances(maps: list, image_size: int, images: int) -> list:
     for m in maps:
         kind = map_kind(m.kind)
         if kind.grid and kind.keys == "pooled" and m.num_prefix == 0:  # PVT's, Twins' keys: pooled cells
-            out.append(pooled_distance(_row_mass(m.probs, m.kind), tuple(m.grid), image_size / m.grid[1])
-                       .mean(0).tolist())
+            out.append(
+                pooled_distance(_row_mass(m.probs, m.kind), tuple(m.grid), image_size / m.grid[1]).mean(0).tolist()
+            )
             continue
         if not kind.spatial:
             out.append(None)
             continue
         blocks = m.probs.shape[0] // images if kind.windows else 1  # NesT's blocks, Swin's windows per image
-        spacing = image_size / (m.grid[1] * blocks ** 0.5)
-        out.append(mean_attention_distance(_row_mass(m.probs, m.kind), tuple(m.grid), m.num_prefix, spacing)
-                   .mean(0).tolist())
+        spacing = image_size / (m.grid[1] * blocks**0.5)
+        out.append(
+            mean_attention_distance(_row_mass(m.probs, m.kind), tuple(m.grid), m.num_prefix, spacing).mean(0).tolist()
+        )
     return out
 
 
@@ -132,18 +140,30 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             np.savez_compressed(f, **arrays)
 
 
-def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: list[Path], data: Path,
-                        manifest_path: Path, images: int = 16, als_kernel: tuple[int, int] = (3, 3),
-                        profile_out: Path | None = None, threads: int | None = None) -> list[dict]:
+def analyse_checkpoints(
+    checkpoints: list[Path],
+    out_json: list[Path],
+    out_npz: list[Path],
+    data: Path,
+    manifest_path: Path,
+    images: int = 16,
+    als_kernel: tuple[int, int] = (3, 3),
+    profile_out: Path | None = None,
+    threads: int | None = None,
+) -> list[dict]:
     """Analyse each checkpoint (see the module docstring); return the per-seed records."""
     if not len(checkpoints) == len(out_json) == len(out_npz):
-        raise InputError(f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
-                         "output(s): give one of each per checkpoint")
+        raise InputError(
+            f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
+            "output(s): give one of each per checkpoint"
+        )
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
     manifest = load_manifest(manifest_path, {"test": data})
     if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
-        raise InputError(f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
-                         f"the test split ({manifest_path}); use at most that many")
+        raise InputError(
+            f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
+            f"the test split ({manifest_path}); use at most that many"
+        )
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
     batch, _ = read_all(data, limit=images, jit=False)  # (B, H, W, 3) uint8
     if threads:
@@ -160,13 +180,32 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         mad = distances(maps, image_size, len(batch))
         values, extras = _extras(model)
         record = {
-            "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-            "mlflow_run_id": state["mlflow_run_id"], "images": int(len(batch)), "als_kernel": list(als_kernel),
-            "layers": [{"name": m.name, "layer": m.layer, "kind": m.kind, "heads": int(m.probs.shape[1]),
-                        "tokens": int(m.probs.shape[-1]), "grid": list(m.grid),
-                        "num_prefix": m.num_prefix} for m in maps],
-            "als": als, "als_layers": als_layers, "als_mean": _mean(als), "mad": mad, "mad_mean": _mean(mad),
-            "cross_layer_similarity": similarity, "unread_attention": family_of(model).unread(model), **values,
+            "variant": cfg["variant"],
+            "seed": cfg["seed"],
+            "model": cfg["model"],
+            "mlflow_run_id": state["mlflow_run_id"],
+            "images": int(len(batch)),
+            "als_kernel": list(als_kernel),
+            "layers": [
+                {
+                    "name": m.name,
+                    "layer": m.layer,
+                    "kind": m.kind,
+                    "heads": int(m.probs.shape[1]),
+                    "tokens": int(m.probs.shape[-1]),
+                    "grid": list(m.grid),
+                    "num_prefix": m.num_prefix,
+                }
+                for m in maps
+            ],
+            "als": als,
+            "als_layers": als_layers,
+            "als_mean": _mean(als),
+            "mad": mad,
+            "mad_mean": _mean(mad),
+            "cross_layer_similarity": similarity,
+            "unread_attention": family_of(model).unread(model),
+            **values,
         }
         arrays = {"images": batch, **extras}
         if rollout_applies(maps):
@@ -175,6 +214,5 @@ def analyse_checkpoints(checkpoints: list[Path], out_json: list[Path], out_npz: 
         write_json(json_path, record)
         records.append(record)
         if i == 0 and profile_out is not None:
-            write_json(profile_out, {"variant": cfg["variant"], "model": cfg["model"],
-                                     **profile(model, image_size)})
+            write_json(profile_out, {"variant": cfg["variant"], "model": cfg["model"], **profile(model, image_size)})
     return records

@@ -41,6 +41,7 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
             tokens = args[0].shape[-2]  # the layer's input tokens: prefix + patches (per block for NesT)
             prefix = tokens - site.grid[0] * site.grid[1] if site.num_prefix is None else site.num_prefix
             records.append(AttentionMap(names[module], len(records), probs.float().cpu(), site.grid, prefix, kind))
+
         return hook
 
     sites = family_of(model).sites(model)  # raises for a model or a layer its family cannot read

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,14 @@ from locvit.models.family import AttentionMap, map_kind
 _FUSE = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}  # over the heads
 HEAD_FUSIONS = tuple(_FUSE)
 
-__all__ = ["attention_locality_score", "attention_rollout", "cross_layer_similarity", "mean_attention_distance",
-           "patch_distances", "pooled_distance"]
+__all__ = [
+    "attention_locality_score",
+    "attention_rollout",
+    "cross_layer_similarity",
+    "mean_attention_distance",
+    "patch_distances",
+    "pooled_distance",
+]
 
 
 def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix: int = 1) -> torch.Tensor:
@@ -46,14 +52,14 @@ def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix:
 def patch_distances(grid: tuple[int, int]) -> torch.Tensor:
     """Euclidean distances between the patches of a ``(gh, gw)`` grid, row-major: (N, N), in patches."""
     gh, gw = grid
-    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
     pos = torch.stack([ys.flatten(), xs.flatten()], dim=-1)  # (N, 2)
     return torch.cdist(pos, pos)
 
 
-def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1,
-                            spacing: float = 1.0) -> torch.Tensor:
+def mean_attention_distance(
+    attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1, spacing: float = 1.0
+) -> torch.Tensor:
     """Mean attention distance (ViT paper Fig. 7): (..., T, T) maps -> (...) distances in pixels.
 
     For each patch query n, ``d_n = sum_m A[n, m] |p_n - p_m| / sum_m A[n, m]`` over the N
@@ -67,8 +73,9 @@ def mean_attention_distance(attn: torch.Tensor, grid: tuple[int, int], num_prefi
     """
     n = grid[0] * grid[1]
     if attn.shape[-1] != num_prefix + n or attn.shape[-2] != num_prefix + n:
-        raise ValueError(f"maps of shape {tuple(attn.shape)} do not have {num_prefix} prefix + {n} patch tokens "
-                         f"(grid {grid})")
+        raise ValueError(
+            f"maps of shape {tuple(attn.shape)} do not have {num_prefix} prefix + {n} patch tokens (grid {grid})"
+        )
     a = attn[..., num_prefix:, num_prefix:].double()  # (..., N, N): patch queries over patch keys
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
     dist = patch_distances(grid).to(a.device) * spacing
@@ -88,13 +95,15 @@ def pooled_distance(attn: torch.Tensor, grid: tuple[int, int], spacing: float = 
     n, m = attn.shape[-2], attn.shape[-1]
     r = round((n / m) ** 0.5) if m else 0
     if n != gh * gw or m == 0 or gh % r or gw % r or m != (gh // r) * (gw // r):
-        raise ValueError(f"maps of shape {tuple(attn.shape)} do not have the {gh}x{gw} grid's patches as queries "
-                         f"and a pooled grid's cells as keys")
-    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
-                            indexing="ij")
+        raise ValueError(
+            f"maps of shape {tuple(attn.shape)} do not have the {gh}x{gw} grid's patches as queries "
+            f"and a pooled grid's cells as keys"
+        )
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
     queries = torch.stack([ys.flatten(), xs.flatten()], dim=-1)  # (N, 2), in patches
-    cy, cx = torch.meshgrid(torch.arange(gh // r, dtype=torch.float64), torch.arange(gw // r, dtype=torch.float64),
-                            indexing="ij")
+    cy, cx = torch.meshgrid(
+        torch.arange(gh // r, dtype=torch.float64), torch.arange(gw // r, dtype=torch.float64), indexing="ij"
+    )
     keys = (torch.stack([cy.flatten(), cx.flatten()], dim=-1) + 0.5) * r - 0.5  # (M, 2): cell centres
     a = attn.double()
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
@@ -130,8 +139,8 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
     t = prefix + record.grid[0] * record.grid[1]
     lo = prefix - record.num_prefix  # the layer's tokens are the last T - lo; its queries the first tq of those
     full = torch.eye(t).repeat(b, 1, 1)  # (B, T, T)
-    full[:, lo:lo + tq] = 0.0
-    full[:, lo:lo + tq, lo:] = a
+    full[:, lo : lo + tq] = 0.0
+    full[:, lo : lo + tq, lo:] = a
     return 0.5 * full + 0.5 * torch.eye(t)
 
 
@@ -139,8 +148,12 @@ def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
     """Whether the layers follow a class token over one patch grid (what rollout needs): every map's keys
     are the layer's own tokens, one map per image (not per window)."""
     kinds = [map_kind(m.kind) for m in maps]
-    return bool(maps) and max(m.num_prefix for m in maps) > 0 and len({m.grid for m in maps}) == 1 and \
-        all(k.keys == "tokens" and not k.windows for k in kinds)
+    return (
+        bool(maps)
+        and max(m.num_prefix for m in maps) > 0
+        and len({m.grid for m in maps}) == 1
+        and all(k.keys == "tokens" and not k.windows for k in kinds)
+    )
 
 
 def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:
@@ -163,8 +176,10 @@ def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -
     prefix = max(m.num_prefix for m in maps)
     grids = {m.grid for m in maps}
     if not rollout_applies(maps):
-        raise ValueError(f"attention_rollout follows a class token over one patch grid; these maps have "
-                         f"{prefix} prefix tokens, grids {sorted(grids)} and kinds {sorted({m.kind for m in maps})}")
+        raise ValueError(
+            f"attention_rollout follows a class token over one patch grid; these maps have "
+            f"{prefix} prefix tokens, grids {sorted(grids)} and kinds {sorted({m.kind for m in maps})}"
+        )
     rollout = None
     for record in maps:
         step = _layer_transition(record, prefix, head_fusion)  # (B, T, T)

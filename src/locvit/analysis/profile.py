@@ -52,8 +52,10 @@ def device_name(device: torch.device) -> str:
     kernels use and torch's threads (:mod:`locvit.machine`)."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"{device.type} ({machine.cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, " \
-           f"{torch.get_num_threads()} threads)"
+    return (
+        f"{device.type} ({machine.cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads)"
+    )
 
 
 def profile(model: torch.nn.Module, image_size: int) -> dict:

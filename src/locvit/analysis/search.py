@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from locvit.errors import InputError
 
-
 # Round 0: head 0 masked in every layer, i.e. MaiT's Sch.1 (the first head of each layer).
 INITIAL = "sch1"
 
@@ -25,8 +24,9 @@ def _per_layer(spec, depth: int) -> list[list[int]]:
     return [[0] for _ in range(depth)] if spec == INITIAL else [list(h) for h in spec]
 
 
-def assign(als: list[list[float]], spec: list[list[int]], num_heads: int, all_above: float,
-           remove_below: float) -> tuple[list[list[int]], list[str]]:
+def assign(
+    als: list[list[float]], spec: list[list[int]], num_heads: int, all_above: float, remove_below: float
+) -> tuple[list[list[int]], list[str]]:
     """Round 1: per layer, from the ALS of head 0 (``als[layer][head]``)."""
     new, why = [], []
     for layer, (scores, heads) in enumerate(zip(als, spec)):
@@ -52,13 +52,20 @@ def calibrate(als: list[list[float]], spec: list[list[int]], remove_below: float
     for layer, (scores, heads) in enumerate(zip(als, spec)):
         dropped = [h for h in heads if scores[h] < remove_below]
         new.append([h for h in heads if h not in dropped])
-        why.append(f"layer {layer}: " + (", ".join(f"head {h} ALS {scores[h]:.3f} < {remove_below}: remove"
-                                                   for h in dropped) or "unchanged"))
+        why.append(
+            f"layer {layer}: "
+            + (", ".join(f"head {h} ALS {scores[h]:.3f} < {remove_below}: remove" for h in dropped) or "unchanged")
+        )
     return new, why
 
 
-def next_spec(round_: int, previous: dict | None = None, als: list[list[float]] | None = None,
-              all_above: float = 0.8, remove_below: float = 0.3) -> dict:
+def next_spec(
+    round_: int,
+    previous: dict | None = None,
+    als: list[list[float]] | None = None,
+    all_above: float = 0.8,
+    remove_below: float = 0.3,
+) -> dict:
     """The spec of ``round_`` (written as the round's spec.json) from the previous round's.
 
     ``als[layer][head]`` is the previous round's ALS; its shape gives depth and heads.
@@ -90,14 +97,16 @@ def search_table(specs: list[dict], analyses: list[dict], evals: list[dict]) -> 
     for spec, analysis, result in zip(specs, analyses, evals):
         heads = _per_layer(spec["masked_heads"], len(analysis["als"]))
         masked = [analysis["als"][layer][h] for layer, hs in enumerate(heads) for h in hs]
-        rows.append({
-            "round": spec["round"],
-            "masked_heads_per_layer": [len(h) for h in heads],
-            "masked_heads": sum(len(h) for h in heads),
-            "mean_als_masked": sum(masked) / len(masked) if masked else None,
-            "val_top1": 100.0 * result["val_top1"],
-            "test_top1": 100.0 * result["test_top1"],
-            "mlflow_run_id": result["mlflow_run_id"],
-            "change": "; ".join(r for r in spec["rule"] if not r.endswith("unchanged")) or "no change",
-        })
+        rows.append(
+            {
+                "round": spec["round"],
+                "masked_heads_per_layer": [len(h) for h in heads],
+                "masked_heads": sum(len(h) for h in heads),
+                "mean_als_masked": sum(masked) / len(masked) if masked else None,
+                "val_top1": 100.0 * result["val_top1"],
+                "test_top1": 100.0 * result["test_top1"],
+                "mlflow_run_id": result["mlflow_run_id"],
+                "change": "; ".join(r for r in spec["rule"] if not r.endswith("unchanged")) or "no change",
+            }
+        )
     return rows

@@ -45,8 +45,8 @@ import math
 import os
 import random
 import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -85,6 +85,7 @@ def _apply(image: np.ndarray, plan: list) -> np.ndarray:
 # and returns uint8 (n, 3, H, W) on the same device; each rounds to uint8 as the PIL op does,
 # so a chain of ops sees what the PIL chain sees.
 
+
 def _aa():
     from timm.data import auto_augment
 
@@ -122,9 +123,14 @@ def _affine_matrix(fn, arg: float, w: int, h: int) -> tuple[float, ...] | None:
         a, b, d, e = round(math.cos(t), 15), round(math.sin(t), 15), round(-math.sin(t), 15), round(math.cos(t), 15)
         cx, cy = w / 2, h / 2
         return a, b, a * -cx + b * -cy + cx, d, e, d * -cx + e * -cy + cy
-    matrix = {aa.shear_x: (1, arg, 0, 0, 1, 0), aa.shear_y: (1, 0, 0, arg, 1, 0),
-              aa.translate_x_rel: (1, 0, arg * w, 0, 1, 0), aa.translate_y_rel: (1, 0, 0, 0, 1, arg * h),
-              aa.translate_x_abs: (1, 0, arg, 0, 1, 0), aa.translate_y_abs: (1, 0, 0, 0, 1, arg)}[fn]
+    matrix = {
+        aa.shear_x: (1, arg, 0, 0, 1, 0),
+        aa.shear_y: (1, 0, 0, arg, 1, 0),
+        aa.translate_x_rel: (1, 0, arg * w, 0, 1, 0),
+        aa.translate_y_rel: (1, 0, 0, 0, 1, arg * h),
+        aa.translate_x_abs: (1, 0, arg, 0, 1, 0),
+        aa.translate_y_abs: (1, 0, 0, 0, 1, arg),
+    }[fn]
     return None if matrix == (1, 0, 0, 0, 1, 0) else matrix  # an identity transform samples pixel centres: a copy
 
 
@@ -242,7 +248,7 @@ def _gaussian_blur(x, args):
     sigma = _on(x.device, args[:, 0], torch.float32).clamp(min=1e-3)
     r = min(int(math.ceil(3 * float(args[:, 0].max()))), (min(h, w) - 1) // 2)
     taps = torch.arange(-r, r + 1, dtype=torch.float32, device=x.device)
-    k = torch.exp(-taps ** 2 / (2 * sigma[:, None] ** 2))
+    k = torch.exp(-(taps**2) / (2 * sigma[:, None] ** 2))
     k = (k / k.sum(1, keepdim=True)).repeat_interleave(c, 0)  # (n*3, 2r+1)
     y = torch.nn.functional.pad(x.float().reshape(1, n * c, h, w), (r, r, r, r), mode="replicate")
     y = torch.nn.functional.conv2d(y, k.view(n * c, 1, 1, -1), groups=n * c)
@@ -252,10 +258,20 @@ def _gaussian_blur(x, args):
 
 def _colour_kernels() -> dict:
     aa = _aa()
-    return {aa.brightness: _brightness, aa.color: _color, aa.contrast: _contrast, aa.sharpness: _sharpness,
-            aa.posterize: _posterize, aa.solarize: _solarize, aa.solarize_add: _solarize_add,
-            aa.invert: _invert, aa.equalize: _equalize, aa.auto_contrast: _autocontrast,
-            aa.desaturate: _desaturate, aa.gaussian_blur: _gaussian_blur}
+    return {
+        aa.brightness: _brightness,
+        aa.color: _color,
+        aa.contrast: _contrast,
+        aa.sharpness: _sharpness,
+        aa.posterize: _posterize,
+        aa.solarize: _solarize,
+        aa.solarize_add: _solarize_add,
+        aa.invert: _invert,
+        aa.equalize: _equalize,
+        aa.auto_contrast: _autocontrast,
+        aa.desaturate: _desaturate,
+        aa.gaussian_blur: _gaussian_blur,
+    }
 
 
 _INTERPOLATION = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's resample codes -> grid_sample's modes
@@ -271,8 +287,15 @@ def apply_plans(images: torch.Tensor, plans: list[list]) -> torch.Tensor:
     b, _, h, w = images.shape
     x = images.clone(memory_format=torch.contiguous_format)
     kernels = _colour_kernels()
-    geometric = {_aa().rotate, _aa().shear_x, _aa().shear_y, _aa().translate_x_rel, _aa().translate_y_rel,
-                 _aa().translate_x_abs, _aa().translate_y_abs}
+    geometric = {
+        _aa().rotate,
+        _aa().shear_x,
+        _aa().shear_y,
+        _aa().translate_x_rel,
+        _aa().translate_y_rel,
+        _aa().translate_x_abs,
+        _aa().translate_y_abs,
+    }
     for layer in range(max((len(p) for p in plans), default=0)):
         groups: dict[tuple, tuple[list[int], list]] = {}
         for i, plan in enumerate(plans):
@@ -318,9 +341,17 @@ class TrainAugment:
     backend's pixel work (1: none); the tensor backend uses torch's threads.
     """
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], randaugment: str | None = None,
-                 random_erasing: float = 0.0, seed: int = 0, rank: int = 0, workers: int = 1,
-                 backend: str = "tensor"):
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        randaugment: str | None = None,
+        random_erasing: float = 0.0,
+        seed: int = 0,
+        rank: int = 0,
+        workers: int = 1,
+        backend: str = "tensor",
+    ):
         if backend not in ("tensor", "pil"):
             raise ValueError(f"TrainAugment: backend must be 'tensor' or 'pil', not {backend!r}")
         self.mean, self.std = tuple(mean), tuple(std)
@@ -349,13 +380,18 @@ class TrainAugment:
             from PIL import Image
             from timm.data.auto_augment import rand_augment_transform
 
-            hparams = dict(translate_const=int(min(h, w) * 0.45), interpolation=Image.BICUBIC,
-                           img_mean=tuple(min(255, round(255 * m)) for m in self.mean))
+            hparams = dict(
+                translate_const=int(min(h, w) * 0.45),
+                interpolation=Image.BICUBIC,
+                img_mean=tuple(min(255, round(255 * m)) for m in self.mean),
+            )
             try:
                 self._policies[(h, w)] = rand_augment_transform(self.spec, hparams)
             except (AssertionError, ValueError, KeyError) as err:
-                raise InputError(f"train.randaugment: {self.spec!r} is not a timm RandAugment spec ({err!r}); "
-                                 f"DeiT's is 'rand-m9-mstd0.5-inc1'") from err
+                raise InputError(
+                    f"train.randaugment: {self.spec!r} is not a timm RandAugment spec ({err!r}); "
+                    f"DeiT's is 'rand-m9-mstd0.5-inc1'"
+                ) from err
         return self._policies[(h, w)]
 
     def _plans(self, n: int, h: int, w: int, rng: np.random.Generator) -> list[list]:
@@ -365,7 +401,7 @@ class TrainAugment:
         bound = _aa()._LEVEL_DENOM  # timm's magnitude scale: 'm10' is an op's strongest level (unless 'mmax')
         plans = []
         # the signs timm's level functions pick, from Python's random: seeded here, one thread at a time
-        with self._draw_lock, _seeded_python_random(int(rng.integers(2 ** 63))):
+        with self._draw_lock, _seeded_python_random(int(rng.integers(2**63))):
             for _ in range(n):
                 plan = []
                 for k in rng.choice(len(ops), policy.num_layers, replace=weights is None, p=weights):
@@ -422,7 +458,7 @@ class TrainAugment:
         bh, bw = bh[np.arange(n), first], bw[np.arange(n), first]
         top = (rng.random(n) * (h - bh + 1)).astype(np.int64)
         left = (rng.random(n) * (w - bw + 1)).astype(np.int64)
-        seed = int(rng.integers(2 ** 63))
+        seed = int(rng.integers(2**63))
         ids = np.flatnonzero(hit & fits.any(1))
         return ids, np.stack([top, left, bh, bw], 1)[ids], seed
 
@@ -450,8 +486,12 @@ class TrainAugment:
         box = in_rows[:, None, :, None] & in_cols[:, None, None, :]  # (k, 1, H, W)
         # Normal noise for the boxes' pixels only, from a generator of our own on the batch's device
         # (torch's global one is untouched), written into the boxes in (image, channel, row, column) order.
-        noise = torch.randn(int((boxes[:, 2] * boxes[:, 3]).sum()) * c, device=x.device, dtype=x.dtype,
-                            generator=self._generator(x.device).manual_seed(seed))
+        noise = torch.randn(
+            int((boxes[:, 2] * boxes[:, 3]).sum()) * c,
+            device=x.device,
+            dtype=x.dtype,
+            generator=self._generator(x.device).manual_seed(seed),
+        )
         return x.index_copy_(0, idx, x.index_select(0, idx).masked_scatter_(box, noise))
 
     def _timm_erase(self, x: torch.Tensor, step: int) -> torch.Tensor:
@@ -460,9 +500,12 @@ class TrainAugment:
             from timm.data.random_erasing import RandomErasing
 
             self._erasers[x.device] = RandomErasing(self.erase_prob, mode="pixel", max_count=1, device=str(x.device))
-        seed = int(self._rng(step, 1).integers(2 ** 63))
-        cuda = [x.device.index if x.device.index is not None else torch.cuda.current_device()] \
-            if x.device.type == "cuda" else []
+        seed = int(self._rng(step, 1).integers(2**63))
+        cuda = (
+            [x.device.index if x.device.index is not None else torch.cuda.current_device()]
+            if x.device.type == "cuda"
+            else []
+        )
         with self._draw_lock, torch.random.fork_rng(devices=cuda), _seeded_python_random(seed):
             torch.default_generator.manual_seed(seed)
             if cuda:
@@ -486,8 +529,17 @@ class BatchMixup:
     (label smoothing included).
     """
 
-    def __init__(self, mixup_alpha: float, cutmix_alpha: float, prob: float, switch_prob: float,
-                 label_smoothing: float, num_classes: int, seed: int = 0, rank: int = 0):
+    def __init__(
+        self,
+        mixup_alpha: float,
+        cutmix_alpha: float,
+        prob: float,
+        switch_prob: float,
+        label_smoothing: float,
+        num_classes: int,
+        seed: int = 0,
+        rank: int = 0,
+    ):
         self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
         self.prob, self.switch_prob, self.smoothing = float(prob), float(switch_prob), float(label_smoothing)
         self.num_classes, self.seed, self.rank = int(num_classes), int(seed), int(rank)
@@ -530,12 +582,21 @@ def make_mixup(recipe: dict, num_classes: int, seed: int, rank: int = 0) -> Batc
     """The recipe's MixUp/CutMix for a run, or None when both are off."""
     if not (recipe["mixup"] > 0 or recipe["cutmix"] > 0):
         return None
-    return BatchMixup(recipe["mixup"], recipe["cutmix"], recipe["mixup_prob"], recipe["mixup_switch_prob"],
-                      recipe["label_smoothing"], num_classes, seed=seed, rank=rank)
+    return BatchMixup(
+        recipe["mixup"],
+        recipe["cutmix"],
+        recipe["mixup_prob"],
+        recipe["mixup_switch_prob"],
+        recipe["label_smoothing"],
+        num_classes,
+        seed=seed,
+        rank=rank,
+    )
 
 
-def make_train_augment(recipe: dict, mean: Sequence[float], std: Sequence[float], seed: int,
-                       rank: int | None = None) -> TrainAugment | None:
+def make_train_augment(
+    recipe: dict, mean: Sequence[float], std: Sequence[float], seed: int, rank: int | None = None
+) -> TrainAugment | None:
     """The recipe's per-sample augmentations for a run, or None when both are off.
 
     ``rank``: the process's rank (default: torchrun's ``RANK``, else 0), so the processes
@@ -545,5 +606,6 @@ def make_train_augment(recipe: dict, mean: Sequence[float], std: Sequence[float]
     if not recipe["randaugment"] and recipe["random_erasing"] <= 0:
         return None
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    return TrainAugment(mean, std, recipe["randaugment"], recipe["random_erasing"], seed=seed, rank=rank,
-                        workers=recipe["num_workers"])
+    return TrainAugment(
+        mean, std, recipe["randaugment"], recipe["random_erasing"], seed=seed, rank=rank, workers=recipe["num_workers"]
+    )

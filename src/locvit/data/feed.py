@@ -33,8 +33,9 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -89,8 +90,18 @@ class TrainFeed:
     (``train.feed_ahead``) and ``workers`` (``train.feed_workers``): see the module.
     """
 
-    def __init__(self, loader: Iterable, augment: Any, compute: Any, mean, std, first_step: int, ahead: int = 2,
-                 workers: int = 1, new_event: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        loader: Iterable,
+        augment: Any,
+        compute: Any,
+        mean,
+        std,
+        first_step: int,
+        ahead: int = 2,
+        workers: int = 1,
+        new_event: Callable[[], Any] | None = None,
+    ):
         if ahead < 0:
             raise ValueError(f"train.feed_ahead must be 0 or more batches, not {ahead}")
         if workers < 1:

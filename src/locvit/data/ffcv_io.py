@@ -13,8 +13,8 @@ per-sample augmentations FFCV lacks (RandAugment, random erasing) in
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -79,9 +79,19 @@ class _Subset:
             return _BLANK, label
 
 
-def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution: int, crop: bool = True,
-                write_mode: str = "raw", jpeg_quality: int = 90, compress_probability: float = 0.5,
-                num_workers: int = 1, chunk_size: int = 100, seed: int = 0) -> None:
+def write_beton(
+    path: str | Path,
+    source,
+    indices: Sequence[int],
+    max_resolution: int,
+    crop: bool = True,
+    write_mode: str = "raw",
+    jpeg_quality: int = 90,
+    compress_probability: float = 0.5,
+    num_workers: int = 1,
+    chunk_size: int = 100,
+    seed: int = 0,
+) -> None:
     """Write ``source[indices]`` to an FFCV file at ``path`` (atomically).
 
     ``crop``: each image's square view (``source.image(i)``), else the whole image
@@ -99,13 +109,17 @@ def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution
     from ffcv.writer import DatasetWriter
 
     fields = {
-        "image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
-                               compress_probability=compress_probability),
+        "image": RGBImageField(
+            write_mode=write_mode,
+            max_resolution=max_resolution,
+            jpeg_quality=jpeg_quality,
+            compress_probability=compress_probability,
+        ),
         "label": IntField(),
     }
     failed, errors = multiprocessing.Value("b", 0), multiprocessing.SimpleQueue()
     numpy_state = np.random.get_state()
-    np.random.seed(seed % 2 ** 32)
+    np.random.seed(seed % 2**32)
     try:
         with atomic_path(path) as tmp:
             writer = DatasetWriter(str(tmp), fields, num_workers=num_workers)
@@ -114,7 +128,8 @@ def write_beton(path: str | Path, source, indices: Sequence[int], max_resolution
             if failed.value:
                 mine, message = errors.get()
                 raise (InputError if mine else RuntimeError)(
-                    f"{message} (while writing {Path(path).name}; nothing was written)")
+                    f"{message} (while writing {Path(path).name}; nothing was written)"
+                )
     finally:
         np.random.set_state(numpy_state)
         errors.close()
@@ -142,8 +157,10 @@ def _image_decoder(path: Path, train: bool, image_size: int | None):
     if h0 == h1 and w0 == w1 and (image_size is None or h0 == w0 == image_size):
         return SimpleRGBImageDecoder()
     if image_size is None:
-        raise InputError(f"FFCV file {path} holds images of {h0}-{h1} x {w0}-{w1} px (written whole, "
-                         f"data.max_resolution): the loader needs image_size (data.image_size) to crop them")
+        raise InputError(
+            f"FFCV file {path} holds images of {h0}-{h1} x {w0}-{w1} px (written whole, "
+            f"data.max_resolution): the loader needs image_size (data.image_size) to crop them"
+        )
     if train:
         return RandomResizedCropRGBImageDecoder((image_size, image_size), scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
     return CenterCropRGBImageDecoder((image_size, image_size), ratio=224 / 256)
@@ -186,10 +203,21 @@ def repeated_aug_order(repeats: int):
     return RepeatedAugOrder(repeats)
 
 
-def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.device,
-                num_workers: int = 1, seed: int = 0, translate: int = 0, hflip: bool = False,
-                distributed: bool = False, drop_last: bool | None = None, jit: bool = True,
-                image_size: int | None = None, repeated_aug: int = 1):
+def make_loader(
+    path: str | Path,
+    batch_size: int,
+    train: bool,
+    device: torch.device,
+    num_workers: int = 1,
+    seed: int = 0,
+    translate: int = 0,
+    hflip: bool = False,
+    distributed: bool = False,
+    drop_last: bool | None = None,
+    jit: bool = True,
+    image_size: int | None = None,
+    repeated_aug: int = 1,
+):
     """An FFCV ``Loader`` yielding ``(images uint8 (B, 3, H, W), labels int64 (B,))``.
 
     Training: random order (seeded), optional random translation and flip.
@@ -218,7 +246,9 @@ def make_loader(path: str | Path, batch_size: int, train: bool, device: torch.de
 
     path = Path(path)
     if not path.is_file():
-        raise MissingFileError(f"FFCV file {path} does not exist; run the prepare step (snakemake prepare / dvc repro prepare)")
+        raise MissingFileError(
+            f"FFCV file {path} does not exist; run the prepare step (snakemake prepare / dvc repro prepare)"
+        )
     image_pipe = [_image_decoder(path, train, image_size)]
     if train and hflip:
         image_pipe.append(RandomHorizontalFlip())
@@ -265,12 +295,14 @@ def _loader_class():
     return ThreadKeepingLoader
 
 
-def read_all(path: str | Path, limit: int | None = None, jit: bool = True,
-             image_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def read_all(
+    path: str | Path, limit: int | None = None, jit: bool = True, image_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The images (B, H, W, 3) uint8 and labels of an FFCV file in order: all, or the first ``limit``."""
     batch = min(256, limit) if limit else 256
-    loader = make_loader(path, batch_size=batch, train=False, device=torch.device("cpu"), jit=jit,
-                         image_size=image_size)
+    loader = make_loader(
+        path, batch_size=batch, train=False, device=torch.device("cpu"), jit=jit, image_size=image_size
+    )
     images, labels, seen = [], [], 0
     for x, y in loader:
         images.append(x.permute(0, 2, 3, 1).contiguous().numpy())
@@ -288,9 +320,11 @@ def to_model_input(images: torch.Tensor, mean: Sequence[float], std: Sequence[fl
     return (x - mean_t) / std_t
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _normalisation(mean: tuple, std: tuple, device: torch.device, dtype: torch.dtype) -> tuple:
     """(1, C, 1, 1) mean and std tensors, built once per device: on CUDA each build is a copy from the host."""
     with torch.inference_mode(False):  # usable outside inference mode, whichever pass built them first
-        return (torch.tensor(mean, device=device, dtype=dtype).view(1, -1, 1, 1),
-                torch.tensor(std, device=device, dtype=dtype).view(1, -1, 1, 1))
+        return (
+            torch.tensor(mean, device=device, dtype=dtype).view(1, -1, 1, 1),
+            torch.tensor(std, device=device, dtype=dtype).view(1, -1, 1, 1),
+        )

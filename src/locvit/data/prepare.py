@@ -45,20 +45,30 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     remove_temporaries(*outputs.values(), manifest_path)  # what a killed prepare left
     size, max_resolution = data_cfg["image_size"], data_cfg["max_resolution"]
     if max_resolution is not None and max_resolution < size:
-        raise InputError(f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
-                         f"crops of {size} px would be cut from smaller pictures. Use at least {size} (FFCV's "
-                         f"ImageNet example stores 400-500 px for 160-224 px training), or null")
+        raise InputError(
+            f"data.max_resolution {max_resolution} is smaller than data.image_size {size}: training "
+            f"crops of {size} px would be cut from smaller pictures. Use at least {size} (FFCV's "
+            f"ImageNet example stores 400-500 px for 160-224 px training), or null"
+        )
     source = get_source(data_cfg["source"], data_cfg["root"], data_cfg["download"])
     source.load(size, max_resolution)
     whole_train = max_resolution is not None and source.variable_size
-    splits = split_indices(source.labels, data_cfg["val_fraction"], data_cfg["test_fraction"], data_cfg["split_seed"],
-                           source.fixed_test, data_cfg["train_fraction"])
+    splits = split_indices(
+        source.labels,
+        data_cfg["val_fraction"],
+        data_cfg["test_fraction"],
+        data_cfg["split_seed"],
+        source.fixed_test,
+        data_cfg["train_fraction"],
+    )
     empty = empty_classes(source.labels, splits["train"], source.num_classes)
     if empty:  # before any file is written: a model that never saw a class is no result
         names = [source.class_names[c] if c < len(source.class_names) else str(c) for c in empty]
-        raise InputError(f"data.train_fraction: {data_cfg['train_fraction']} leaves {len(empty)} of the "
-                         f"{source.num_classes} classes of {source.name} with no training image ({', '.join(names)}; "
-                         f"{len(splits['train'])} training image(s) in all); use a larger data.train_fraction")
+        raise InputError(
+            f"data.train_fraction: {data_cfg['train_fraction']} leaves {len(empty)} of the "
+            f"{source.num_classes} classes of {source.name} with no training image ({', '.join(names)}; "
+            f"{len(splits['train'])} training image(s) in all); use a larger data.train_fraction"
+        )
     manifest = {
         "source": source.name,
         "image_size": size,
@@ -74,10 +84,19 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     for split in SPLITS:
         indices = splits[split]
         whole = whole_train and split == "train"
-        write_beton(outputs[split], source, indices, max_resolution if whole else size, crop=not whole,
-                    write_mode=data_cfg["write_mode"], jpeg_quality=data_cfg["jpeg_quality"],
-                    compress_probability=data_cfg["compress_probability"], num_workers=data_cfg["write_workers"],
-                    chunk_size=data_cfg["chunk_size"], seed=data_cfg["split_seed"])
+        write_beton(
+            outputs[split],
+            source,
+            indices,
+            max_resolution if whole else size,
+            crop=not whole,
+            write_mode=data_cfg["write_mode"],
+            jpeg_quality=data_cfg["jpeg_quality"],
+            compress_probability=data_cfg["compress_probability"],
+            num_workers=data_cfg["write_workers"],
+            chunk_size=data_cfg["chunk_size"],
+            seed=data_cfg["split_seed"],
+        )
         counts = np.bincount(source.labels[indices], minlength=source.num_classes)
         manifest["splits"][split] = {
             "file": Path(outputs[split]).name,
@@ -115,23 +134,34 @@ def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) 
     machine). A missing, truncated, bit-flipped or replaced file raises an error that
     names it and how to rebuild it, before anything is read from it.
     """
-    fix = ("Rebuild the prepared data: snakemake --cores all --forcerun prepare (or dvc repro --force prepare); "
-           "the steps after it re-run too.")
+    fix = (
+        "Rebuild the prepared data: snakemake --cores all --forcerun prepare (or dvc repro --force prepare); "
+        "the steps after it re-run too."
+    )
     manifest = read_json(path, "dataset manifest", fix)
     recorded = manifest.get(MANIFEST_DIGEST) if isinstance(manifest, dict) else None
-    if not isinstance(manifest, dict) or "splits" not in manifest or \
-            (recorded is not None and recorded != manifest_digest(manifest)):
-        raise InputError(f"dataset manifest {path} is corrupt: it was changed after the prepare step wrote it "
-                         f"(its recorded digest does not match). {fix}")
+    if (
+        not isinstance(manifest, dict)
+        or "splits" not in manifest
+        or (recorded is not None and recorded != manifest_digest(manifest))
+    ):
+        raise InputError(
+            f"dataset manifest {path} is corrupt: it was changed after the prepare step wrote it "
+            f"(its recorded digest does not match). {fix}"
+        )
     for split, file in (check_files or {}).items():
         file = Path(file)
         expected = manifest["splits"][split]["file_bytes"]
         if not file.is_file():
             raise MissingFileError(f"FFCV file {file} is missing. {fix}")
         if file.stat().st_size != expected:
-            raise InputError(f"FFCV file {file} has {file.stat().st_size} bytes, the manifest recorded {expected}: "
-                             f"it is truncated or was replaced. {fix}")
+            raise InputError(
+                f"FFCV file {file} has {file.stat().st_size} bytes, the manifest recorded {expected}: "
+                f"it is truncated or was replaced. {fix}"
+            )
         if verified_sha256(file) != manifest["splits"][split]["file_sha256"]:
-            raise InputError(f"FFCV file {file} is corrupt: its SHA-256 differs from the one the manifest {path} "
-                             f"recorded when it was written. {fix}")
+            raise InputError(
+                f"FFCV file {file} is corrupt: its SHA-256 differs from the one the manifest {path} "
+                f"recorded when it was written. {fix}"
+            )
     return manifest

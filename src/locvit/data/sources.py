@@ -23,8 +23,8 @@ import shutil
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -153,10 +153,24 @@ class CifarSource(InMemorySource):
     """
 
     RELEASES = {  # name -> (folder, train files, test files, label key, meta file, names key, url)
-        "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels",
-                    "batches.meta", b"label_names", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
-        "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", "meta", b"fine_label_names",
-                     "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+        "cifar10": (
+            "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)],
+            ["test_batch"],
+            b"labels",
+            "batches.meta",
+            b"label_names",
+            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        ),
+        "cifar100": (
+            "cifar-100-python",
+            ["train"],
+            ["test"],
+            b"fine_labels",
+            "meta",
+            b"fine_label_names",
+            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+        ),
     }
 
     def __init__(self, name: str, root: str | Path = "data", download: bool = False):
@@ -178,8 +192,10 @@ class CifarSource(InMemorySource):
         return self.root / self.url.rsplit("/", 1)[1]
 
     def _how_to_get(self) -> str:
-        return (f"Set data.download: true to fetch {self.url} into {self.root}, or download that archive there "
-                f"yourself (data.root sets the folder)")
+        return (
+            f"Set data.download: true to fetch {self.url} into {self.root}, or download that archive there "
+            f"yourself (data.root sets the folder)"
+        )
 
     def _read(self, file: str) -> dict:
         path = self.folder / file
@@ -189,8 +205,10 @@ class CifarSource(InMemorySource):
             with open(path, "rb") as fh:
                 return pickle.load(fh, encoding="bytes")
         except Exception as err:
-            raise InputError(f"{self.name}: {path} is not a readable CIFAR batch ({err}); delete "
-                             f"{self.folder} and prepare again with data.download: true") from err
+            raise InputError(
+                f"{self.name}: {path} is not a readable CIFAR batch ({err}); delete "
+                f"{self.folder} and prepare again with data.download: true"
+            ) from err
 
     def _archive_problem(self) -> str | None:
         """None when the archive is there with the published MD5, else what is wrong with it."""
@@ -211,12 +229,16 @@ class CifarSource(InMemorySource):
             download_url(self.url, str(self.root), self.archive.name)
             problem = self._archive_problem()
         if problem == "missing":
-            raise MissingFileError(f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
-                                   f"is there. {self._how_to_get()}")
+            raise MissingFileError(
+                f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
+                f"is there. {self._how_to_get()}"
+            )
         if problem:
-            raise InputError(f"{self.name}: {self.archive} {problem}: it is truncated, corrupt or another file. "
-                             f"Delete it; then set data.download: true to fetch {self.url} again, or download it "
-                             f"yourself")
+            raise InputError(
+                f"{self.name}: {self.archive} {problem}: it is truncated, corrupt or another file. "
+                f"Delete it; then set data.download: true to fetch {self.url} again, or download it "
+                f"yourself"
+            )
         self._extract()
 
     def _extract(self) -> None:
@@ -227,12 +249,16 @@ class CifarSource(InMemorySource):
                 with tarfile.open(self.archive, "r:gz") as tar:
                     tar.extractall(tmp, filter="data")  # refuses absolute paths, links out of tmp
             except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
-                raise InputError(f"{self.name}: {self.archive} could not be unpacked ({err}); delete it and fetch "
-                                 f"{self.url} again (data.download: true)") from err
+                raise InputError(
+                    f"{self.name}: {self.archive} could not be unpacked ({err}); delete it and fetch "
+                    f"{self.url} again (data.download: true)"
+                ) from err
             unpacked = tmp / self.release[0]
             if not unpacked.is_dir():
-                raise InputError(f"{self.name}: {self.archive} does not hold the folder {self.release[0]}/; it is not "
-                                 f"the published archive ({self.url})")
+                raise InputError(
+                    f"{self.name}: {self.archive} does not hold the folder {self.release[0]}/; it is not "
+                    f"the published archive ({self.url})"
+                )
             try:
                 os.rename(unpacked, self.folder)  # atomic on one file system
             except OSError:
@@ -292,12 +318,15 @@ class ImageFolderSource(DatasetSource):
     EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
     variable_size = True
 
-    def __init__(self, name: str, folder: str | Path, num_classes: int | None = None, val_required: bool = False,
-                 hint: str = ""):
+    def __init__(
+        self, name: str, folder: str | Path, num_classes: int | None = None, val_required: bool = False, hint: str = ""
+    ):
         self.folder = Path(folder)
         self._counted, self._val_required = num_classes is None, val_required
-        self._hint = hint or ("Put the images there as train/<class>/*.jpg (and optionally val/<class>/*.jpg), "
-                              "or set data.root to the folder that holds train/")
+        self._hint = hint or (
+            "Put the images there as train/<class>/*.jpg (and optionally val/<class>/*.jpg), "
+            "or set data.root to the folder that holds train/"
+        )
         super().__init__(name, num_classes, ())
         self._files: list[Path] = []
         self._labels: np.ndarray | None = None
@@ -319,8 +348,9 @@ class ImageFolderSource(DatasetSource):
             raise MissingFileError(f"{self.name}: {top} is missing. {self._hint}")
         found = sorted(d.name for d in top.iterdir() if d.is_dir())
         if not found:
-            raise InputError(f"{self.name}: {top} has no class folders; it should hold one sub-folder of images "
-                             f"per class")
+            raise InputError(
+                f"{self.name}: {top} has no class folders; it should hold one sub-folder of images per class"
+            )
         return found
 
     def _scan(self, split: str, classes: list[str] | None) -> tuple[list[str], list[Path], list[int]]:
@@ -328,20 +358,25 @@ class ImageFolderSource(DatasetSource):
         found = self._class_folders(top)
         if classes is None:
             if not self._counted and len(found) != self.num_classes:
-                raise InputError(f"{self.name}: {top} has {len(found)} class folders; {self.name} has "
-                                 f"{self.num_classes}")
+                raise InputError(
+                    f"{self.name}: {top} has {len(found)} class folders; {self.name} has {self.num_classes}"
+                )
             classes = found
         else:
             unknown = [c for c in found if c not in classes]
             if unknown:
-                raise InputError(f"{self.name}: {top / unknown[0]} is a class folder that {self.folder / 'train'} "
-                                 f"does not have ({len(unknown)} such folder(s))")
+                raise InputError(
+                    f"{self.name}: {top / unknown[0]} is a class folder that {self.folder / 'train'} "
+                    f"does not have ({len(unknown)} such folder(s))"
+                )
         files, labels, label_of = [], [], {c: i for i, c in enumerate(classes)}
         for name in found:
             images = sorted(f for f in (top / name).iterdir() if f.is_file() and f.suffix.lower() in self.EXTENSIONS)
             if not images:
-                raise InputError(f"{self.name}: {top / name} holds no images (files ending in "
-                                 f"{', '.join(self.EXTENSIONS)}, any case)")
+                raise InputError(
+                    f"{self.name}: {top / name} holds no images (files ending in "
+                    f"{', '.join(self.EXTENSIONS)}, any case)"
+                )
             files.extend(images)
             labels.extend([label_of[name]] * len(images))
         return classes, files, labels
@@ -373,14 +408,16 @@ class ImageFolderSource(DatasetSource):
                 if crop:  # the square view: shorter side to image_size, then the centre square
                     side = self._size
                     scale = side / min(w, h)
-                    img = img.resize((max(side, round(w * scale)), max(side, round(h * scale))), Image.BILINEAR,
-                                     reducing_gap=None)
+                    img = img.resize(
+                        (max(side, round(w * scale)), max(side, round(h * scale))), Image.BILINEAR, reducing_gap=None
+                    )
                     left, top = (img.size[0] - side) // 2, (img.size[1] - side) // 2
                     img = img.crop((left, top, left + side, top + side))
                 elif self._max_resolution and max(w, h) > self._max_resolution:  # the whole view, made smaller
                     scale = self._max_resolution / max(w, h)
-                    img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR,
-                                     reducing_gap=None)
+                    img = img.resize(
+                        (max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR, reducing_gap=None
+                    )
                 return np.asarray(img, dtype=np.uint8)
         except (OSError, ValueError, Image.DecompressionBombError) as err:
             raise InputError(f"{self.name}: {path} is not a readable image ({err}); replace or remove it") from err
@@ -405,10 +442,15 @@ class ImageNetSource(ImageFolderSource):
 
     def __init__(self, root: str | Path = "data", download: bool = False):
         folder = Path(root) / "imagenet"
-        super().__init__("imagenet", folder, num_classes=1000, val_required=True,
-                         hint=f"ImageNet is not downloaded for you: place the ImageFolder layout (train/ and val/, "
-                              f"one sub-folder per class) in {folder} (or set data.root to the folder that holds "
-                              f"imagenet/)")
+        super().__init__(
+            "imagenet",
+            folder,
+            num_classes=1000,
+            val_required=True,
+            hint=f"ImageNet is not downloaded for you: place the ImageFolder layout (train/ and val/, "
+            f"one sub-folder per class) in {folder} (or set data.root to the folder that holds "
+            f"imagenet/)",
+        )
 
 
 SOURCES: dict[str, Callable[..., DatasetSource]] = {

@@ -12,8 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def split_indices(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int,
-                  fixed_test: np.ndarray | None = None, train_fraction: float = 1.0) -> dict[str, np.ndarray]:
+def split_indices(
+    labels: np.ndarray,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    fixed_test: np.ndarray | None = None,
+    train_fraction: float = 1.0,
+) -> dict[str, np.ndarray]:
     """Stratified train/val/test indices (sorted), reproducible for a given seed.
 
     Without ``fixed_test`` the test split is ``test_fraction`` of everything and val is

@@ -5,8 +5,8 @@ data's image size included (:func:`create`). The families (MaiT, LSA, IBiT, Swin
 their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
 with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
 ``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
-wide ResNets, ``pyramidnet``: PyramidNet, ``localvit``: LocalViT). Training, evaluation, analysis and profiling make models only through
-:func:`create` (from a run config) and :func:`load` (from a checkpoint).
+wide ResNets, ``pyramidnet``: PyramidNet, ``localvit``: LocalViT). Training, evaluation, analysis and profiling
+make models only through :func:`create` (from a run config) and :func:`load` (from a checkpoint).
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from typing import Any
 import torch
 
 from locvit.errors import LocvitError
-from locvit.models import ibit  # noqa: F401  (registers ibit_* entrypoints)
-from locvit.models import mait  # noqa: F401  (registers mait_* entrypoints)
-from locvit.models import lsa  # noqa: F401  (registers lsa_* entrypoints)
-from locvit.models import baselines  # noqa: F401  (registers nest_tiny_cifar)
-from locvit.models import swin  # noqa: F401  (the Swin family: timm's swin_*)
-from locvit.models import twins  # noqa: F401  (the Twins family: timm's twins_*)
-from locvit.models import pvt  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
-from locvit.models import wrn  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
-from locvit.models import pyramidnet  # noqa: F401  (registers pyramidnet164_a48)
-from locvit.models import localvit  # noqa: F401  (registers localvit_*: LocalViT, not in timm)
+from locvit.models import (
+    baselines,  # noqa: F401  (registers nest_tiny_cifar)
+    ibit,  # noqa: F401  (registers ibit_* entrypoints)
+    localvit,  # noqa: F401  (registers localvit_*: LocalViT, not in timm)
+    lsa,  # noqa: F401  (registers lsa_* entrypoints)
+    mait,  # noqa: F401  (registers mait_* entrypoints)
+    pvt,  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
+    pyramidnet,  # noqa: F401  (registers pyramidnet164_a48)
+    swin,  # noqa: F401  (the Swin family: timm's swin_*)
+    twins,  # noqa: F401  (the Twins family: timm's twins_*)
+    wrn,  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
+)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -42,9 +44,11 @@ def import_modules(modules) -> None:
             try:
                 importlib.import_module(module)
             except ImportError as err:
-                raise ImportError(f"cannot import {module!r} (looked in the working directory {cwd} and on "
-                                  f"PYTHONPATH): {err}; put {module.replace('.', '/')}.py there or fix the "
-                                  "name") from err
+                raise ImportError(
+                    f"cannot import {module!r} (looked in the working directory {cwd} and on "
+                    f"PYTHONPATH): {err}; put {module.replace('.', '/')}.py there or fix the "
+                    "name"
+                ) from err
 
 
 def create(cfg: dict) -> torch.nn.Module:
@@ -110,7 +114,8 @@ class CudaUnusable(LocvitError):
             f"{smi['driver'] or '?'} (CUDA {smi['cuda'] or '?'} at most), but torch {torch.__version__} ({built}) "
             f"cannot use them{why}. Install a torch built for a CUDA this driver supports (pytorch.org/get-started: "
             f"pip install torch --index-url https://download.pytorch.org/whl/cuXYZ, XYZ at most the driver's CUDA), "
-            f"or a newer NVIDIA driver; train.device: cpu trains on the CPU on purpose")
+            f"or a newer NVIDIA driver; train.device: cpu trains on the CPU on purpose"
+        )
 
 
 def nvidia_smi() -> dict | None:

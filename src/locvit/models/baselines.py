@@ -36,8 +36,22 @@ from timm.models.nest import Attention as NestAttention
 from timm.models.nest import Nest, checkpoint_filter_fn
 from timm.models.vision_transformer import VisionTransformer
 
-from locvit.models.family import (BLOCK, CLASS, GPSA_MAP, SOFTMAX, TALKING, AttentionSite, Family, exact_reader, read_vit,
-                                  register_family, softmax_map, split_qk, vit_blocks, vit_sites)
+from locvit.models.family import (
+    BLOCK,
+    CLASS,
+    GPSA_MAP,
+    SOFTMAX,
+    TALKING,
+    AttentionSite,
+    Family,
+    exact_reader,
+    read_vit,
+    register_family,
+    softmax_map,
+    split_qk,
+    vit_blocks,
+    vit_sites,
+)
 
 BASELINES = ("deit_tiny_patch16_224", "deit_small_patch16_224", "cait_xxs24_224", "convit_tiny", "nest_tiny")
 
@@ -64,8 +78,15 @@ CIFAR_32: dict[str, dict] = {
 # pixel tokens in blocks of 4 x 4, four levels (64, 16, 4, 1 blocks), 192-d, 3 heads and 3
 # layers per level. 6.60M parameters in timm against the paper's 6.2M: timm's attention
 # gives every head its own keys and values, the NesT code shares one (multi-query).
-NEST_TINY_CIFAR = dict(img_size=32, patch_size=1, num_levels=4, embed_dims=(192,) * 4, num_heads=(3,) * 4,
-                       depths=(3,) * 4, drop_path_rate=0.1)
+NEST_TINY_CIFAR = dict(
+    img_size=32,
+    patch_size=1,
+    num_levels=4,
+    embed_dims=(192,) * 4,
+    num_heads=(3,) * 4,
+    depths=(3,) * 4,
+    drop_path_rate=0.1,
+)
 
 
 def create_at_32(name: str, **kwargs) -> nn.Module:
@@ -75,10 +96,23 @@ def create_at_32(name: str, **kwargs) -> nn.Module:
     return timm.create_model(name, **{**CIFAR_32[name], **kwargs})
 
 
-default_cfgs = generate_default_cfgs({"nest_tiny_cifar": dict(
-    url="", num_classes=10, input_size=(3, 32, 32), pool_size=None, crop_pct=1.0, interpolation="bicubic",
-    fixed_input_size=True, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
-    first_conv="patch_embed.proj", classifier="head")})
+default_cfgs = generate_default_cfgs(
+    {
+        "nest_tiny_cifar": dict(
+            url="",
+            num_classes=10,
+            input_size=(3, 32, 32),
+            pool_size=None,
+            crop_pct=1.0,
+            interpolation="bicubic",
+            fixed_input_size=True,
+            mean=(0.4914, 0.4822, 0.4465),
+            std=(0.2470, 0.2435, 0.2616),
+            first_conv="patch_embed.proj",
+            classifier="head",
+        )
+    }
+)
 
 
 @register_model
@@ -86,11 +120,17 @@ def nest_tiny_cifar(pretrained=False, **kwargs) -> Nest:
     """NesT-T in the NesT paper's CIFAR setting (``NEST_TINY_CIFAR``; 6.60M with 10 classes)."""
     if pretrained:
         raise ValueError("nest_tiny_cifar: no pretrained weights; use pretrained=False")
-    return build_model_with_cfg(Nest, "nest_tiny_cifar", pretrained=False, pretrained_filter_fn=checkpoint_filter_fn,
-                                **{**NEST_TINY_CIFAR, **kwargs})
+    return build_model_with_cfg(
+        Nest,
+        "nest_tiny_cifar",
+        pretrained=False,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        **{**NEST_TINY_CIFAR, **kwargs},
+    )
 
 
 # The baselines' families, as analysis, profile and report see them (locvit.models.family) ------------
+
 
 def read_talking(attn: nn.Module, x, mask_logits=None):
     """CaiT's talking-heads self-attention: the map after the post-softmax head mix; ``mask_logits``
@@ -137,21 +177,61 @@ def _nest_blocks(model: Nest) -> list[nn.Module]:
 
 
 def _nest_sites(model: Nest) -> list[AttentionSite]:
-    return [AttentionSite(layer.attn, (level.block_size, level.block_size),
-                          exact_reader(layer.attn, {NestAttention: _read_nest}))
-            for level in model.levels for layer in level.transformer_encoder]
+    return [
+        AttentionSite(
+            layer.attn, (level.block_size, level.block_size), exact_reader(layer.attn, {NestAttention: _read_nest})
+        )
+        for level in model.levels
+        for layer in level.transformer_encoder
+    ]
 
 
-register_family(Family("deit", "DeiT", VisionTransformer, "none: global attention from the first layer",
-                       vit_blocks, lambda m: vit_sites(m, {Attention: read_vit}), models=("deit", "vit_"),
-                       baseline=True, kinds=(SOFTMAX,)))
-register_family(Family("cait", "CaiT", Cait, "none: global self-attention, then class attention",
-                       cait_blocks, lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}), models=("cait_",),
-                       kinds=(TALKING, CLASS)))
-register_family(Family("convit", "ConViT", ConVit, "gated positional self-attention, initialised local "
-                       "(a soft convolutional prior the gates can leave)", vit_blocks,
-                       lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}), models=("convit_",),
-                       kinds=(GPSA_MAP, SOFTMAX)))
-register_family(Family("nest", "NesT", Nest, "attention within non-overlapping blocks, aggregated "
-                       "hierarchically", _nest_blocks, _nest_sites, models=("nest_",),
-                       kinds=(BLOCK,)))
+register_family(
+    Family(
+        "deit",
+        "DeiT",
+        VisionTransformer,
+        "none: global attention from the first layer",
+        vit_blocks,
+        lambda m: vit_sites(m, {Attention: read_vit}),
+        models=("deit", "vit_"),
+        baseline=True,
+        kinds=(SOFTMAX,),
+    )
+)
+register_family(
+    Family(
+        "cait",
+        "CaiT",
+        Cait,
+        "none: global self-attention, then class attention",
+        cait_blocks,
+        lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}),
+        models=("cait_",),
+        kinds=(TALKING, CLASS),
+    )
+)
+register_family(
+    Family(
+        "convit",
+        "ConViT",
+        ConVit,
+        "gated positional self-attention, initialised local (a soft convolutional prior the gates can leave)",
+        vit_blocks,
+        lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}),
+        models=("convit_",),
+        kinds=(GPSA_MAP, SOFTMAX),
+    )
+)
+register_family(
+    Family(
+        "nest",
+        "NesT",
+        Nest,
+        "attention within non-overlapping blocks, aggregated hierarchically",
+        _nest_blocks,
+        _nest_sites,
+        models=("nest_",),
+        kinds=(BLOCK,),
+    )
+)

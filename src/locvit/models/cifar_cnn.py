@@ -11,8 +11,6 @@ convolutions, fan out; BatchNorm 1 and 0; zero linear bias). Not a family: ``wrn
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
 # generates, and TorchScript cannot read them as strings (as in lsa.py).
 
-from typing import List, Optional, Union
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -26,8 +24,18 @@ CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 def cifar_cfg(first_conv: str) -> dict:
     """timm's default cfg of a 32 x 32, 10-class CIFAR model whose first convolution is ``first_conv``."""
-    return dict(url="", num_classes=10, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0,
-                interpolation="bilinear", mean=CIFAR_MEAN, std=CIFAR_STD, first_conv=first_conv, classifier="head.fc")
+    return dict(
+        url="",
+        num_classes=10,
+        input_size=(3, 32, 32),
+        pool_size=(8, 8),
+        crop_pct=1.0,
+        interpolation="bilinear",
+        mean=CIFAR_MEAN,
+        std=CIFAR_STD,
+        first_conv=first_conv,
+        classifier="head.fc",
+    )
 
 
 class CifarCnn(nn.Module):
@@ -51,7 +59,7 @@ class CifarCnn(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head.fc
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         self.head.reset(num_classes, global_pool)
 
@@ -59,16 +67,22 @@ class CifarCnn(nn.Module):
         """(B, 3, H, W) -> (B, C, H / 4, W / 4), after the final BN-ReLU."""
         return F.relu(self.norm(self.stages(self.stem(x))))
 
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False):
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
         """timm's feature API: the outputs of the stages in ``indices`` and ``forward_features``'s output;
         ``norm`` applies the final BN-ReLU to the last stage's map."""
         allowed("output_fmt", output_fmt, ("NCHW",))
         take, last = feature_take_indices(len(self.stages), indices)
         intermediates = []
         x = self.stem(x)
-        for i, stage in enumerate(self.stages[:last + 1] if stop_early else self.stages):
+        for i, stage in enumerate(self.stages[: last + 1] if stop_early else self.stages):
             x = stage(x)
             if i in take:
                 intermediates.append(F.relu(self.norm(x)) if norm and i == len(self.stages) - 1 else x)

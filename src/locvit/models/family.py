@@ -61,7 +61,8 @@ model without them (a CNN) has no attention layers; the analyses say so.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -106,10 +107,20 @@ TALKING = MapKind("talking", grid=True, rows_sum_to_one=False, description="CaiT
 CLASS = MapKind("class", grid=False, rows_sum_to_one=True, description="CaiT's class attention")
 GPSA_MAP = MapKind("gpsa", grid=True, rows_sum_to_one=True, description="ConViT's gated positional attention")
 SHIFT = MapKind("shift", grid=False, rows_sum_to_one=True, keys="other", description="LSA's shifted variants")
-BLOCK = MapKind("block", grid=True, rows_sum_to_one=True, windows=True,
-                description="attention inside each window of a level (NesT, Swin, Twins)")
-POOLED = MapKind("pooled_keys", grid=True, rows_sum_to_one=True, keys="pooled",
-                 description="spatial reduction: keys on a pooled grid (PVT, Twins)")
+BLOCK = MapKind(
+    "block",
+    grid=True,
+    rows_sum_to_one=True,
+    windows=True,
+    description="attention inside each window of a level (NesT, Swin, Twins)",
+)
+POOLED = MapKind(
+    "pooled_keys",
+    grid=True,
+    rows_sum_to_one=True,
+    keys="pooled",
+    description="spatial reduction: keys on a pooled grid (PVT, Twins)",
+)
 
 _MAP_KINDS: dict[str, MapKind] = {}
 
@@ -118,8 +129,10 @@ def register_kind(kind: MapKind) -> MapKind:
     """Make a map kind known; a second kind of the same name with other properties is refused."""
     known = _MAP_KINDS.get(kind.name)
     if known is not None and dataclasses.replace(known, description="") != dataclasses.replace(kind, description=""):
-        raise ValueError(f"map kind {kind.name!r} is declared twice with different properties: {known} and {kind}; "
-                         "give the new one a name of its own")
+        raise ValueError(
+            f"map kind {kind.name!r} is declared twice with different properties: {known} and {kind}; "
+            "give the new one a name of its own"
+        )
     _MAP_KINDS[kind.name] = kind
     return kind
 
@@ -129,9 +142,11 @@ def map_kind(name: str) -> MapKind:
     try:
         return _MAP_KINDS[name]
     except KeyError:
-        raise ValueError(f"map kind {name!r} is declared by no registered family (known: "
-                         f"{', '.join(sorted(_MAP_KINDS))}); declare it in the family's kinds "
-                         "(locvit.models.family.MapKind)") from None
+        raise ValueError(
+            f"map kind {name!r} is declared by no registered family (known: "
+            f"{', '.join(sorted(_MAP_KINDS))}); declare it in the family's kinds "
+            "(locvit.models.family.MapKind)"
+        ) from None
 
 
 def map_kinds() -> dict[str, MapKind]:
@@ -277,8 +292,9 @@ def summary(model: nn.Module) -> dict:
         "depth": len(blocks),
         "num_heads": int(getattr(blocks[0].attn, "num_heads", 0)) if blocks else 0,
         "patch_size": int(patch[0]) if isinstance(patch, (tuple, list)) else patch,
-        "layer_scale": any(n.split(".")[-1] in ("gamma", "gamma_1", "gamma1") or ".ls1." in n
-                           for n, _ in model.named_parameters()),
+        "layer_scale": any(
+            n.split(".")[-1] in ("gamma", "gamma_1", "gamma1") or ".ls1." in n for n, _ in model.named_parameters()
+        ),
         **family.options(model),
     }
 
@@ -292,8 +308,7 @@ def _width(block: nn.Module) -> int:
 # Shared by the attention layers built on timm's ------------------------------------------------
 
 
-def normed_qk(attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def normed_qk(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k through the layer's q/k norms (timm's ``qk_norm``), in v's dtype.
 
     CUDA autocast runs LayerNorm in float32, so normed q and k come out float32 beside a
@@ -330,8 +345,10 @@ def exact_reader(attn: nn.Module, readers: dict[type, Reader]) -> Reader:
     """The reader of an attention layer by its exact class (a subclass may compute its weights differently)."""
     read = readers.get(type(attn))
     if read is None:
-        raise ValueError(f"{type(attn).__name__} is an attention layer no reader of its family knows "
-                         f"(known: {', '.join(t.__name__ for t in readers)})")
+        raise ValueError(
+            f"{type(attn).__name__} is an attention layer no reader of its family knows "
+            f"(known: {', '.join(t.__name__ for t in readers)})"
+        )
     return read
 
 
@@ -385,16 +402,29 @@ def _generic_unread(model: nn.Module) -> list[str]:
     """Classes of the model's attention layers (timm names them ``*Attention``/``*Attn``) the generic reader
     does not read."""
     read = {site.module for site in _generic_sites(model)}
-    return sorted({type(m).__name__ for m in model.modules() if m not in read and
-                   type(m).__name__.endswith(("Attention", "Attn"))})
+    return sorted(
+        {
+            type(m).__name__
+            for m in model.modules()
+            if m not in read and type(m).__name__.endswith(("Attention", "Attn"))
+        }
+    )
 
 
 def generic_family(model: nn.Module) -> Family:
     """The family of a model no registered family claims, named after its class: timm's own attention
     layers read by :data:`GENERIC_READERS`, no locality prior declared. A CNN has no attention layers."""
     cls = type(model)
-    return Family(cls.__name__.lower(), cls.__name__, cls, "not declared (no locvit family claims this model)",
-                  _generic_blocks, _generic_sites, kinds=(SOFTMAX, BLOCK), unread=_generic_unread)
+    return Family(
+        cls.__name__.lower(),
+        cls.__name__,
+        cls,
+        "not declared (no locvit family claims this model)",
+        _generic_blocks,
+        _generic_sites,
+        kinds=(SOFTMAX, BLOCK),
+        unread=_generic_unread,
+    )
 
 
 for _kind in (SOFTMAX, BLOCK):  # the generic reader's kinds are known without a family

@@ -3,8 +3,8 @@
 Paper: "IBiT: Utilizing Inductive Biases to Create a More Data Efficient Attention
 Mechanism" (anonymous submission under double-blind review); where it is vague (the rank
 approximation and the roll of the mask), the authors' public code (github giriguy/ConvFormer,
-read for understanding only), with the choices listed in docs/models.md, IBiT. Learned Mask Self-Attention (LMSA) multiplies
-the attention logits by a learned, low-rank mask that starts as a radial kernel around
+read for understanding only), with the choices listed in docs/models.md, IBiT. Learned Mask Self-Attention (LMSA)
+multiplies the attention logits by a learned, low-rank mask that starts as a radial kernel around
 each patch, so every head begins local and may learn to look further.
 
 Blocks
@@ -74,7 +74,6 @@ import logging
 import math
 from functools import partial
 from pathlib import Path
-from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -151,8 +150,10 @@ class MaskFit:
 
     def file_name(self) -> str:
         h, w = self.grid
-        return (f"lmsa_{h}x{w}_rank{self.rank}_{self.kernel}_steps{self.steps}_lr{self.lr:g}"
-                f"_seed{self.seed}_std{self.init_std:g}_v{FIT_FORMAT}.pt")
+        return (
+            f"lmsa_{h}x{w}_rank{self.rank}_{self.kernel}_steps{self.steps}_lr{self.lr:g}"
+            f"_seed{self.seed}_std{self.init_std:g}_v{FIT_FORMAT}.pt"
+        )
 
 
 def fit_mask_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -256,9 +257,11 @@ class FrobeniusAttention(torch.autograd.Function):
         # Autograd runs the backward outside this autocast state (CUDA: on its own thread); the
         # backward enters it again, torch.amp.custom_fwd / custom_bwd's rule for any device.
         device = q.device.type
-        ctx.autocast = (dict(device_type=device, enabled=torch.is_autocast_enabled(device),
-                             dtype=torch.get_autocast_dtype(device))
-                        if torch.amp.is_autocast_available(device) else None)
+        ctx.autocast = (
+            dict(device_type=device, enabled=torch.is_autocast_enabled(device), dtype=torch.get_autocast_dtype(device))
+            if torch.amp.is_autocast_available(device)
+            else None
+        )
         s = q @ k.transpose(-2, -1)  # (B, H, T, T)
         a = s * mask
         r = torch.linalg.vector_norm(a, dim=(-2, -1), keepdim=True).to(a.dtype)  # (B, H, 1, 1)
@@ -300,15 +303,24 @@ class LearnedMaskAttention(Attention):
         self.register_parameter("mask_b", None)
         self.register_buffer("roll", torch.zeros(0, 0, dtype=torch.long), persistent=False)  # (N, N)
 
-    def configure(self, grid: tuple[int, int], num_prefix: int, rank: int = 9, kernel: str = "radial",
-                  normalize: str = "frobenius", fit_steps: int = 10_000, fit_lr: float = 0.1) -> None:
+    def configure(
+        self,
+        grid: tuple[int, int],
+        num_prefix: int,
+        rank: int = 9,
+        kernel: str = "radial",
+        normalize: str = "frobenius",
+        fit_steps: int = 10_000,
+        fit_lr: float = 0.1,
+    ) -> None:
         """Create the mask for an ``H x W`` patch grid after ``num_prefix`` class/register tokens."""
         allowed("normalize", normalize, NORMALIZATIONS)
         allowed("mask_kernel", kernel, KERNELS)
         self.normalize = normalize
         if rank < 1 or fit_steps < 0 or fit_lr <= 0:
-            raise ValueError(f"mask_rank ({rank}) must be >= 1, mask_fit_steps ({fit_steps}) >= 0 "
-                             f"and mask_fit_lr ({fit_lr}) > 0")
+            raise ValueError(
+                f"mask_rank ({rank}) must be >= 1, mask_fit_steps ({fit_steps}) >= 0 and mask_fit_lr ({fit_lr}) > 0"
+            )
         self.num_prefix = num_prefix
         self.fit = MaskFit(tuple(int(s) for s in grid), int(rank), kernel, int(fit_steps), float(fit_lr))
         n = self.fit.grid[0] * self.fit.grid[1]
@@ -341,19 +353,21 @@ class LearnedMaskAttention(Attention):
             mask = F.pad(mask, (p, 0, p, 0), value=1.0)  # prefix rows and columns are 1
         return mask
 
-    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.jit.is_scripting():  # the same as normed_qk, which takes the layer: TorchScript cannot pass one
             return self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         else:
             return normed_qk(self, q, k, v)
 
-    def _qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         if self.mask_a is None:
             raise RuntimeError("LearnedMaskAttention has no mask yet: call configure(grid, num_prefix) first")
         if T != self.roll.shape[0] + self.num_prefix:
-            raise ValueError(f"LMSA's mask is for {self.num_prefix} prefix + {self.roll.shape[0]} patch tokens, "
-                             f"got {T} tokens: the image size (and token count) is fixed when the model is built")
+            raise ValueError(
+                f"LMSA's mask is for {self.num_prefix} prefix + {self.roll.shape[0]} patch tokens, "
+                f"got {T} tokens: the image size (and token count) is fixed when the model is built"
+            )
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         # One copy here, rather than one inside each of the six matmuls (forward and backward)
         # that would otherwise flatten a strided (B, H) batch.
@@ -361,8 +375,7 @@ class LearnedMaskAttention(Attention):
         q, k = self._normed_qk(q, k, v)  # one dtype, as FrobeniusAttention's backward needs
         return q, k, v
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise NotImplementedError("LMSA applies its own learned mask; attn_mask / is_causal are not supported")
         B, T, _ = x.shape
@@ -415,8 +428,7 @@ class IBiTBlock(Block):
         if not mlp_drop_path:
             self.drop_path2 = nn.Identity()
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if self.residual == "prenorm":  # timm's Block.forward (TorchScript cannot call super())
             x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
@@ -452,18 +464,31 @@ class IBiT(VisionTransformer):
         pos_embed: ``learn`` (DeiT's), ``sincos`` (the authors' fixed 1-D encoding) or ``none``.
     """
 
-    def __init__(self, mask_rank: int = 9, mask_kernel: str = "radial", normalize: str = "frobenius",
-                 mask_fit_steps: int = 10_000, mask_fit_lr: float = 0.1, residual: str = "prenorm",
-                 mlp_drop_path: bool = False, pos_embed: str = "learn", **kwargs):
+    def __init__(
+        self,
+        mask_rank: int = 9,
+        mask_kernel: str = "radial",
+        normalize: str = "frobenius",
+        mask_fit_steps: int = 10_000,
+        mask_fit_lr: float = 0.1,
+        residual: str = "prenorm",
+        mlp_drop_path: bool = False,
+        pos_embed: str = "learn",
+        **kwargs,
+    ):
         allowed("residual", residual, RESIDUALS)
         allowed("pos_embed", pos_embed, POS_EMBEDS)
         if kwargs.get("dynamic_img_size") or kwargs.get("patch_drop_rate"):
-            raise ValueError("IBiT's mask is built for one patch grid: dynamic_img_size and patch_drop_rate "
-                             "are not supported")
+            raise ValueError(
+                "IBiT's mask is built for one patch grid: dynamic_img_size and patch_drop_rate are not supported"
+            )
         self.pos_embed_kind = pos_embed  # read by init_weights(), which the parent calls
-        super().__init__(attn_layer=LearnedMaskAttention,
-                         block_fn=partial(IBiTBlock, residual=residual, mlp_drop_path=mlp_drop_path),
-                         pos_embed="learn" if pos_embed == "sincos" else pos_embed, **kwargs)
+        super().__init__(
+            attn_layer=LearnedMaskAttention,
+            block_fn=partial(IBiTBlock, residual=residual, mlp_drop_path=mlp_drop_path),
+            pos_embed="learn" if pos_embed == "sincos" else pos_embed,
+            **kwargs,
+        )
         if pos_embed == "sincos":  # a fixed buffer in the learned table's place
             like = self.pos_embed
             del self.pos_embed
@@ -471,11 +496,25 @@ class IBiT(VisionTransformer):
             self._fill_sincos()
         grid = tuple(self.patch_embed.grid_size)
         for block in self.blocks:
-            block.attn.configure(grid, self.num_prefix_tokens, rank=mask_rank, kernel=mask_kernel,
-                                 normalize=normalize, fit_steps=mask_fit_steps, fit_lr=mask_fit_lr)
-        self.mask_options = dict(mask_rank=mask_rank, mask_kernel=mask_kernel, normalize=normalize,
-                                 mask_fit_steps=mask_fit_steps, mask_fit_lr=mask_fit_lr, residual=residual,
-                                 mlp_drop_path=mlp_drop_path, pos_embed=pos_embed)
+            block.attn.configure(
+                grid,
+                self.num_prefix_tokens,
+                rank=mask_rank,
+                kernel=mask_kernel,
+                normalize=normalize,
+                fit_steps=mask_fit_steps,
+                fit_lr=mask_fit_lr,
+            )
+        self.mask_options = dict(
+            mask_rank=mask_rank,
+            mask_kernel=mask_kernel,
+            normalize=normalize,
+            mask_fit_steps=mask_fit_steps,
+            mask_fit_lr=mask_fit_lr,
+            residual=residual,
+            mlp_drop_path=mlp_drop_path,
+            pos_embed=pos_embed,
+        )
 
     def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
         super().init_weights(mode, needs_reset)  # LMSA masks refill through their init_weights hook
@@ -536,9 +575,26 @@ def _summary(model: IBiT) -> dict:
     return {"ibit": {"rank": opts["mask_rank"], "normalize": opts["normalize"], "mask_kernel": opts["mask_kernel"]}}
 
 
-register_family(Family("ibit", "IBiT", IBiT, "learned low-rank multiplicative attention masks, initialised as a "
-                       "local radial kernel", vit_blocks,
-                       lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}), options=_summary,
-                       extras=(Extra("learned_masks", "images", learned_masks, "Learned masks",
-                                     "Learned attention masks around the centre patch (IBiT Fig. 6)", pdf=True),),
-                       models=("ibit_",), kinds=(FROBENIUS, SOFTMAX)))
+register_family(
+    Family(
+        "ibit",
+        "IBiT",
+        IBiT,
+        "learned low-rank multiplicative attention masks, initialised as a local radial kernel",
+        vit_blocks,
+        lambda m: vit_sites(m, {LearnedMaskAttention: _read_learned}),
+        options=_summary,
+        extras=(
+            Extra(
+                "learned_masks",
+                "images",
+                learned_masks,
+                "Learned masks",
+                "Learned attention masks around the centre patch (IBiT Fig. 6)",
+                pdf=True,
+            ),
+        ),
+        models=("ibit_",),
+        kinds=(FROBENIUS, SOFTMAX),
+    )
+)

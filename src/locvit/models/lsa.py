@@ -52,7 +52,7 @@ Choices (the paper is silent or vague, or it and the code disagree; each is an o
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
 # generates, and TorchScript cannot read a string there.
-from typing import List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -70,24 +70,46 @@ Shift = tuple[int, int]
 SHIFTS: dict[str, tuple[Shift, ...]] = {
     "none": ((0, 0),),
     "axes9": ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (-1, 0), (-2, 0), (0, -1), (0, -2)),
-    "cifar18": ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1), (2, 0), (0, 2), (-2, 0), (0, -2), (1, 1), (1, 2),
-                (1, -1), (-1, 1), (-1, 2), (-1, -1), (2, 1), (2, 2), (2, -1)),
+    "cifar18": (
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (-1, 0),
+        (0, -1),
+        (2, 0),
+        (0, 2),
+        (-2, 0),
+        (0, -2),
+        (1, 1),
+        (1, 2),
+        (1, -1),
+        (-1, 1),
+        (-1, 2),
+        (-1, -1),
+        (2, 1),
+        (2, 2),
+        (2, -1),
+    ),
     "imagenet10": ((0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3), (1, 1), (2, 2), (3, 3)),
 }
 SHIFT_MODES = ("conv", "translate")
 POS_EMBEDS = ("per_variant", "shared")
 
 
-def resolve_shifts(shifts: Union[str, Sequence[Sequence[int]]]) -> tuple[Shift, ...]:
+def resolve_shifts(shifts: str | Sequence[Sequence[int]]) -> tuple[Shift, ...]:
     """A named shift list or explicit ``(dx, dy)`` pairs; the first must be ``(0, 0)``."""
     if isinstance(shifts, str):
         if shifts not in SHIFTS:
-            raise InputError(f"shifts: unknown list {shifts!r}; allowed values: {', '.join(SHIFTS)} "
-                             f"or a list of [dx, dy] pairs starting with [0, 0]")
+            raise InputError(
+                f"shifts: unknown list {shifts!r}; allowed values: {', '.join(SHIFTS)} "
+                f"or a list of [dx, dy] pairs starting with [0, 0]"
+            )
         return SHIFTS[shifts]
     pairs = tuple((int(s[0]), int(s[1])) for s in shifts if len(s) == 2)
     if len(pairs) != len(shifts) or not pairs or pairs[0] != (0, 0) or len(set(pairs)) != len(pairs):
-        raise ValueError(f"shifts: need distinct [dx, dy] pairs starting with [0, 0] (the unshifted image), got {shifts!r}")
+        raise ValueError(
+            f"shifts: need distinct [dx, dy] pairs starting with [0, 0] (the unshifted image), got {shifts!r}"
+        )
     return pairs
 
 
@@ -100,7 +122,7 @@ def shift_image(img: torch.Tensor, dx: int, dy: int, pad: str = "circular") -> t
         return img
     h, w = img.shape[-2:]
     padded = F.pad(img, (p, p, p, p), mode="reflect")
-    return padded[..., p - dy:p - dy + h, p - dx:p - dx + w]
+    return padded[..., p - dy : p - dy + h, p - dx : p - dx + w]
 
 
 class ShiftEmbed(nn.Module):
@@ -110,16 +132,28 @@ class ShiftEmbed(nn.Module):
     the unshifted image.
     """
 
-    def __init__(self, img_size: int, shifts: Sequence[Shift], kernel_size: int, stride: int, padding: int,
-                 in_chans: int, embed_dim: int, shift_mode: str = "conv", pos_embed: str = "per_variant"):
+    def __init__(
+        self,
+        img_size: int,
+        shifts: Sequence[Shift],
+        kernel_size: int,
+        stride: int,
+        padding: int,
+        in_chans: int,
+        embed_dim: int,
+        shift_mode: str = "conv",
+        pos_embed: str = "per_variant",
+    ):
         super().__init__()
         allowed("shift_mode", shift_mode, SHIFT_MODES)
         allowed("pos_embed", pos_embed, POS_EMBEDS)
         self.shifts = tuple(shifts)
         too_far = [s for s in self.shifts if max(abs(s[0]), abs(s[1])) >= img_size]
         if too_far:  # a roll by the image size or more repeats (or wraps past) a smaller shift
-            raise ValueError(f"shifts: {[list(s) for s in too_far]} move the image by {img_size} px or more "
-                             f"(img_size {img_size}); every |dx| and |dy| must be smaller than the image")
+            raise ValueError(
+                f"shifts: {[list(s) for s in too_far]} move the image by {img_size} px or more "
+                f"(img_size {img_size}); every |dx| and |dy| must be smaller than the image"
+            )
         self.shift_mode = shift_mode
         self.in_chans = in_chans
         t = len(self.shifts)
@@ -136,7 +170,7 @@ class ShiftEmbed(nn.Module):
     def variants(self, img: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, T, C, H, W): the image-shifting variants."""
         pad = "circular" if self.shift_mode == "conv" else "reflect"
-        variants: List[torch.Tensor] = []
+        variants: list[torch.Tensor] = []
         for shift in self.shifts:  # a loop, not a comprehension: TorchScript unrolls it over the tuple
             variants.append(shift_image(img, shift[0], shift[1], pad))
         return torch.stack(variants, dim=1)
@@ -156,8 +190,9 @@ class _QueryKeyValue(nn.Module):
     """The projections both LSA attentions share: a query per head, keys/values per head or
     one pair shared by all heads (``kv_shared``), and the output projection."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
-                 proj_drop: float = 0.0):
+    def __init__(
+        self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False, proj_drop: float = 0.0
+    ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
@@ -178,10 +213,17 @@ class LocalShiftAttention(_QueryKeyValue):
     O(B N T D): the (B T) x (B T) attention is never formed.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        kv_shared: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
         super().__init__(dim, num_heads, qkv_bias, kv_shared, proj_drop)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.attn_drop = nn.Dropout(attn_drop)
 
     def _logits(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,8 +249,15 @@ class LocalShiftAttention(_QueryKeyValue):
 class LSAAttention(_QueryKeyValue):
     """Global multi-head self-attention; keys/values per head or one pair shared by all heads."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, kv_shared: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        kv_shared: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
         super().__init__(dim, num_heads, qkv_bias, kv_shared, proj_drop)
         self.fused_attn = use_fused_attn()
         self.attn_drop = attn_drop
@@ -223,7 +272,7 @@ class LSAAttention(_QueryKeyValue):
         if self.fused_attn:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         else:  # eager, as timm does when fused attention is off (e.g. to count FLOPs or read the maps)
-            attn = ((q * self.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+            attn = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
             out = F.dropout(attn, self.attn_drop, self.training) @ v
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
@@ -233,19 +282,30 @@ class LSABlock(nn.Module):
 
     __constants__ = ["local"]  # TorchScript compiles only the branch of this block's attention
 
-    def __init__(self, dim: int, num_heads: int, local: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 kv_shared: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        local: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        kv_shared: bool = False,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ):
         super().__init__()
         self.local = local
         attn_cls = LocalShiftAttention if local else LSAAttention
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, kv_shared=kv_shared,
-                             attn_drop=attn_drop, proj_drop=proj_drop)
+        self.attn = attn_cls(
+            dim, num_heads, qkv_bias=qkv_bias, kv_shared=kv_shared, attn_drop=attn_drop, proj_drop=proj_drop
+        )
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
 
-    def forward(self, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         if self.local:  # x: the unshifted tokens (B, N, D); z: all variants (B, T, N, D)
             assert z is not None, "the local block needs the shifted variants z"
             x = x + self.drop_path(self.attn(self.norm1(x), self.norm1(z)))
@@ -292,13 +352,30 @@ class LSA(nn.Module):
         local_block: the first block is the local attention; None = iff more than one shift.
     """
 
-    def __init__(self, img_size: int = 32, in_chans: int = 3, num_classes: int = 10,
-                 shifts: Union[str, Sequence[Sequence[int]]] = "cifar18", kernel_size: int = 3, stride: int = 1,
-                 padding: int = 1, embed_dims: Union[int, Sequence[int]] = 192, depths: Sequence[int] = (2, 4, 4, 4),
-                 num_heads: Union[int, Sequence[int]] = 3, kv_shared: bool = False, shift_mode: str = "conv",
-                 pos_embed: str = "per_variant", local_block: Optional[bool] = None, mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.1, global_pool: str = "avg"):
+    def __init__(
+        self,
+        img_size: int = 32,
+        in_chans: int = 3,
+        num_classes: int = 10,
+        shifts: str | Sequence[Sequence[int]] = "cifar18",
+        kernel_size: int = 3,
+        stride: int = 1,
+        padding: int = 1,
+        embed_dims: int | Sequence[int] = 192,
+        depths: Sequence[int] = (2, 4, 4, 4),
+        num_heads: int | Sequence[int] = 3,
+        kv_shared: bool = False,
+        shift_mode: str = "conv",
+        pos_embed: str = "per_variant",
+        local_block: bool | None = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        global_pool: str = "avg",
+    ):
         super().__init__()
         if global_pool not in ("avg", ""):
             raise InputError(f"global_pool: {global_pool!r} is not allowed; allowed values: avg, '' (tokens)")
@@ -311,18 +388,38 @@ class LSA(nn.Module):
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = dims[-1]
 
-        self.patch_embed = ShiftEmbed(img_size, self.shifts, kernel_size, stride, padding, in_chans, dims[0],
-                                      shift_mode=shift_mode, pos_embed=pos_embed)
+        self.patch_embed = ShiftEmbed(
+            img_size,
+            self.shifts,
+            kernel_size,
+            stride,
+            padding,
+            in_chans,
+            dims[0],
+            shift_mode=shift_mode,
+            pos_embed=pos_embed,
+        )
         grid = self.patch_embed.grid_size
         self.grids, self.levels, self.downsamples = [], nn.ModuleList(), nn.ModuleList()
         self.level_pos = nn.ParameterList()
         self.feature_info = []  # timm's: each level's output, its width and pixels per token
         for i, (dim, depth, h) in enumerate(zip(dims, depths, heads)):
             self.grids.append(grid)
-            self.feature_info.append(dict(num_chs=dim, reduction=stride * 2 ** i, module=f"levels.{i}"))
-            blocks = [LSABlock(dim, h, local=(i == 0 and j == 0 and self.local_block), mlp_ratio=mlp_ratio,
-                               qkv_bias=qkv_bias, kv_shared=kv_shared, proj_drop=proj_drop_rate,
-                               attn_drop=attn_drop_rate, drop_path=drop_path_rate) for j in range(depth)]
+            self.feature_info.append(dict(num_chs=dim, reduction=stride * 2**i, module=f"levels.{i}"))
+            blocks = [
+                LSABlock(
+                    dim,
+                    h,
+                    local=(i == 0 and j == 0 and self.local_block),
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    kv_shared=kv_shared,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=drop_path_rate,
+                )
+                for j in range(depth)
+            ]
             self.levels.append(nn.ModuleList(blocks))
             if i > 0:  # the first level's positions live in the shift embedding (per variant)
                 self.level_pos.append(nn.Parameter(trunc_normal_(torch.zeros(1, grid[0] * grid[1], dim), std=0.02)))
@@ -353,7 +450,7 @@ class LSA(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
             self.global_pool = global_pool
@@ -382,9 +479,15 @@ class LSA(nn.Module):
                 x = block(x)
         return self.norm(x)
 
-    def forward_intermediates(self, img: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False):
+    def forward_intermediates(
+        self,
+        img: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
         """timm's feature API: the outputs of the levels in ``indices`` (the last n for an int, all for
         None) as (B, C, h, w) maps on each level's grid, and ``forward_features``'s output.
 
@@ -394,7 +497,7 @@ class LSA(nn.Module):
         take, last = feature_take_indices(len(self.levels), indices)
         intermediates = []
         x = self.forward_local(img)
-        for i, blocks in enumerate(self.levels[:last + 1] if stop_early else self.levels):
+        for i, blocks in enumerate(self.levels[: last + 1] if stop_early else self.levels):
             if i > 0:
                 x = self.downsamples[i - 1](x) + self.level_pos[i - 1]
             for block in blocks:
@@ -424,16 +527,31 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> LSA:
 
 
 def _cfg(size: int, num_classes: int, **kwargs) -> dict:
-    mean, std = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)) if size == 32 else \
-        ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    return dict(url="", num_classes=num_classes, input_size=(3, size, size), pool_size=None, crop_pct=1.0 if size == 32
-                else 0.875, interpolation="bicubic", fixed_input_size=True, mean=mean, std=std,
-                first_conv="patch_embed.proj", classifier="head", **kwargs)
+    mean, std = (
+        ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+        if size == 32
+        else ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    )
+    return dict(
+        url="",
+        num_classes=num_classes,
+        input_size=(3, size, size),
+        pool_size=None,
+        crop_pct=1.0 if size == 32 else 0.875,
+        interpolation="bicubic",
+        fixed_input_size=True,
+        mean=mean,
+        std=std,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        **kwargs,
+    )
 
 
 ENTRYPOINTS = ("lsa_tiny_cifar", "lsa_small_cifar", "lsa_base_cifar", "lsa_tiny_224", "lsa_small_224")
-default_cfgs = generate_default_cfgs({name: _cfg(32, 10) if name.endswith("cifar") else _cfg(224, 1000)
-                                      for name in ENTRYPOINTS})
+default_cfgs = generate_default_cfgs(
+    {name: _cfg(32, 10) if name.endswith("cifar") else _cfg(224, 1000) for name in ENTRYPOINTS}
+)
 
 # Entrypoints: Table 2's sizes. CIFAR: T=18, a 3x3 stride-1 conv per variant (1024 tokens),
 # four levels 1024 -> 256 -> 64 -> 16 tokens. ImageNet: T=10, a strided conv per variant.
@@ -464,16 +582,35 @@ def lsa_base_cifar(pretrained=False, **kwargs) -> LSA:
 @register_model
 def lsa_tiny_224(pretrained=False, **kwargs) -> LSA:
     """Our-T, ImageNet (Table 4: 9.9M): K=9, S=7, P=1 (1024 tokens), 192-d, 4 heads, blocks (2, 4, 4, 4)."""
-    args = dict(shifts="imagenet10", kernel_size=9, stride=7, padding=1, img_size=224, num_classes=1000,
-                embed_dims=192, depths=(2, 4, 4, 4), num_heads=4)
+    args = dict(
+        shifts="imagenet10",
+        kernel_size=9,
+        stride=7,
+        padding=1,
+        img_size=224,
+        num_classes=1000,
+        embed_dims=192,
+        depths=(2, 4, 4, 4),
+        num_heads=4,
+    )
     return _create("lsa_tiny_224", pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def lsa_small_224(pretrained=False, **kwargs) -> LSA:
-    """Our-S, ImageNet (Table 4: 22.0M): K=S=4 (3136 tokens), dims (64, 192, 384), heads (2, 6, 12), blocks (2, 2, 10)."""
-    args = dict(shifts="imagenet10", kernel_size=4, stride=4, padding=0, img_size=224, num_classes=1000,
-                embed_dims=(64, 192, 384), depths=(2, 2, 10), num_heads=(2, 6, 12))
+    """Our-S, ImageNet (Table 4: 22.0M): K=S=4 (3136 tokens), dims (64, 192, 384), heads (2, 6, 12), blocks
+    (2, 2, 10)."""
+    args = dict(
+        shifts="imagenet10",
+        kernel_size=4,
+        stride=4,
+        padding=0,
+        img_size=224,
+        num_classes=1000,
+        embed_dims=(64, 192, 384),
+        depths=(2, 2, 10),
+        num_heads=(2, 6, 12),
+    )
     return _create("lsa_small_224", pretrained, **dict(args, **kwargs))
 
 
@@ -486,7 +623,7 @@ __all__ = ["LSA", "ShiftEmbed", "LocalShiftAttention", "LSAAttention", "SHIFTS",
 def _read_global(attn: LSAAttention, x: torch.Tensor):
     q = attn.q(x).unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)  # (B, H, N, hd)
     k = attn.kv(x).unflatten(-1, (2, attn.kv_heads, attn.head_dim))[:, :, 0].transpose(1, 2)  # (B, h_kv, N, hd)
-    return "softmax", softmax_map(q, k, attn.head_dim ** -0.5)  # a shared K (h_kv = 1) broadcasts over heads
+    return "softmax", softmax_map(q, k, attn.head_dim**-0.5)  # a shared K (h_kv = 1) broadcasts over heads
 
 
 def _read_local(attn: LocalShiftAttention, x: torch.Tensor, z: torch.Tensor):
@@ -499,17 +636,35 @@ def _blocks(model: LSA) -> list[nn.Module]:
 
 def _sites(model: LSA) -> list[AttentionSite]:
     readers = {LSAAttention: _read_global, LocalShiftAttention: _read_local}
-    return [AttentionSite(b.attn, tuple(grid), exact_reader(b.attn, readers))
-            for blocks, grid in zip(model.levels, model.grids) for b in blocks]
+    return [
+        AttentionSite(b.attn, tuple(grid), exact_reader(b.attn, readers))
+        for blocks, grid in zip(model.levels, model.grids)
+        for b in blocks
+    ]
 
 
 def _summary(model: LSA) -> dict:
     embed = model.patch_embed
-    return {"lsa": {"num_shifts": len(model.shifts), "shift_mode": embed.shift_mode,
-                    "pos_embed": "per_variant" if embed.pos_embed.shape[0] > 1 else "shared",
-                    "local_block": bool(model.local_block)}}
+    return {
+        "lsa": {
+            "num_shifts": len(model.shifts),
+            "shift_mode": embed.shift_mode,
+            "pos_embed": "per_variant" if embed.pos_embed.shape[0] > 1 else "shared",
+            "local_block": bool(model.local_block),
+        }
+    }
 
 
-register_family(Family("lsa", "LSA", LSA, "locally shifted attention over each patch's shifted copies, then "
-                       "global attention in a pyramid", _blocks, _sites, options=_summary, models=("lsa_",),
-                       kinds=(SHIFT, SOFTMAX)))
+register_family(
+    Family(
+        "lsa",
+        "LSA",
+        LSA,
+        "locally shifted attention over each patch's shifted copies, then global attention in a pyramid",
+        _blocks,
+        _sites,
+        options=_summary,
+        models=("lsa_",),
+        kinds=(SHIFT, SOFTMAX),
+    )
+)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -51,7 +51,18 @@ from timm.models.vision_transformer import VisionTransformer, _cfg
 from locvit import toolchain
 from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
-from locvit.models.family import CLASS, SOFTMAX, TALKING, Extra, Family, normed_qk, read_vit, register_family, vit_blocks, vit_sites
+from locvit.models.family import (
+    CLASS,
+    SOFTMAX,
+    TALKING,
+    Extra,
+    Family,
+    normed_qk,
+    read_vit,
+    register_family,
+    vit_blocks,
+    vit_sites,
+)
 from locvit.neighbourhood import neighbourhood_mask
 
 log = logging.getLogger(__name__)
@@ -60,7 +71,7 @@ MASK_MODES = ("multiply", "restrict")
 DROP_PATH_SCHEDULES = ("linear", "constant")
 MASK_TYPES = ("hard", "soft", "random")
 SCHEMES = ("none", "sch1", "sch2", "sch3", "mixed", "all")
-HeadSpec = Union[str, Sequence[Union[int, Sequence[int]]]]
+HeadSpec = str | Sequence[int | Sequence[int]]
 FLEX_BLOCK = 128  # FlexAttention's block size (tokens a side): it skips the block pairs a mask leaves empty
 # BlockMask.from_kv_blocks' first four arguments (flex_blocks): restrict masks keep them as buffers
 FLEX_BLOCK_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
@@ -106,8 +117,10 @@ def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]
             "all": [num_heads] * depth,
         }
         if scheme not in counts:
-            raise InputError(f"masked_heads: unknown scheme {scheme!r}; allowed values: {', '.join(SCHEMES)} "
-                             f"or a per-layer list of head counts / head indices")
+            raise InputError(
+                f"masked_heads: unknown scheme {scheme!r}; allowed values: {', '.join(SCHEMES)} "
+                f"or a per-layer list of head counts / head indices"
+            )
         return [list(range(c)) for c in counts[scheme]]
     scheme = list(scheme)
     if len(scheme) != depth:
@@ -115,10 +128,14 @@ def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]
     heads = []
     for layer, entry in enumerate(scheme):
         idx = list(range(entry)) if isinstance(entry, int) else [int(h) for h in entry]
-        bad = [h for h in idx if not 0 <= h < num_heads] + ([entry] if isinstance(entry, int) and entry > num_heads else [])
+        bad = [h for h in idx if not 0 <= h < num_heads] + (
+            [entry] if isinstance(entry, int) and entry > num_heads else []
+        )
         if bad or len(set(idx)) != len(idx):
-            raise ValueError(f"masked_heads[{layer}]: {entry!r} names heads that do not exist or repeat; "
-                             f"this model has heads 0..{num_heads - 1}")
+            raise ValueError(
+                f"masked_heads[{layer}]: {entry!r} names heads that do not exist or repeat; "
+                f"this model has heads 0..{num_heads - 1}"
+            )
         heads.append(sorted(idx))
     return heads
 
@@ -134,8 +151,10 @@ def flex_blocks(keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     full = kept == FLEX_BLOCK * FLEX_BLOCK
     out = []
     for blocks in (~full & (kept > 0), full):  # (nb, nb) bool
-        out += [blocks.sum(-1).to(torch.int32)[None, None],
-                blocks.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(torch.int32)[None, None]]
+        out += [
+            blocks.sum(-1).to(torch.int32)[None, None],
+            blocks.to(torch.int8).argsort(dim=-1, descending=True, stable=True).to(torch.int32)[None, None],
+        ]
     return tuple(out)
 
 
@@ -161,19 +180,23 @@ class _HeadMasks(nn.Module):
     def active(self) -> bool:
         return self.heads.numel() > 0
 
-    def configure(self, heads: Sequence[int], num_heads: int, keep: torch.Tensor, mode: str, mask_type: str,
-                  alpha_init: float):
+    def configure(
+        self, heads: Sequence[int], num_heads: int, keep: torch.Tensor, mode: str, mask_type: str, alpha_init: float
+    ):
         allowed("mask_mode", mode, MASK_MODES)
         allowed("mask_type", mask_type, MASK_TYPES)
         if mask_type == "soft" and mode != "multiply":
-            raise ValueError("mask_type 'soft' scales logits, so it needs mask_mode 'multiply'; for mask_mode "
-                             "'restrict' set mask_type to 'hard' (or 'random')")
+            raise ValueError(
+                "mask_type 'soft' scales logits, so it needs mask_mode 'multiply'; for mask_mode "
+                "'restrict' set mask_type to 'hard' (or 'random')"
+            )
         if not 0.0 < alpha_init < 1.0:
             raise ValueError(f"alpha_init: {alpha_init} must lie in (0, 1)")
         self.mode, self.mask_type = mode, mask_type
         self.heads = torch.as_tensor(list(heads), dtype=torch.long, device=self.heads.device)
-        self.free = torch.as_tensor([h for h in range(num_heads) if h not in heads], dtype=torch.long,
-                                    device=self.heads.device)
+        self.free = torch.as_tensor(
+            [h for h in range(num_heads) if h not in heads], dtype=torch.long, device=self.heads.device
+        )
         self.leading = list(heads) == list(range(len(heads)))  # heads 0..h'-1: sliceable
         self.keep = keep.to(self.heads.device)
         if mode == "restrict":
@@ -182,7 +205,7 @@ class _HeadMasks(nn.Module):
         if mask_type == "soft" and heads:
             self.alpha_logit = nn.Parameter(torch.full((len(heads),), math.log(alpha_init / (1.0 - alpha_init))))
 
-    def alpha(self) -> Optional[torch.Tensor]:
+    def alpha(self) -> torch.Tensor | None:
         return None if self.alpha_logit is None else torch.sigmoid(self.alpha_logit)
 
     def block_mask(self):
@@ -195,8 +218,12 @@ class _HeadMasks(nn.Module):
         def neighbourhood(b, h, q_idx, kv_idx):  # the blocks partly kept read keep itself
             return keep[q_idx, kv_idx]
 
-        return BlockMask.from_kv_blocks(*(getattr(self, name) for name in FLEX_BLOCK_NAMES), BLOCK_SIZE=FLEX_BLOCK,
-                                        mask_mod=neighbourhood, seq_lengths=(tokens, tokens))
+        return BlockMask.from_kv_blocks(
+            *(getattr(self, name) for name in FLEX_BLOCK_NAMES),
+            BLOCK_SIZE=FLEX_BLOCK,
+            mask_mod=neighbourhood,
+            seq_lengths=(tokens, tokens),
+        )
 
     def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Mask pre-softmax logits of the masked heads: (B, h', T, T) -> (B, h', T, T)."""
@@ -206,8 +233,11 @@ class _HeadMasks(nn.Module):
             alpha = self.alpha()
             assert alpha is not None, "soft masks have their alphas once configured"
             # Neighbours x1, others x alpha[h]: (h', T, T) weights.
-            weight = torch.where(self.keep, torch.ones((), device=logits.device, dtype=logits.dtype),
-                                 alpha.to(logits.dtype)[:, None, None])
+            weight = torch.where(
+                self.keep,
+                torch.ones((), device=logits.device, dtype=logits.dtype),
+                alpha.to(logits.dtype)[:, None, None],
+            )
             return logits * weight
         return logits * self.keep.to(logits.dtype)
 
@@ -237,14 +267,13 @@ class MaskedAttention(Attention):
     def _masked_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return self.masks.mask_logits((q * self.scale) @ k.transpose(-2, -1))  # (B, h', T, T)
 
-    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.jit.is_scripting():  # the same as normed_qk, which takes the layer: TorchScript cannot pass one
             return self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         else:
             return normed_qk(self, q, k, v)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if not self.masks.active:
             if torch.jit.is_scripting():
                 return self._unmasked(x, attn_mask, is_causal)
@@ -252,22 +281,29 @@ class MaskedAttention(Attention):
                 return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
         if attn_mask is not None or is_causal:
             # Passing it on to timm's attention would silently drop MaiT's masks.
-            raise ValueError("MaiT's masked attention does not take a caller's attn_mask or is_causal: its heads "
-                             "are masked by masked_heads; build the model with masked_heads='none' to use them")
+            raise ValueError(
+                "MaiT's masked attention does not take a caller's attn_mask or is_causal: its heads "
+                "are masked by masked_heads; build the model with masked_heads='none' to use them"
+            )
         B, N, _ = x.shape
         n_masked = self.masks.heads.numel()
         if torch.jit.is_scripting():
             if self.restrict_kernel == "flex" and self.masks.mode == "restrict":
-                raise RuntimeError("MaiT's restrict_kernel 'flex' runs FlexAttention, which TorchScript cannot run; "
-                                   "use torch.export, or restrict_kernel 'auto' or 'dense' (the same result)")
+                raise RuntimeError(
+                    "MaiT's restrict_kernel 'flex' runs FlexAttention, which TorchScript cannot run; "
+                    "use torch.export, or restrict_kernel 'auto' or 'dense' (the same result)"
+                )
         elif self._flex(x):
             return self._restrict_flex(x, B, N)
         restrict_fused = self.masks.mode == "restrict" and self.fused_attn
         if self.masks.leading and n_masked < self.num_heads and not restrict_fused:
             # Masked heads are heads 0..h'-1 (the usual case): split the projections per
             # group (split's backward is one concatenation, where indexing would fill zeros).
-            qkv_m, qkv_f = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).split(
-                [n_masked, self.num_heads - n_masked], dim=3)
+            qkv_m, qkv_f = (
+                self.qkv(x)
+                .reshape(B, N, 3, self.num_heads, self.head_dim)
+                .split([n_masked, self.num_heads - n_masked], dim=3)
+            )
             qm, km, vm = qkv_m.permute(2, 0, 3, 1, 4).unbind(0)  # (B, h', T, hd)
             qf, kf, vf = qkv_f.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H-h', T, hd)
             qm, km = self._normed_qk(qm, km, vm)
@@ -282,8 +318,9 @@ class MaskedAttention(Attention):
         if restrict_fused:
             # -inf outside the neighbourhood is a boolean mask: one fused call for all heads,
             # unmasked heads keeping every key.
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._restrict_mask(),
-                                                 dropout_p=self.attn_drop.p if self.training else 0.0)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self._restrict_mask(), dropout_p=self.attn_drop.p if self.training else 0.0
+            )
             return self._finish(out, B, N)
         if n_masked == self.num_heads:
             attn = self._masked_logits(q, k).softmax(dim=-1)
@@ -317,8 +354,9 @@ class MaskedAttention(Attention):
         # Heads 0..h'-1 (the usual case) are sliced and concatenated after: a compiled training step with
         # FlexAttention beside index_copy failed on CUDA (torch 2.11, AOTAutograd: a copy_ into a non-input).
         pick = slice(0, h) if self.masks.leading else self.masks.heads
-        out_m = _flex_attention(x.device)(q[:, pick], k[:, pick], v[:, pick], block_mask=self._flex_mask(),
-                                          scale=self.scale)
+        out_m = _flex_attention(x.device)(
+            q[:, pick], k[:, pick], v[:, pick], block_mask=self._flex_mask(), scale=self.scale
+        )
         if h == self.num_heads:
             return self._finish(out_m, B, N)
         if self.masks.leading:
@@ -371,7 +409,7 @@ class MaskedAttention(Attention):
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
         return self.attn_drop(attn) @ v
 
-    def _unmasked(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    def _unmasked(self, x: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         """timm's ``Attention.forward``, for TorchScript, which cannot call ``super()`` (the same ops)."""
         B, N, _ = x.shape
         gate = self.gate(x).sigmoid() if self.gate is not None else None
@@ -379,8 +417,9 @@ class MaskedAttention(Attention):
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.fused_attn:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                 dropout_p=self.attn_drop.p if self.training else 0.0)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
         else:
             attn = (q * self.scale) @ k.transpose(-2, -1)
             attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal)).softmax(dim=-1)
@@ -451,13 +490,17 @@ def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> boo
     if not missing:
         return True
     if restrict_kernel == "flex":
-        toolchain.require("MaiT's restrict_kernel: flex (FlexAttention, compiled on CUDA)",
-                          "set restrict_kernel: auto (falls back to dense here) or dense")
+        toolchain.require(
+            "MaiT's restrict_kernel: flex (FlexAttention, compiled on CUDA)",
+            "set restrict_kernel: auto (falls back to dense here) or dense",
+        )
     if not _WARNED_NO_TOOLCHAIN:
         _WARNED_NO_TOOLCHAIN = True
-        log.warning("MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
-                      "1,000 tokens): compiled FlexAttention needs a C compiler and Python's headers to build "
-                      f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}")
+        log.warning(
+            "MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
+            "1,000 tokens): compiled FlexAttention needs a C compiler and Python's headers to build "
+            f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}"
+        )
     return False
 
 
@@ -486,9 +529,17 @@ _WARNED_NO_TOOLCHAIN = False  # the fallback's warning, once per process
 RESTRICT_KERNELS = ("auto", "flex", "dense")
 
 
-def install_masks(model: nn.Module, attns: Sequence[nn.Module], num_prefix: int, masked_heads: HeadSpec,
-                  mask_kernel: Sequence[int], mask_mode: str, mask_type: str | None, alpha_init: float,
-                  random_seed: int) -> None:
+def install_masks(
+    model: nn.Module,
+    attns: Sequence[nn.Module],
+    num_prefix: int,
+    masked_heads: HeadSpec,
+    mask_kernel: Sequence[int],
+    mask_mode: str,
+    mask_type: str | None,
+    alpha_init: float,
+    random_seed: int,
+) -> None:
     """Configure every layer's masks from the model-level options; record them on ``model``."""
     # Sch.3 is the paper's soft-mask scheme; every other default is a hard mask.
     mask_type = mask_type or ("soft" if masked_heads == "sch3" else "hard")
@@ -497,8 +548,14 @@ def install_masks(model: nn.Module, attns: Sequence[nn.Module], num_prefix: int,
     for layer, (attn, idx) in enumerate(zip(attns, heads)):
         layer_keep = random_mask(keep, num_prefix, random_seed + layer) if mask_type == "random" else keep
         attn.masks.configure(idx, attn.num_heads, layer_keep, mask_mode, mask_type, alpha_init)
-    model.mask_options = dict(masked_heads=masked_heads, mask_kernel=tuple(mask_kernel), mask_mode=mask_mode,
-                              mask_type=mask_type, alpha_init=alpha_init, random_seed=random_seed)
+    model.mask_options = dict(
+        masked_heads=masked_heads,
+        mask_kernel=tuple(mask_kernel),
+        mask_mode=mask_mode,
+        mask_type=mask_type,
+        alpha_init=alpha_init,
+        random_seed=random_seed,
+    )
 
 
 class MaiT(VisionTransformer):
@@ -526,10 +583,18 @@ class MaiT(VisionTransformer):
             as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
     """
 
-    def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
-                 mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
-                 random_seed: int = 0, drop_path_schedule: str = "linear", restrict_kernel: str = "auto",
-                 **kwargs):
+    def __init__(
+        self,
+        masked_heads: HeadSpec = "sch1",
+        mask_kernel: Sequence[int] = (3, 3),
+        mask_mode: str = "multiply",
+        mask_type: str | None = None,
+        alpha_init: float = 0.5,
+        random_seed: int = 0,
+        drop_path_schedule: str = "linear",
+        restrict_kernel: str = "auto",
+        **kwargs,
+    ):
         allowed("restrict_kernel", restrict_kernel, RESTRICT_KERNELS)
         allowed("drop_path_schedule", drop_path_schedule, DROP_PATH_SCHEDULES)
         kwargs.setdefault("attn_layer", MaskedAttention)
@@ -543,21 +608,46 @@ class MaiT(VisionTransformer):
         for block in self.blocks:
             block.attn.restrict_kernel = restrict_kernel
             block.attn.toolchain_missing = missing
-        install_masks(self, [b.attn for b in self.blocks], self.num_prefix_tokens, masked_heads, mask_kernel,
-                      mask_mode, mask_type, alpha_init, random_seed)
+        install_masks(
+            self,
+            [b.attn for b in self.blocks],
+            self.num_prefix_tokens,
+            masked_heads,
+            mask_kernel,
+            mask_mode,
+            mask_type,
+            alpha_init,
+            random_seed,
+        )
 
 
 class MaskedCait(Cait):
     """A timm ``Cait`` with MaiT masks in its self-attention layers (options as :class:`MaiT`)."""
 
-    def __init__(self, masked_heads: HeadSpec = "sch1", mask_kernel: Sequence[int] = (3, 3),
-                 mask_mode: str = "multiply", mask_type: str | None = None, alpha_init: float = 0.5,
-                 random_seed: int = 0, **kwargs):
+    def __init__(
+        self,
+        masked_heads: HeadSpec = "sch1",
+        mask_kernel: Sequence[int] = (3, 3),
+        mask_mode: str = "multiply",
+        mask_type: str | None = None,
+        alpha_init: float = 0.5,
+        random_seed: int = 0,
+        **kwargs,
+    ):
         kwargs.setdefault("attn_block", MaskedTalkingHeadAttn)
         super().__init__(**kwargs)
         # CaiT's self-attention layers see patch tokens only; its class token joins later.
-        install_masks(self, [b.attn for b in self.blocks], 0, masked_heads, mask_kernel, mask_mode, mask_type,
-                      alpha_init, random_seed)
+        install_masks(
+            self,
+            [b.attn for b in self.blocks],
+            0,
+            masked_heads,
+            mask_kernel,
+            mask_mode,
+            mask_type,
+            alpha_init,
+            random_seed,
+        )
 
 
 def _create(cls, variant: str, pretrained: bool = False, **kwargs):
@@ -567,13 +657,20 @@ def _create(cls, variant: str, pretrained: bool = False, **kwargs):
 
 
 ENTRYPOINTS = (
-    "mait_xtiny_d24_patch16_224", "mait_tiny_patch16_224", "mait_tiny_d24_patch16_224", "mait_tiny_d36_patch16_224",
-    "mait_xsmall_d24_patch16_224", "mait_small_patch16_224", "mait_small_d24_patch16_224",
-    "mait_cait_xxs24_224", "mait_cait_s24_224",
+    "mait_xtiny_d24_patch16_224",
+    "mait_tiny_patch16_224",
+    "mait_tiny_d24_patch16_224",
+    "mait_tiny_d36_patch16_224",
+    "mait_xsmall_d24_patch16_224",
+    "mait_small_patch16_224",
+    "mait_small_d24_patch16_224",
+    "mait_cait_xxs24_224",
+    "mait_cait_s24_224",
 )
 # No released weights: the configs only carry input size, classes and normalisation (DeiT's).
-default_cfgs = generate_default_cfgs({name: _cfg(url="", num_classes=1000, input_size=(3, 224, 224))
-                                      for name in ENTRYPOINTS})
+default_cfgs = generate_default_cfgs(
+    {name: _cfg(url="", num_classes=1000, input_size=(3, 224, 224)) for name in ENTRYPOINTS}
+)
 
 
 def _plus_mask_type(kwargs: dict) -> str:
@@ -594,8 +691,9 @@ def mait_xtiny_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
 def mait_tiny_patch16_224(pretrained=False, **kwargs) -> MaiT:
     """MaiT-T, 12 layers (DeiT-T shape, 5.7M); MaiT+ soft 3x3 masks on every head (Table 2: 74.7);
     hard ones with mask_mode="restrict"."""
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, masked_heads="all",
-                mask_type=_plus_mask_type(kwargs))
+    args = dict(
+        patch_size=16, embed_dim=192, depth=12, num_heads=3, masked_heads="all", mask_type=_plus_mask_type(kwargs)
+    )
     return _create(MaiT, "mait_tiny_patch16_224", pretrained, **dict(args, **kwargs))
 
 
@@ -624,8 +722,9 @@ def mait_xsmall_d24_patch16_224(pretrained=False, **kwargs) -> MaiT:
 def mait_small_patch16_224(pretrained=False, **kwargs) -> MaiT:
     """MaiT-S, 12 layers (DeiT-S shape); MaiT+ soft 3x3 masks on every head (Table 2: 80.9);
     hard ones with mask_mode="restrict"."""
-    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, masked_heads="all",
-                mask_type=_plus_mask_type(kwargs))
+    args = dict(
+        patch_size=16, embed_dim=384, depth=12, num_heads=6, masked_heads="all", mask_type=_plus_mask_type(kwargs)
+    )
     return _create(MaiT, "mait_small_patch16_224", pretrained, **dict(args, **kwargs))
 
 
@@ -671,9 +770,16 @@ def _read_masked_talking(attn: MaskedTalkingHeadAttn, x: torch.Tensor):
 def _mask_summary(model: nn.Module) -> dict:
     opts = model.mask_options
     heads = scheme_heads(opts["masked_heads"], len(model.blocks), model.blocks[0].attn.num_heads)
-    return {"mask": {"masked_heads": opts["masked_heads"], "heads_per_layer": [len(h) for h in heads],
-                     "kernel": list(opts["mask_kernel"]), "mode": opts["mask_mode"], "type": opts["mask_type"],
-                     "alpha_init": opts["alpha_init"]}}
+    return {
+        "mask": {
+            "masked_heads": opts["masked_heads"],
+            "heads_per_layer": [len(h) for h in heads],
+            "kernel": list(opts["mask_kernel"]),
+            "mode": opts["mask_mode"],
+            "type": opts["mask_type"],
+            "alpha_init": opts["alpha_init"],
+        }
+    }
 
 
 @torch.no_grad()
@@ -685,8 +791,9 @@ def soft_mask_alphas(model: nn.Module) -> torch.Tensor:
     """
     attns = [m for m in model.modules() if isinstance(m, (MaskedAttention, MaskedTalkingHeadAttn))]
     if not any(attn.masks.alpha() is not None for attn in attns):
-        raise ValueError(f"soft_mask_alphas: {type(model).__name__} has no MaiT soft mask "
-                         f"(build it with mask_type='soft')")
+        raise ValueError(
+            f"soft_mask_alphas: {type(model).__name__} has no MaiT soft mask (build it with mask_type='soft')"
+        )
     alphas = torch.full((len(attns), attns[0].num_heads), float("nan"))
     for layer, attn in enumerate(attns):
         alpha = attn.masks.alpha()
@@ -696,14 +803,40 @@ def soft_mask_alphas(model: nn.Module) -> torch.Tensor:
 
 
 PRIOR = "hard, soft or random 2D-neighbourhood masks on chosen heads (the others global)"
-ALPHAS = Extra("alphas", "values", lambda m: soft_mask_alphas(m) if m.mask_options["mask_type"] == "soft" else None,
-               "Soft-mask alpha", "Learned soft-mask alpha (MaiT Sec. 4.3: the weight MaiT+ keeps for attention "
-               "outside the neighbourhood; 1 = no locality)", limits=(0.0, 1.0))
-register_family(Family("mait", "MaiT", MaiT, PRIOR, vit_blocks,
-                       lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}),
-                       options=_mask_summary, extras=(ALPHAS,), models=("mait_",), kinds=(SOFTMAX,)))
-register_family(Family("mait_cait", "Masked CaiT", MaskedCait, PRIOR, cait_blocks,
-                       lambda m: cait_sites(m, {MaskedTalkingHeadAttn: _read_masked_talking,
-                                                TalkingHeadAttn: read_talking}),
-                       options=_mask_summary, extras=(ALPHAS,), models=("mait_cait_",),
-                       kinds=(TALKING, CLASS)))
+ALPHAS = Extra(
+    "alphas",
+    "values",
+    lambda m: soft_mask_alphas(m) if m.mask_options["mask_type"] == "soft" else None,
+    "Soft-mask alpha",
+    "Learned soft-mask alpha (MaiT Sec. 4.3: the weight MaiT+ keeps for attention "
+    "outside the neighbourhood; 1 = no locality)",
+    limits=(0.0, 1.0),
+)
+register_family(
+    Family(
+        "mait",
+        "MaiT",
+        MaiT,
+        PRIOR,
+        vit_blocks,
+        lambda m: vit_sites(m, {MaskedAttention: _read_masked, Attention: read_vit}),
+        options=_mask_summary,
+        extras=(ALPHAS,),
+        models=("mait_",),
+        kinds=(SOFTMAX,),
+    )
+)
+register_family(
+    Family(
+        "mait_cait",
+        "Masked CaiT",
+        MaskedCait,
+        PRIOR,
+        cait_blocks,
+        lambda m: cait_sites(m, {MaskedTalkingHeadAttn: _read_masked_talking, TalkingHeadAttn: read_talking}),
+        options=_mask_summary,
+        extras=(ALPHAS,),
+        models=("mait_cait_",),
+        kinds=(TALKING, CLASS),
+    )
+)

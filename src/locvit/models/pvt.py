@@ -46,7 +46,7 @@ records (queries on the stage's token grid, keys on the grid pooled by ``R``), s
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
 # generates, and TorchScript cannot read them as strings (as in lsa.py).
 
-from typing import List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -58,25 +58,34 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.pvt_v2 import Attention as SRAttention
 
 from locvit.errors import allowed
-from locvit.models.family import (POOLED, SOFTMAX, AttentionSite, Family, exact_reader, register_family,
-                                  softmax_map)
+from locvit.models.family import POOLED, SOFTMAX, AttentionSite, Family, exact_reader, register_family, softmax_map
 
 
 class PvtBlock(nn.Module):
     """PVT v1's block: ``x + SRA(LN(x))``, then ``x + MLP(LN(x))`` (a plain MLP, GELU)."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, sr_ratio: int, qkv_bias: bool = True,
-                 proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        sr_ratio: int,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = SRAttention(dim, num_heads=num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                                proj_drop=proj_drop)
+        self.attn = SRAttention(
+            dim, num_heads=num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
+        )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, feat_size: List[int]) -> torch.Tensor:  # x (B, [1 +] h * w, C)
+    def forward(self, x: torch.Tensor, feat_size: list[int]) -> torch.Tensor:  # x (B, [1 +] h * w, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), feat_size))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
@@ -84,18 +93,36 @@ class PvtBlock(nn.Module):
 class PvtStage(nn.Module):
     """Patch embedding (B, C, H, W) -> (B, h * w, dim), [class token,] positional embedding, blocks."""
 
-    def __init__(self, img_size: Tuple[int, int], patch_size: int, in_chans: int, dim: int, depth: int, num_heads: int,
-                 mlp_ratio: float, sr_ratio: int, cls_token: bool, qkv_bias: bool, pos_drop: float, proj_drop: float,
-                 attn_drop: float, drop_paths: Sequence[float]):
+    def __init__(
+        self,
+        img_size: tuple[int, int],
+        patch_size: int,
+        in_chans: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        sr_ratio: int,
+        cls_token: bool,
+        qkv_bias: bool,
+        pos_drop: float,
+        proj_drop: float,
+        attn_drop: float,
+        drop_paths: Sequence[float],
+    ):
         super().__init__()
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, dim, norm_layer=nn.LayerNorm)
         gh, gw = self.patch_embed.grid_size
-        self.feat_size: List[int] = [gh, gw]  # a list: SRAttention takes List[int] (TorchScript)
+        self.feat_size: list[int] = [gh, gw]  # a list: SRAttention takes List[int] (TorchScript)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + int(cls_token), dim))
         self.pos_drop = nn.Dropout(pos_drop)
-        self.blocks = nn.ModuleList([PvtBlock(dim, num_heads, mlp_ratio, sr_ratio, qkv_bias, proj_drop, attn_drop,
-                                              drop_paths[i]) for i in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                PvtBlock(dim, num_heads, mlp_ratio, sr_ratio, qkv_bias, proj_drop, attn_drop, drop_paths[i])
+                for i in range(depth)
+            ]
+        )
         trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
@@ -120,17 +147,31 @@ class PyramidVisionTransformer(nn.Module):
     """PVT v1 (module docstring). ``global_pool``: ``token`` (the class token, PVT v1's) or ``avg``
     (the mean of stage 4's patch tokens)."""
 
-    def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, patch_size: int = 4, in_chans: int = 3,
-                 num_classes: int = 1000, global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
-                 num_heads: Sequence[int] = (1, 2, 5, 8), mlp_ratios: Sequence[float] = (8, 8, 4, 4),
-                 depths: Sequence[int] = (2, 2, 2, 2), sr_ratios: Sequence[int] = (8, 4, 2, 1), qkv_bias: bool = True,
-                 drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
+        depths: Sequence[int] = (2, 2, 2, 2),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ):
         super().__init__()
         allowed("global_pool", global_pool, ("token", "avg"))
         if not len(embed_dims) == len(num_heads) == len(mlp_ratios) == len(depths) == len(sr_ratios) == 4:
-            raise ValueError("embed_dims, num_heads, mlp_ratios, depths and sr_ratios: give 4 values each (one per "
-                             "stage)")
+            raise ValueError(
+                "embed_dims, num_heads, mlp_ratios, depths and sr_ratios: give 4 values each (one per stage)"
+            )
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dims[-1]
@@ -139,9 +180,24 @@ class PyramidVisionTransformer(nn.Module):
         size, chans, reduction = to_2tuple(img_size), in_chans, 1  # (H, W) of each stage's input
         for i in range(4):
             stride = patch_size if i == 0 else 2
-            stages.append(PvtStage(size, stride, chans, embed_dims[i], depths[i], num_heads[i], mlp_ratios[i],
-                                   sr_ratios[i], i == 3, qkv_bias, pos_drop_rate, proj_drop_rate, attn_drop_rate,
-                                   rates[i]))
+            stages.append(
+                PvtStage(
+                    size,
+                    stride,
+                    chans,
+                    embed_dims[i],
+                    depths[i],
+                    num_heads[i],
+                    mlp_ratios[i],
+                    sr_ratios[i],
+                    i == 3,
+                    qkv_bias,
+                    pos_drop_rate,
+                    proj_drop_rate,
+                    attn_drop_rate,
+                    rates[i],
+                )
+            )
             size, chans, reduction = (size[0] // stride, size[1] // stride), embed_dims[i], reduction * stride
             self.feature_info.append(dict(num_chs=chans, reduction=reduction, module=f"stages.{i}"))
         self.stages = nn.ModuleList(stages)
@@ -158,7 +214,7 @@ class PyramidVisionTransformer(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         if global_pool is not None:
             allowed("global_pool", global_pool, ("token", "avg"))
             self.global_pool = global_pool
@@ -173,16 +229,22 @@ class PyramidVisionTransformer(nn.Module):
                 x = stage.to_map(x)
         return self.norm(x)
 
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False):
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
         """timm's feature API: the outputs of the stages in ``indices`` as (B, C, h, w) maps (class token
         dropped), and ``forward_features``'s output (the last stage run's tokens when ``stop_early``
         stops before stage 4); ``norm`` applies the final norm to stage 4's map."""
         allowed("output_fmt", output_fmt, ("NCHW",))
         take, last = feature_take_indices(len(self.stages), indices)
         intermediates = []
-        stages = self.stages[:last + 1] if stop_early else self.stages
+        stages = self.stages[: last + 1] if stop_early else self.stages
         for i, stage in enumerate(stages):
             x = stage(x)
             if i in take:
@@ -214,13 +276,27 @@ def _init_weights(m: nn.Module) -> None:
 
 
 def _cfg() -> dict:
-    return dict(url="", num_classes=1000, input_size=(3, 224, 224), pool_size=None, crop_pct=0.9,
-                interpolation="bicubic", fixed_input_size=True, mean=(0.485, 0.456, 0.406),
-                std=(0.229, 0.224, 0.225), first_conv="stages.0.patch_embed.proj", classifier="head")
+    return dict(
+        url="",
+        num_classes=1000,
+        input_size=(3, 224, 224),
+        pool_size=None,
+        crop_pct=0.9,
+        interpolation="bicubic",
+        fixed_input_size=True,
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        first_conv="stages.0.patch_embed.proj",
+        classifier="head",
+    )
 
 
-SIZES = {"pvt_v1_tiny": (2, 2, 2, 2), "pvt_v1_small": (3, 4, 6, 3), "pvt_v1_medium": (3, 4, 18, 3),
-         "pvt_v1_large": (3, 8, 27, 3)}
+SIZES = {
+    "pvt_v1_tiny": (2, 2, 2, 2),
+    "pvt_v1_small": (3, 4, 6, 3),
+    "pvt_v1_medium": (3, 4, 18, 3),
+    "pvt_v1_large": (3, 8, 27, 3),
+}
 #: LSA Table 3's CIFAR setting (module docstring): a variant at 32 px with 10 classes sets this.
 CIFAR = dict(patch_size=1)
 default_cfgs = generate_default_cfgs({name: _cfg() for name in SIZES})
@@ -229,9 +305,13 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in SIZES})
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights for PVT v1 in locvit; use pretrained=False")
-    return build_model_with_cfg(PyramidVisionTransformer, variant, pretrained=False,
-                                feature_cfg=dict(flatten_sequential=True),
-                                **dict(dict(depths=SIZES[variant]), **kwargs))
+    return build_model_with_cfg(
+        PyramidVisionTransformer,
+        variant,
+        pretrained=False,
+        feature_cfg=dict(flatten_sequential=True),
+        **dict(dict(depths=SIZES[variant]), **kwargs),
+    )
 
 
 @register_model
@@ -260,7 +340,8 @@ def pvt_v1_large(pretrained=False, **kwargs) -> PyramidVisionTransformer:
 
 # The family, as analysis, profile and report see it (locvit.models.family) -----------------------
 
-def read_sra(attn: SRAttention, x: torch.Tensor, feat_size: List[int]) -> tuple[str, torch.Tensor]:
+
+def read_sra(attn: SRAttention, x: torch.Tensor, feat_size: list[int]) -> tuple[str, torch.Tensor]:
     """Spatial-reduction attention: ``pooled_keys`` (B, H, N, N / R^2) where the keys come from the pooled
     grid (R > 1), else ``softmax`` (B, H, T, T) over the layer's own tokens (stage 4: class token + grid)."""
     if attn.pool is not None:
@@ -280,8 +361,11 @@ def _blocks(model: PyramidVisionTransformer) -> list[nn.Module]:
 
 
 def _sites(model: PyramidVisionTransformer) -> list[AttentionSite]:
-    return [AttentionSite(block.attn, tuple(stage.feat_size), exact_reader(block.attn, {SRAttention: read_sra}))
-            for stage in model.stages for block in stage.blocks]
+    return [
+        AttentionSite(block.attn, tuple(stage.feat_size), exact_reader(block.attn, {SRAttention: read_sra}))
+        for stage in model.stages
+        for block in stage.blocks
+    ]
 
 
 def reduction_problems(model: PyramidVisionTransformer) -> list[str]:
@@ -293,15 +377,28 @@ def reduction_problems(model: PyramidVisionTransformer) -> list[str]:
         (h, w), sr = stage.feat_size, stage.blocks[0].attn.sr
         r = sr.kernel_size[0] if sr is not None else 1
         if h % r or w % r:
-            problems.append(f"stage {i + 1}: its {h}x{w} grid is {'smaller than' if min(h, w) < r else 'not a multiple of'} "
-                            f"its key reduction {r} (sr_ratios[{i}]); choose kwargs.sr_ratios dividing each stage's "
-                            f"grid, or a larger image or smaller patch_size")
+            problems.append(
+                f"stage {i + 1}: its {h}x{w} grid is {'smaller than' if min(h, w) < r else 'not a multiple of'} "
+                f"its key reduction {r} (sr_ratios[{i}]); choose kwargs.sr_ratios dividing each stage's "
+                f"grid, or a larger image or smaller patch_size"
+            )
     return problems
 
 
-register_family(Family("pvt_v1", "PVT", PyramidVisionTransformer, "none in the attention: global attention over "
-                       "keys pooled by a strided conv (8x8, 4x4, 2x2 cells of the grid in stages 1-3); a "
-                       "pyramid of shrinking grids", _blocks, _sites, models=("pvt_v1_",), kinds=(POOLED, SOFTMAX),
-                       check=reduction_problems))
+register_family(
+    Family(
+        "pvt_v1",
+        "PVT",
+        PyramidVisionTransformer,
+        "none in the attention: global attention over "
+        "keys pooled by a strided conv (8x8, 4x4, 2x2 cells of the grid in stages 1-3); a "
+        "pyramid of shrinking grids",
+        _blocks,
+        _sites,
+        models=("pvt_v1_",),
+        kinds=(POOLED, SOFTMAX),
+        check=reduction_problems,
+    )
+)
 
 __all__ = ["PyramidVisionTransformer", "PvtBlock", "PvtStage", "read_sra", "CIFAR", "SIZES"]

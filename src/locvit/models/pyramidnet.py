@@ -68,12 +68,21 @@ class PyramidBottleneck(nn.Module):
 class PyramidNet(CifarCnn):
     """Bottleneck PyramidNet-``depth`` with widening step ``alpha`` for 32 x 32 images (module docstring)."""
 
-    def __init__(self, depth: int = 164, alpha: float = 48, num_classes: int = 10, in_chans: int = 3,
-                 global_pool: str = "avg", drop_rate: float = 0.0):
+    def __init__(
+        self,
+        depth: int = 164,
+        alpha: float = 48,
+        num_classes: int = 10,
+        in_chans: int = 3,
+        global_pool: str = "avg",
+        drop_rate: float = 0.0,
+    ):
         super().__init__()
         if depth < 11 or (depth - 2) % 9:
-            raise InputError(f"depth: {depth} is not a bottleneck PyramidNet depth; use 9n + 2 with n >= 1 "
-                             "(11, 29, 110, 164, 272, ...)")
+            raise InputError(
+                f"depth: {depth} is not a bottleneck PyramidNet depth; use 9n + 2 with n >= 1 "
+                "(11, 29, 110, 164, 272, ...)"
+            )
         n = (depth - 2) // 9
         step = alpha / (3 * n)
         self.num_classes = num_classes
@@ -100,11 +109,25 @@ def pyramidnet164_a48(pretrained=False, **kwargs) -> PyramidNet:
     """Bottleneck PyramidNet-164, alpha 48 (LSA Table 3's Pyramid-164-48: 1.7M)."""
     if pretrained:
         raise ValueError("pyramidnet164_a48: no pretrained weights; use pretrained=False")
-    return build_model_with_cfg(PyramidNet, "pyramidnet164_a48", pretrained=False,
-                                feature_cfg=dict(flatten_sequential=True), **dict(dict(depth=164, alpha=48), **kwargs))
+    return build_model_with_cfg(
+        PyramidNet,
+        "pyramidnet164_a48",
+        pretrained=False,
+        feature_cfg=dict(flatten_sequential=True),
+        **dict(dict(depth=164, alpha=48), **kwargs),
+    )
 
 
-register_family(Family("pyramidnet", "PyramidNet", PyramidNet, "convolution: 3x3 kernels (no attention layers)",
-                       lambda m: [], lambda m: [], models=("pyramidnet",)))
+register_family(
+    Family(
+        "pyramidnet",
+        "PyramidNet",
+        PyramidNet,
+        "convolution: 3x3 kernels (no attention layers)",
+        lambda m: [],
+        lambda m: [],
+        models=("pyramidnet",),
+    )
+)
 
 __all__ = ["PyramidNet", "PyramidBottleneck"]

@@ -38,8 +38,10 @@ def swin_blocks(model: SwinTransformer) -> list[nn.Module]:
 
 def swin_sites(model: SwinTransformer) -> list[AttentionSite]:
     """One site per block, over one window's grid (the window timm settled on for the stage)."""
-    return [AttentionSite(b.attn, tuple(b.window_size), exact_reader(b.attn, {WindowAttention: read_window}))
-            for b in swin_blocks(model)]
+    return [
+        AttentionSite(b.attn, tuple(b.window_size), exact_reader(b.attn, {WindowAttention: read_window}))
+        for b in swin_blocks(model)
+    ]
 
 
 def window_problems(model: SwinTransformer) -> list[str]:
@@ -49,10 +51,12 @@ def window_problems(model: SwinTransformer) -> list[str]:
         block = stage.blocks[0]
         grid, window = tuple(block.input_resolution), tuple(block.window_size)
         if any(g % w for g, w in zip(grid, window)):
-            problems.append(f"stage {i}: window {window[0]}x{window[1]} does not divide its {grid[0]}x{grid[1]} "
-                            f"grid; choose kwargs.window_size dividing the first stage's grid "
-                            f"({model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]}), e.g. "
-                            f"{_dividing(model.patch_embed.grid_size[0])}")
+            problems.append(
+                f"stage {i}: window {window[0]}x{window[1]} does not divide its {grid[0]}x{grid[1]} "
+                f"grid; choose kwargs.window_size dividing the first stage's grid "
+                f"({model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]}), e.g. "
+                f"{_dividing(model.patch_embed.grid_size[0])}"
+            )
     return problems
 
 
@@ -66,11 +70,26 @@ def _dividing(side: int) -> int:
 
 def _summary(model: SwinTransformer) -> dict:
     blocks = swin_blocks(model)
-    return {"swin": {"window": [int(stage.blocks[0].window_size[0]) for stage in model.layers],
-                     "shifted_blocks": sum(1 for b in blocks if any(b.shift_size)),
-                     "stages": [len(stage.blocks) for stage in model.layers]}}
+    return {
+        "swin": {
+            "window": [int(stage.blocks[0].window_size[0]) for stage in model.layers],
+            "shifted_blocks": sum(1 for b in blocks if any(b.shift_size)),
+            "stages": [len(stage.blocks) for stage in model.layers],
+        }
+    }
 
 
-register_family(Family("swin", "Swin", SwinTransformer, "self-attention inside local windows, shifted every "
-                       "other block; patches merged between stages", swin_blocks, swin_sites, options=_summary,
-                       models=("swin_",), kinds=(BLOCK,), check=window_problems))
+register_family(
+    Family(
+        "swin",
+        "Swin",
+        SwinTransformer,
+        "self-attention inside local windows, shifted every other block; patches merged between stages",
+        swin_blocks,
+        swin_sites,
+        options=_summary,
+        models=("swin_",),
+        kinds=(BLOCK,),
+        check=window_problems,
+    )
+)

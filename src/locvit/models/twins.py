@@ -29,8 +29,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.models.twins import GlobalSubSampleAttn, LocallyGroupedAttn, Twins
 
-from locvit.models.family import (BLOCK, POOLED, SOFTMAX, AttentionSite, Family, exact_reader, register_family,
-                                  softmax_map)
+from locvit.models.family import (
+    BLOCK,
+    POOLED,
+    SOFTMAX,
+    AttentionSite,
+    Family,
+    exact_reader,
+    register_family,
+    softmax_map,
+)
 
 #: Twins-SVT-S at 32 x 32: a 16 x 16 grid of 2-pixel patches, windows dividing every stage's grid.
 CIFAR_32 = dict(img_size=32, patch_size=2, wss=(4, 4, 2, 2))
@@ -89,21 +97,40 @@ def window_problems(model: Twins) -> list[str]:
         ws = {b.attn.ws for b in stage if isinstance(b.attn, LocallyGroupedAttn)}
         for w in sorted(ws):
             if grid[0] % w or grid[1] % w:
-                problems.append(f"stage {i}: window {w}x{w} does not divide its {grid[0]}x{grid[1]} grid; choose "
-                                "kwargs.wss (one window per stage) dividing each stage's grid, or a smaller "
-                                "kwargs.patch_size")
+                problems.append(
+                    f"stage {i}: window {w}x{w} does not divide its {grid[0]}x{grid[1]} grid; choose "
+                    "kwargs.wss (one window per stage) dividing each stage's grid, or a smaller "
+                    "kwargs.patch_size"
+                )
     return problems
 
 
 def _summary(model: Twins) -> dict:
     blocks = twins_blocks(model)
-    return {"twins": {"windows": sorted({int(b.attn.ws) for b in blocks if isinstance(b.attn, LocallyGroupedAttn)}),
-                      "sr_ratios": [next((int(b.attn.sr_ratio) for b in s if isinstance(b.attn, GlobalSubSampleAttn)),
-                                         None) for s in model.blocks],
-                      "stages": [len(s) for s in model.blocks]}}
+    return {
+        "twins": {
+            "windows": sorted({int(b.attn.ws) for b in blocks if isinstance(b.attn, LocallyGroupedAttn)}),
+            "sr_ratios": [
+                next((int(b.attn.sr_ratio) for b in s if isinstance(b.attn, GlobalSubSampleAttn)), None)
+                for s in model.blocks
+            ],
+            "stages": [len(s) for s in model.blocks],
+        }
+    }
 
 
-register_family(Family("twins", "Twins", Twins, "locally-grouped attention inside windows alternating with "
-                       "global attention over a pooled grid (Twins-SVT); pooled global attention only (PCPVT)",
-                       twins_blocks, twins_sites, options=_summary, models=("twins_",),
-                       kinds=(BLOCK, POOLED, SOFTMAX), check=window_problems))
+register_family(
+    Family(
+        "twins",
+        "Twins",
+        Twins,
+        "locally-grouped attention inside windows alternating with "
+        "global attention over a pooled grid (Twins-SVT); pooled global attention only (PCPVT)",
+        twins_blocks,
+        twins_sites,
+        options=_summary,
+        models=("twins_",),
+        kinds=(BLOCK, POOLED, SOFTMAX),
+        check=window_problems,
+    )
+)

@@ -47,8 +47,7 @@ class WideBasic(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_chs)
         self.drop = nn.Dropout(drop_rate)
         self.conv2 = nn.Conv2d(out_chs, out_chs, 3, 1, 1, bias=False)
-        self.shortcut = nn.Conv2d(in_chs, out_chs, 1, stride, bias=False) if in_chs != out_chs or stride != 1 \
-            else None
+        self.shortcut = nn.Conv2d(in_chs, out_chs, 1, stride, bias=False) if in_chs != out_chs or stride != 1 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         o = F.relu(self.bn1(x))
@@ -60,8 +59,16 @@ class WideBasic(nn.Module):
 class WideResNet(CifarCnn):
     """WRN-``depth``-``widen_factor`` for 32 x 32 images (module docstring)."""
 
-    def __init__(self, depth: int = 28, widen_factor: int = 10, num_classes: int = 10, in_chans: int = 3,
-                 global_pool: str = "avg", drop_rate: float = 0.0, block_drop_rate: float = 0.0):
+    def __init__(
+        self,
+        depth: int = 28,
+        widen_factor: int = 10,
+        num_classes: int = 10,
+        in_chans: int = 3,
+        global_pool: str = "avg",
+        drop_rate: float = 0.0,
+        block_drop_rate: float = 0.0,
+    ):
         super().__init__()
         if depth < 10 or (depth - 4) % 6:
             raise InputError(f"depth: {depth} is not a WRN depth; use 6n + 4 with n >= 1 (10, 16, 22, 28, 40, ...)")
@@ -71,8 +78,14 @@ class WideResNet(CifarCnn):
         self.stem = nn.Conv2d(in_chans, 16, 3, 1, 1, bias=False)
         stages, chs, self.feature_info, reduction = [], 16, [], 1
         for i, (width, stride) in enumerate(zip(widths, (1, 2, 2))):
-            stages.append(nn.Sequential(*[WideBasic(chs if j == 0 else width, width, stride if j == 0 else 1,
-                                                    block_drop_rate) for j in range(n)]))
+            stages.append(
+                nn.Sequential(
+                    *[
+                        WideBasic(chs if j == 0 else width, width, stride if j == 0 else 1, block_drop_rate)
+                        for j in range(n)
+                    ]
+                )
+            )
             chs, reduction = width, reduction * stride
             self.feature_info.append(dict(num_chs=width, reduction=reduction, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
@@ -85,8 +98,9 @@ default_cfgs = generate_default_cfgs({name: cifar_cfg("stem") for name in ("wrn_
 def _create(variant: str, pretrained: bool = False, **kwargs) -> WideResNet:
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights; use pretrained=False")
-    return build_model_with_cfg(WideResNet, variant, pretrained=False, feature_cfg=dict(flatten_sequential=True),
-                                **kwargs)
+    return build_model_with_cfg(
+        WideResNet, variant, pretrained=False, feature_cfg=dict(flatten_sequential=True), **kwargs
+    )
 
 
 @register_model
@@ -101,7 +115,16 @@ def wrn_16_2(pretrained=False, **kwargs) -> WideResNet:
     return _create("wrn_16_2", pretrained, **dict(dict(depth=16, widen_factor=2), **kwargs))
 
 
-register_family(Family("wrn", "WRN", WideResNet, "convolution: 3x3 kernels (no attention layers)",
-                       lambda m: [], lambda m: [], models=("wrn_",)))
+register_family(
+    Family(
+        "wrn",
+        "WRN",
+        WideResNet,
+        "convolution: 3x3 kernels (no attention layers)",
+        lambda m: [],
+        lambda m: [],
+        models=("wrn_",),
+    )
+)
 
 __all__ = ["WideResNet", "WideBasic"]

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from locvit.io import write_json, write_text
 from locvit.layout import REPORT_FILES, StudyLayout
@@ -41,9 +41,16 @@ log = logging.getLogger(__name__)
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui` / `mlflow server` default address
 
 
-def build_report(config: dict, study_dir: str | Path, out_dir: str | Path, log_to_mlflow: bool = True,
-                 extra_studies: Sequence[tuple[dict, str | Path]] = (), tracking_db: str | Path | None = None,
-                 ui_base: str | None = None, params_file: str | Path | None = None) -> dict:
+def build_report(
+    config: dict,
+    study_dir: str | Path,
+    out_dir: str | Path,
+    log_to_mlflow: bool = True,
+    extra_studies: Sequence[tuple[dict, str | Path]] = (),
+    tracking_db: str | Path | None = None,
+    ui_base: str | None = None,
+    params_file: str | Path | None = None,
+) -> dict:
     """Write the study's report; return what report.json records.
 
     Args:
@@ -92,8 +99,11 @@ def build_report(config: dict, study_dir: str | Path, out_dir: str | Path, log_t
     index.append("## Figures\n")
     for fig in figures:
         report["figures"][fig.name] = {
-            "png": _rel(fig.png, out_dir), "pdf": _rel(fig.pdf, out_dir) if fig.pdf else None,
-            "caption": fig.caption, "variant": fig.variant}
+            "png": _rel(fig.png, out_dir),
+            "pdf": _rel(fig.pdf, out_dir) if fig.pdf else None,
+            "caption": fig.caption,
+            "variant": fig.variant,
+        }
         index += [f"![{fig.name}]({_rel(fig.png, out_dir)})", "", fig.caption, ""]
     if client:
         started = time.perf_counter()
@@ -120,13 +130,18 @@ def write_variant_metrics(study: Study, folder: Path) -> None:
         stale.unlink()
     for v in study.variants.values():
         acc, profile, speed = v.acc(), v.profile or {}, (study.throughput or {}).get(v.name, {})
-        locality = {key: [a[key] for a in v.analyses.values() if a.get(key) is not None]
-                    for key in ("als_mean", "mad_mean")}
-        values = {"test_top1_mean": acc.mean, "test_top1_std": acc.std,
-                  "params_m": profile["params"] / 1e6 if "params" in profile else None,
-                  "gmacs": profile.get("gmacs"), "infer_img_s": speed.get("img_s_median"),
-                  "img_s_vs_baseline": speed.get("ratio_vs_baseline"),
-                  **{key: sum(xs) / len(xs) if xs else None for key, xs in locality.items()}}
+        locality = {
+            key: [a[key] for a in v.analyses.values() if a.get(key) is not None] for key in ("als_mean", "mad_mean")
+        }
+        values = {
+            "test_top1_mean": acc.mean,
+            "test_top1_std": acc.std,
+            "params_m": profile["params"] / 1e6 if "params" in profile else None,
+            "gmacs": profile.get("gmacs"),
+            "infer_img_s": speed.get("img_s_median"),
+            "img_s_vs_baseline": speed.get("ratio_vs_baseline"),
+            **{key: sum(xs) / len(xs) if xs else None for key, xs in locality.items()},
+        }
         write_json(folder / f"{v.name}.json", {k: round(float(x), 4) for k, x in values.items() if x is not None})
 
 
@@ -134,14 +149,24 @@ def _figures(study: Study, extra_studies, out_dir: Path, skipped: dict) -> list[
     figures = []
     studies = [study] + [load_study(p, d) for p, d in extra_studies]
     for name, draw, why in (
-            ("curves", lambda: plots.curves(study, out_dir), "no training history (runs/*/metrics.json)"),
-            ("attention_distance", lambda: plots.attention_distance(study, out_dir),
-             "no analysis with a mean attention distance (analysis/*/seed*.json)"),
-            ("accuracy_vs_depth", lambda: plots.accuracy_vs_depth(study, out_dir),
-             "needs one family at two or more depths (with profiles and evaluations)"),
-            ("accuracy_vs_fraction", lambda: plots.accuracy_vs_fraction(studies, out_dir),
-             "needs a variant trained on two or more fractions of the training split (train_fractions, or other "
-             "studies' data.train_fraction passed as extra_studies)")):
+        ("curves", lambda: plots.curves(study, out_dir), "no training history (runs/*/metrics.json)"),
+        (
+            "attention_distance",
+            lambda: plots.attention_distance(study, out_dir),
+            "no analysis with a mean attention distance (analysis/*/seed*.json)",
+        ),
+        (
+            "accuracy_vs_depth",
+            lambda: plots.accuracy_vs_depth(study, out_dir),
+            "needs one family at two or more depths (with profiles and evaluations)",
+        ),
+        (
+            "accuracy_vs_fraction",
+            lambda: plots.accuracy_vs_fraction(studies, out_dir),
+            "needs a variant trained on two or more fractions of the training split (train_fractions, or other "
+            "studies' data.train_fraction passed as extra_studies)",
+        ),
+    ):
         fig = draw()
         if fig:
             figures.append(fig)
@@ -197,8 +222,10 @@ def _run_links(client, study: Study, ui_base: str) -> RunLink:
     with tracking.bounded_http():
         experiments, unknown = tracking.experiments_of(client, run_ids)
     if unknown:
-        log.warning(f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
-                      "their tables show the run id without a link")
+        log.warning(
+            f"{len(unknown)} MLflow run(s) not in the tracking backend (e.g. {unknown[0]}); "
+            "their tables show the run id without a link"
+        )
     return {run_id: tracking.ui_link(ui_base, exp, run_id) for run_id, exp in experiments.items()}.get
 
 
@@ -210,9 +237,10 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
     """The study's MLflow run tree settled (:func:`locvit.tracking.tree.adopt`) and filled: each variant
     run gets its row of results.csv as metrics at step 0 (the file's values, so a row of the UI's table
     reads as the file does) with its verdict and reference as tags, the throughput job's ratio to the
-    baseline, and its seeds' mean training curves (:data:`CURVES`, step = epoch); the study run gets the params file and the report (tables, figures) as artifacts. Both
-    are marked FINISHED. A re-run of the report updates the same runs. Returns the ids and links
-    (study run, compare view of the variant runs), or the error when the backend failed."""
+    baseline, and its seeds' mean training curves (:data:`CURVES`, step = epoch); the study run gets the params file
+    and the report (tables, figures) as artifacts. Both are marked FINISHED. A re-run of the report updates the
+    same runs. Returns the ids and links (study run, compare view of the variant runs), or the error when the
+    backend failed."""
     from locvit import tracking
     from locvit.report.tables import read_results_csv
     from locvit.tracking import tree
@@ -230,9 +258,16 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
                 tracking.log_metrics(run_id, metrics, step=0)
                 for epoch, means in _mean_history(study.variants[row["variant"]]).items():  # the compare view's curves
                     tracking.log_metrics(run_id, means, step=epoch)
-                tracking.set_tags(run_id, {"verdict": row["verdict"], "reference": row["reference"] or "–",
-                                           "model": row["model"], "holm_family": row.get("holm_family") or "–",
-                                           "within_margin": row.get("within_margin") or "–"})
+                tracking.set_tags(
+                    run_id,
+                    {
+                        "verdict": row["verdict"],
+                        "reference": row["reference"] or "–",
+                        "model": row["model"],
+                        "holm_family": row.get("holm_family") or "–",
+                        "within_margin": row.get("within_margin") or "–",
+                    },
+                )
                 tracking.retry(client.set_terminated, run_id, status="FINISHED")
             study_id = ids[""]
             for run in tree.find(client, exp, {tree.ROLE: "variant", "study": study.name}):
@@ -250,9 +285,13 @@ def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | 
         log.warning(f"the study's MLflow run tree was not updated ({type(err).__name__}: {err})")
         return {"error": f"{type(err).__name__}: {err}"}
     variant_ids = [ids[v] for v in study.variants]
-    return {"study_run": study_id, "variant_runs": {v: ids[v] for v in study.variants},
-            "study_link": tracking.ui_link(ui_base, exp, study_id),
-            "compare_link": tracking.compare_link(ui_base, exp, variant_ids), "failed": failed}
+    return {
+        "study_run": study_id,
+        "variant_runs": {v: ids[v] for v in study.variants},
+        "study_link": tracking.ui_link(ui_base, exp, study_id),
+        "compare_link": tracking.compare_link(ui_base, exp, variant_ids),
+        "failed": failed,
+    }
 
 
 #: The per-epoch metrics a variant's run carries as the mean over its seeds (its curves in the UI).
@@ -272,8 +311,16 @@ def _mean_history(variant) -> dict[int, dict[str, float]]:
 
 
 #: results.csv's columns that are not numbers (tags, or not for MLflow).
-RESULT_TEXT = {"variant", "reference", "verdict", "mlflow_run_ids", "missing_seeds", "model", "within_margin",
-               "holm_family"}
+RESULT_TEXT = {
+    "variant",
+    "reference",
+    "verdict",
+    "mlflow_run_ids",
+    "missing_seeds",
+    "model",
+    "within_margin",
+    "holm_family",
+}
 
 
 def _log_figures(client, study: Study, figures: list[plots.FigureFile]) -> dict:

@@ -25,14 +25,16 @@ CutMix, and match only a variant whose recipe agrees (Table 4's rows A and B are
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from locvit.report.render import Missing, Table
 from locvit.report.reported import QUANTITIES, paper_cells, paper_columns, paper_formats, paper_row
 from locvit.report.study import PROTOCOL_TEXT, Acc, Study, Variant, masked, missing_text, size_key
 
-ACC_NOTE = ("Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
-            "difference of the mean to the study's baseline variant")
+ACC_NOTE = (
+    "Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+    "difference of the mean to the study's baseline variant"
+)
 SCHEME_ORDER = ("sch1", "sch2", "sch3", "mixed", "all")
 SCHEME_NAMES = {"sch1": "Sch.1", "sch2": "Sch.2", "sch3": "Sch.3", "mixed": "mixed", "all": "all heads"}
 
@@ -51,8 +53,9 @@ def _placed(study: Study, families: tuple[str, ...]) -> tuple[list[Variant], lis
             if v.arch:
                 found.append(v)
             else:
-                notes.append(f"not placed: {v.name} ({missing_text(v.name, [], 'profile')}, so its architecture "
-                              "is unknown)")
+                notes.append(
+                    f"not placed: {v.name} ({missing_text(v.name, [], 'profile')}, so its architecture is unknown)"
+                )
     return found, notes
 
 
@@ -101,8 +104,11 @@ def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple
             if v is not None:
                 sources.append(f"{labels[key]} / {col}: {v.name}")
         rows.append(row)
-    notes = ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
-             "difference to DeiT of the same size (the study's comparison: its Holm family is named below).", "Cells: " + "; ".join(sources)] + notes
+    notes = [
+        "Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+        "difference to DeiT of the same size (the study's comparison: its Holm family is named below).",
+        "Cells: " + "; ".join(sources),
+    ] + notes
     return Table(name, title, caption, ["Model size"] + cols, rows, notes)
 
 
@@ -132,10 +138,15 @@ def mait_table2(study: Study) -> Table | str:
 
     entries, notes, n_mait = _mait_rows(study, kind)
     if not n_mait or len(entries) < 2:
-        return _why("needs a MaiT variant with one hard-masked head per layer or a soft (MaiT+) variant, and a "
-                    f"second variant to compare (DeiT of the same size or another MaiT); found {len(entries)}", notes)
-    caption = ("Top-1 by attention-mask shape: DeiT, MaiT with one hard-masked head in every layer (kh x kw "
-               "neighbourhood), and MaiT+ with soft masks (learned alpha), per model size.")
+        return _why(
+            "needs a MaiT variant with one hard-masked head per layer or a soft (MaiT+) variant, and a "
+            f"second variant to compare (DeiT of the same size or another MaiT); found {len(entries)}",
+            notes,
+        )
+    caption = (
+        "Top-1 by attention-mask shape: DeiT, MaiT with one hard-masked head in every layer (kh x kw "
+        "neighbourhood), and MaiT+ with soft masks (learned alpha), per model size."
+    )
     return _grid(study, "mait_table2", "MaiT Table 2: top-1 by mask shape", caption, entries, notes)
 
 
@@ -159,11 +170,16 @@ def scheme_label(mask: dict) -> tuple[str, tuple]:
 def mait_table3(study: Study) -> Table | str:
     entries, notes, n_mait = _mait_rows(study, scheme_label)
     if not n_mait or len(entries) < 2:
-        return _why("needs a masked MaiT variant and a second variant to compare (DeiT or another scheme); "
-                    f"found {len(entries)}", notes)
-    caption = ("Top-1 by masking scheme per model size: Sch.1 one hard head in every layer, Sch.2 H-1 heads in the "
-               "first third and one in the middle, Sch.3 soft masks in the first 7/8 of the layers, mixed every head "
-               "in the first third and one after, custom per-layer lists (e.g. from the ALS search), soft masks last.")
+        return _why(
+            "needs a masked MaiT variant and a second variant to compare (DeiT or another scheme); "
+            f"found {len(entries)}",
+            notes,
+        )
+    caption = (
+        "Top-1 by masking scheme per model size: Sch.1 one hard head in every layer, Sch.2 H-1 heads in the "
+        "first third and one in the middle, Sch.3 soft masks in the first 7/8 of the layers, mixed every head "
+        "in the first third and one after, custom per-layer lists (e.g. from the ALS search), soft masks last."
+    )
     return _grid(study, "mait_table3", "MaiT Table 3: top-1 by masking scheme", caption, entries, notes)
 
 
@@ -181,41 +197,70 @@ def mait_table4(study: Study) -> Table | str:
     for v in ordered:
         star = "*" if v.arch and v.family.startswith("mait") and v.arch.get("layer_scale") else ""
         profile = v.profile
-        rows.append([v.name + star, v.display,
-                     v.arch["depth"] if v.arch else Missing(f"{v.name} profile"), _params_m(v),
-                     profile["gmacs"] if profile else Missing(f"{v.name} profile"), study.acc(v)])
+        rows.append(
+            [
+                v.name + star,
+                v.display,
+                v.arch["depth"] if v.arch else Missing(f"{v.name} profile"),
+                _params_m(v),
+                profile["gmacs"] if profile else Missing(f"{v.name} profile"),
+                study.acc(v),
+            ]
+        )
     if any(row[0].endswith("*") for row in rows):
         notes.append("* = MaiT with LayerScale (MaiT* in the paper).")
     sizes = sorted({tuple(v.profile["input_size"]) for v in variants if v.profile})
     shape = ", ".join("x".join(map(str, s)) for s in sizes) or "the input size (no profile found)"
-    notes.append(f"GMACs: multiply-accumulates for one image of {shape}, attention matmuls included (the MaiT "
-                 "paper's 'GFLOPs' are these MACs, as timm counts them).")
+    notes.append(
+        f"GMACs: multiply-accumulates for one image of {shape}, attention matmuls included (the MaiT "
+        "paper's 'GFLOPs' are these MACs, as timm counts them)."
+    )
     caption = "Layers (attention blocks), parameters, compute and top-1 of every variant of the study, by size."
     header, formats = ["Model", "Family", "Layers", "Params (M)", "GMACs", "Top-1 (%)"], {3: ".3f", 4: ".3f"}
-    header, formats = _beside_the_paper(study, "MaiT", ordered, rows, header, formats, notes,
-                                        lambda v, row: dict(top1=row[5].mean, params_m=row[3], gflops=row[4]))
+    header, formats = _beside_the_paper(
+        study,
+        "MaiT",
+        ordered,
+        rows,
+        header,
+        formats,
+        notes,
+        lambda v, row: dict(top1=row[5].mean, params_m=row[3], gflops=row[4]),
+    )
     return Table("mait_table4", "MaiT Table 4: layers, params, GMACs, top-1", caption, header, rows, notes, formats)
 
 
-def _beside_the_paper(study: Study, paper: str, variants: list[Variant], rows: list[list], header: list[str],
-                      formats: dict[int, str], notes: list[str], ours: Callable[[Variant, list], dict],
-                      table: int | None = None):
+def _beside_the_paper(
+    study: Study,
+    paper: str,
+    variants: list[Variant],
+    rows: list[list],
+    header: list[str],
+    formats: dict[int, str],
+    notes: list[str],
+    ours: Callable[[Variant, list], dict],
+    table: int | None = None,
+):
     """Append ``paper``'s columns to ``rows`` (one per variant, in order) where a variant is a model of the
     paper's tables (of its ``table``, when given) on the study's dataset, trained with the recipe the row names
     (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``: our value of each quantity. Returns the new
     header and formats; nothing changes when no variant matches."""
-    found = [paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction, v.recipe, table)
-             for v in variants]
+    found = [
+        paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction, v.recipe, table)
+        for v in variants
+    ]
     if not any(found):
         return header, formats
     quantities = tuple(q for q, _, _ in QUANTITIES if any(r is not None and r.get(q) is not None for r in found))
     for v, row, match in zip(variants, rows, found):
         mine = ours(v, row)
         row += paper_cells(match, {q: mine.get(q) for q in quantities})
-    notes.append(f"Paper columns: what the {paper} paper reports for the variant's model on {study.dataset} "
-                 "(src/locvit/report/papers_reported.yaml names each value's table and row); Δ = ours minus the "
-                 "paper's (top-1 in points, from the mean over seeds). The paper measured throughput on its own GPU; "
-                 "its GFLOPs are multiply-accumulates, as our GMACs. '–': not in the paper's table, or not given.")
+    notes.append(
+        f"Paper columns: what the {paper} paper reports for the variant's model on {study.dataset} "
+        "(src/locvit/report/papers_reported.yaml names each value's table and row); Δ = ours minus the "
+        "paper's (top-1 in points, from the mean over seeds). The paper measured throughput on its own GPU; "
+        "its GFLOPs are multiply-accumulates, as our GMACs. '–': not in the paper's table, or not given."
+    )
     return header + paper_columns(quantities), {**formats, **paper_formats(len(header), quantities)}
 
 
@@ -234,20 +279,34 @@ def lsa_table3(study: Study) -> Table | str:
         rows.append([v.name, v.display, _params_m(v), through, ratio, study.acc(v)])
     batch = study.config["profile_batch"]
     head = f"Throughput (img/s, {devices[0]}, batch {batch})" if len(devices) == 1 else "Throughput (img/s)"
-    caption = (f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
-               "baselines of the study.")
+    caption = (
+        f"Parameters, inference throughput and test accuracy on {study.dataset} of the LSA variants and the "
+        "baselines of the study."
+    )
     rounds = sorted({row["rounds"] for row in measured.values()})
-    note = (f"Throughput: inference images/s, the median of {', '.join(map(str, rounds))} rounds in which the "
+    note = (
+        (
+            f"Throughput: inference images/s, the median of {', '.join(map(str, rounds))} rounds in which the "
             "throughput job timed every variant side by side in one process, alone on the machine; the ratio to "
             f"the baseline ({study.baseline or 'none'}) is the median of the rounds' ratios "
-            "(report/throughput.csv has each variant's lowest and highest round).") if measured else \
-        "Throughput: report/throughput.csv is missing (the throughput job has not run)."
+            "(report/throughput.csv has each variant's lowest and highest round)."
+        )
+        if measured
+        else "Throughput: report/throughput.csv is missing (the throughput job has not run)."
+    )
     notes = [f"{ACC_NOTE}.", note]
     header, formats = _beside_the_paper(
-        study, "LSA", ordered, rows, ["Method", "Family", "#Params (M)", head, "× baseline", f"{study.dataset} (%)"],
-        {2: ".3f", 3: ".1f", 4: ".3f"}, notes,
-        lambda v, row: dict(top1=row[5].mean, params_m=row[2], throughput=row[3],
-                            gflops=v.profile["gmacs"] if v.profile else None))
+        study,
+        "LSA",
+        ordered,
+        rows,
+        ["Method", "Family", "#Params (M)", head, "× baseline", f"{study.dataset} (%)"],
+        {2: ".3f", 3: ".1f", 4: ".3f"},
+        notes,
+        lambda v, row: dict(
+            top1=row[5].mean, params_m=row[2], throughput=row[3], gflops=v.profile["gmacs"] if v.profile else None
+        ),
+    )
     return Table("lsa_table3", f"LSA Table 3: accuracy on {study.dataset}", caption, header, rows, notes, formats)
 
 
@@ -262,14 +321,31 @@ def lsa_table5(study: Study) -> Table | str:
     for v in sorted(lsa, key=lambda v: v.arch["lsa"]["num_shifts"]):
         cfg = v.arch["lsa"]
         shifted = cfg["num_shifts"] > 1  # "none" keeps only the unshifted image: no local block
-        rows.append([v.name, cfg["num_shifts"] if shifted else 0, cfg["shift_mode"] if shifted else None,
-                     cfg["pos_embed"] if shifted else None, shifted, _params_m(v), study.acc(v)])
-    caption = ("The LSA ablation: number of shifted variants, how they are made (conv = a conv per variant, "
-               "translate = pre-shifted images and one conv), positional embedding per variant or shared, and "
-               "whether the local block attends over the variants.")
-    return Table("lsa_table5", "LSA Table 5: ablation", caption,
-                 ["Variant", "#Shifting", "Shift mode", "Pos. embed.", "Local block", "#Params (M)",
-                  f"{study.dataset} (%)"], rows, [f"{ACC_NOTE}."] + notes, {5: ".3f"})
+        rows.append(
+            [
+                v.name,
+                cfg["num_shifts"] if shifted else 0,
+                cfg["shift_mode"] if shifted else None,
+                cfg["pos_embed"] if shifted else None,
+                shifted,
+                _params_m(v),
+                study.acc(v),
+            ]
+        )
+    caption = (
+        "The LSA ablation: number of shifted variants, how they are made (conv = a conv per variant, "
+        "translate = pre-shifted images and one conv), positional embedding per variant or shared, and "
+        "whether the local block attends over the variants."
+    )
+    return Table(
+        "lsa_table5",
+        "LSA Table 5: ablation",
+        caption,
+        ["Variant", "#Shifting", "Shift mode", "Pos. embed.", "Local block", "#Params (M)", f"{study.dataset} (%)"],
+        rows,
+        [f"{ACC_NOTE}."] + notes,
+        {5: ".3f"},
+    )
 
 
 def ibit_table3(study: Study) -> Table | str:
@@ -280,12 +356,22 @@ def ibit_table3(study: Study) -> Table | str:
     rows = [[v.display, v.name, study.acc(v), _params_m(v)] for v in chosen]
     caption = "IBiT against DeiT and ConViT: test top-1 and parameters."
     notes = [f"{ACC_NOTE}."]
-    header, formats = _beside_the_paper(study, "IBiT", chosen, rows, ["Model type", "Variant", "Top-1 (%)",
-                                                                      "#Params (M)"], {3: ".3f"}, notes,
-                                        lambda v, row: dict(top1=row[2].mean, params_m=row[3]), table=3)
+    header, formats = _beside_the_paper(
+        study,
+        "IBiT",
+        chosen,
+        rows,
+        ["Model type", "Variant", "Top-1 (%)", "#Params (M)"],
+        {3: ".3f"},
+        notes,
+        lambda v, row: dict(top1=row[2].mean, params_m=row[3]),
+        table=3,
+    )
     if len(header) > 4:
-        notes.append("The paper trains IBiT without CutMix and DeiT with it: an IBiT variant trained with CutMix, "
-                     "or a DeiT without, has no paper row here (the paper's Table 4 has IBiT with CutMix).")
+        notes.append(
+            "The paper trains IBiT without CutMix and DeiT with it: an IBiT variant trained with CutMix, "
+            "or a DeiT without, has no paper row here (the paper's Table 4 has IBiT with CutMix)."
+        )
     return Table("ibit_table3", "IBiT Table 3: IBiT vs DeiT vs ConViT", caption, header, rows, notes, formats)
 
 
@@ -294,18 +380,39 @@ def ibit_table4(study: Study) -> Table | str:
     if not any(v.family == "ibit" for v in chosen) or len(chosen) < 2:
         return "needs an IBiT variant and a second IBiT or DeiT variant"
     chosen.sort(key=lambda v: (v.family != "ibit", v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0))
-    rows = [[f"{chr(ord('A') + i)} ({v.display})", v.name, v.family == "ibit",
-             v.recipe["cutmix"] > 0, v.recipe["mixup"] > 0, study.acc(v)] for i, v in enumerate(chosen)]
-    caption = ("The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
-               "CutMix (and MixUp), from each variant's resolved recipe.")
+    rows = [
+        [
+            f"{chr(ord('A') + i)} ({v.display})",
+            v.name,
+            v.family == "ibit",
+            v.recipe["cutmix"] > 0,
+            v.recipe["mixup"] > 0,
+            study.acc(v),
+        ]
+        for i, v in enumerate(chosen)
+    ]
+    caption = (
+        "The IBiT ablation: learned masks (IBiT) or plain attention (DeiT), trained with or without "
+        "CutMix (and MixUp), from each variant's resolved recipe."
+    )
     notes = [f"{ACC_NOTE}."]
     header, formats = _beside_the_paper(
-        study, "IBiT", chosen, rows, ["Configuration", "Variant", "Learnable masks", "CutMix", "MixUp", "Top-1 (%)"],
-        {}, notes, lambda v, row: dict(top1=row[5].mean), table=4)
+        study,
+        "IBiT",
+        chosen,
+        rows,
+        ["Configuration", "Variant", "Learnable masks", "CutMix", "MixUp", "Top-1 (%)"],
+        {},
+        notes,
+        lambda v, row: dict(top1=row[5].mean),
+        table=4,
+    )
     if len(header) > 6:
-        notes.append("The paper's row is the one with the variant's model (learned masks or not) and CutMix (on when "
-                     "the recipe's cutmix is > 0); the paper's Table 4 says nothing of MixUp, so it is not matched. "
-                     "Our configuration letters follow our variants, the paper's row its own.")
+        notes.append(
+            "The paper's row is the one with the variant's model (learned masks or not) and CutMix (on when "
+            "the recipe's cutmix is > 0); the paper's Table 4 says nothing of MixUp, so it is not matched. "
+            "Our configuration letters follow our variants, the paper's row its own."
+        )
     return Table("ibit_table4", "IBiT Table 4: learned masks and CutMix", caption, header, rows, notes, formats)
 
 
@@ -319,12 +426,22 @@ def data_efficiency(study: Study) -> Table | str:
     bases = list(dict.fromkeys(v.base for v in study.variants.values()))
     rows = [[b] + [study.acc(cells[(b, f)]) if (b, f) in cells else None for f in fractions] for b in bases]
     ref = study.variants[study.baseline].base if study.baseline else None
-    caption = (f"Test top-1 (%) of every variant at each fraction of the training split ({PROTOCOL_TEXT[study.fraction_protocol]}), "
-               "compared with the baseline at the same fraction.")
-    return Table("data_efficiency", f"Data efficiency on {study.dataset}: top-1 by training fraction", caption,
-                 ["Variant"] + [f"{100 * f:g}% of train" for f in fractions], rows,
-                 ["Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
-                  f"difference to {ref or 'the baseline'} at the same fraction (one Holm family per fraction)."])
+    caption = (
+        "Test top-1 (%) of every variant at each fraction of the training split "
+        f"({PROTOCOL_TEXT[study.fraction_protocol]}), "
+        "compared with the baseline at the same fraction."
+    )
+    return Table(
+        "data_efficiency",
+        f"Data efficiency on {study.dataset}: top-1 by training fraction",
+        caption,
+        ["Variant"] + [f"{100 * f:g}% of train" for f in fractions],
+        rows,
+        [
+            "Test top-1 (%): mean ± sample std over seeds (n = seeds found); (Δ [95 % interval], verdict) = the "
+            f"difference to {ref or 'the baseline'} at the same fraction (one Holm family per fraction)."
+        ],
+    )
 
 
 def _over_seeds(v: Variant, key: str):
@@ -345,23 +462,53 @@ def locality(study: Study) -> Table | str:
     if not any(v.analyses for v in variants):
         return "needs analysis files (the analyse step)"
     kernels = sorted({"x".join(map(str, a["als_kernel"])) for v in variants for a in v.analyses.values()})
-    rows = [[v.name, v.display, v.arch["prior"] if v.arch and "prior" in v.arch else Missing(f"{v.name} profile"),
-             _over_seeds(v, "als_mean"), _over_seeds(v, "mad_mean"), study.acc(v)] for v in variants]
-    caption = ("How local each variant's attention is: the Attention Locality Score (MaiT Eq. 3, the share of "
-               "a patch's attention inside its neighbourhood) and the mean attention distance in pixels (ViT Fig. 7), "
-               "both averaged over the layers with a patch grid and their heads; a variant without attention "
-               "layers (a CNN) says so.")
-    return Table("locality", "Locality: ALS and mean attention distance", caption,
-                 ["Variant", "Family", "Locality prior", f"ALS ({', '.join(kernels)})", "Mean attention distance (px)",
-                  "Top-1 (%)"], rows,
-                 ["ALS and distance: mean ± sample std over seeds of each run's mean over layers and heads, on the "
-                  "analysis images.", f"{ACC_NOTE}."])
+    rows = [
+        [
+            v.name,
+            v.display,
+            v.arch["prior"] if v.arch and "prior" in v.arch else Missing(f"{v.name} profile"),
+            _over_seeds(v, "als_mean"),
+            _over_seeds(v, "mad_mean"),
+            study.acc(v),
+        ]
+        for v in variants
+    ]
+    caption = (
+        "How local each variant's attention is: the Attention Locality Score (MaiT Eq. 3, the share of "
+        "a patch's attention inside its neighbourhood) and the mean attention distance in pixels (ViT Fig. 7), "
+        "both averaged over the layers with a patch grid and their heads; a variant without attention "
+        "layers (a CNN) says so."
+    )
+    return Table(
+        "locality",
+        "Locality: ALS and mean attention distance",
+        caption,
+        [
+            "Variant",
+            "Family",
+            "Locality prior",
+            f"ALS ({', '.join(kernels)})",
+            "Mean attention distance (px)",
+            "Top-1 (%)",
+        ],
+        rows,
+        [
+            "ALS and distance: mean ± sample std over seeds of each run's mean over layers and heads, on the "
+            "analysis images.",
+            f"{ACC_NOTE}.",
+        ],
+    )
 
 
-PAPER_TABLES: dict[str, Callable[[Study], "Table | str"]] = {
+PAPER_TABLES: dict[str, Callable[[Study], Table | str]] = {
     "locality": locality,
-    "mait_table2": mait_table2, "mait_table3": mait_table3, "mait_table4": mait_table4,
-    "lsa_table3": lsa_table3, "lsa_table5": lsa_table5, "ibit_table3": ibit_table3, "ibit_table4": ibit_table4,
+    "mait_table2": mait_table2,
+    "mait_table3": mait_table3,
+    "mait_table4": mait_table4,
+    "lsa_table3": lsa_table3,
+    "lsa_table5": lsa_table5,
+    "ibit_table3": ibit_table3,
+    "ibit_table4": ibit_table4,
     "data_efficiency": data_efficiency,
 }
 

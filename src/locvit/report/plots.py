@@ -38,7 +38,7 @@ class FigureFile:
     caption: str
     png: Path
     pdf: Path | None = None
-    variant: str | None = None   # set for per-variant figures (logged to that variant's MLflow runs)
+    variant: str | None = None  # set for per-variant figures (logged to that variant's MLflow runs)
 
 
 def save(fig: Figure, out_dir: Path, name: str, caption: str, pdf: bool, variant: str | None = None) -> FigureFile:
@@ -62,8 +62,9 @@ def _seeds_note(v: Variant, found: list[int]) -> str:
 
 def _heatmap(fig: Figure, ax, data: np.ndarray, xlabels, ylabels, vmin=0.0, vmax=1.0, annotate=None):
     cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
-    image = ax.imshow(np.ma.masked_invalid(data), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(
+        np.ma.masked_invalid(data), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto", interpolation="nearest"
+    )
     step = max(1, len(ylabels) // 12)
     ax.set_yticks(range(0, len(ylabels), step), [ylabels[i] for i in range(0, len(ylabels), step)])
     xstep = max(1, len(xlabels) // 12)
@@ -71,8 +72,15 @@ def _heatmap(fig: Figure, ax, data: np.ndarray, xlabels, ylabels, vmin=0.0, vmax
     if annotate if annotate is not None else data.size <= 64:
         for (i, j), value in np.ndenumerate(data):
             if np.isfinite(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if value < (vmin + vmax) / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if value < (vmin + vmax) / 2 else "black",
+                )
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
 
 
@@ -114,8 +122,13 @@ def curves(study: Study, out_dir: Path) -> FigureFile | None:
                 ax.plot(x, y, color=color, lw=0.7, alpha=0.5)
             if runs:
                 n = min(len(x) for x, _ in runs)  # mean over the epochs every seed reached
-                ax.plot(runs[0][0][:n], np.mean([y[:n] for _, y in runs], axis=0), color=color, lw=2,
-                        label=f"{v.name} (n={len(runs)})" if key == "train_loss" else None)
+                ax.plot(
+                    runs[0][0][:n],
+                    np.mean([y[:n] for _, y in runs], axis=0),
+                    color=color,
+                    lw=2,
+                    label=f"{v.name} (n={len(runs)})" if key == "train_loss" else None,
+                )
                 drawn = True
     if not drawn:
         return None
@@ -124,8 +137,10 @@ def curves(study: Study, out_dir: Path) -> FigureFile | None:
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.legend(loc="center left", bbox_to_anchor=(0.9, 0.5), fontsize=8)
-    caption = (f"Training curves of study {study.name}: training loss and validation top-1 per epoch for every "
-               "variant; thin lines are single seeds, thick lines their mean.")
+    caption = (
+        f"Training curves of study {study.name}: training loss and validation top-1 per epoch for every "
+        "variant; thin lines are single seeds, thick lines their mean."
+    )
     if missing:
         caption += " Not drawn: " + "; ".join(missing) + "."
     return save(fig, out_dir, "curves", caption, pdf=False)
@@ -149,10 +164,12 @@ def als(v: Variant, out_dir: Path) -> FigureFile | None:
     ax = fig.subplots()
     _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], labels)
     ax.set(xlabel="head", ylabel="layer", title=f"ALS: {v.name}")
-    caption = (f"Attention Locality Score of {v.name} per layer and head (MaiT Eq. 3, Fig. 3): the share of each "
-               f"patch's attention inside its {'x'.join(map(str, v.analyses[found[0]]['als_kernel']))} "
-               f"neighbourhood, mean over seeds {', '.join(map(str, found))}{_seeds_note(v, found)}. Layers "
-               "without a patch grid (class attention, shift blocks) are left out.")
+    caption = (
+        f"Attention Locality Score of {v.name} per layer and head (MaiT Eq. 3, Fig. 3): the share of each "
+        f"patch's attention inside its {'x'.join(map(str, v.analyses[found[0]]['als_kernel']))} "
+        f"neighbourhood, mean over seeds {', '.join(map(str, found))}{_seeds_note(v, found)}. Layers "
+        "without a patch grid (class attention, shift blocks) are left out."
+    )
     return save(fig, out_dir, f"als_{v.name}", caption, pdf=True, variant=v.name)
 
 
@@ -175,9 +192,11 @@ def similarity(v: Variant, out_dir: Path) -> FigureFile | None:
         _heatmap(fig, ax, data[h], labels, labels, annotate=False)
         ax.set(xlabel="layer", ylabel="layer" if h == 0 else None, title=f"head {h}")
     fig.suptitle(f"Cross-layer attention similarity: {v.name}", y=1.03)
-    caption = (f"Cross-layer similarity of {v.name} per head (MaiT Eq. 5, Figs. 7-9): cosine similarity of the "
-               "attention rows of two layers, averaged over tokens and images; mean over seeds "
-               f"{', '.join(map(str, found))}{_seeds_note(v, found)}.")
+    caption = (
+        f"Cross-layer similarity of {v.name} per head (MaiT Eq. 5, Figs. 7-9): cosine similarity of the "
+        "attention rows of two layers, averaged over tokens and images; mean over seeds "
+        f"{', '.join(map(str, found))}{_seeds_note(v, found)}."
+    )
     return save(fig, out_dir, f"similarity_{v.name}", caption, pdf=True, variant=v.name)
 
 
@@ -202,14 +221,23 @@ def rollout(v: Variant, out_dir: Path, max_images: int = 8) -> FigureFile | None
         h, w = img.shape[:2]
         axes[0, i].imshow(img)
         axes[1, i].imshow(img)
-        axes[1, i].imshow(m / max(float(m.max()), 1e-12), cmap="jet", alpha=0.5, vmin=0, vmax=1,
-                          extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="bilinear")
+        axes[1, i].imshow(
+            m / max(float(m.max()), 1e-12),
+            cmap="jet",
+            alpha=0.5,
+            vmin=0,
+            vmax=1,
+            extent=(-0.5, w - 0.5, h - 0.5, -0.5),
+            interpolation="bilinear",
+        )
         for ax in axes[:, i]:
             ax.set_axis_off()
     fig.suptitle(f"Attention rollout: {v.name}, seed {seed}")
-    caption = (f"Attention rollout of {v.name} (seed {seed}) on {len(images)} evaluation images (IBiT Fig. 5): "
-               "the class token's attention propagated through the layers, upsampled to the image and scaled to "
-               "its maximum per image.")
+    caption = (
+        f"Attention rollout of {v.name} (seed {seed}) on {len(images)} evaluation images (IBiT Fig. 5): "
+        "the class token's attention propagated through the layers, upsampled to the image and scaled to "
+        "its maximum per image."
+    )
     return save(fig, out_dir, f"rollout_{v.name}", caption, pdf=True, variant=v.name)
 
 
@@ -218,7 +246,9 @@ def extras(v: Variant, out_dir: Path) -> list[FigureFile]:
     analyses hold: IBiT's learned masks (IBiT Fig. 6), MaiT's soft-mask alphas."""
     if not v.analyses and not v.npz:
         return []  # nothing analysed: no need to look the family up
-    drawn = (_values(v, extra, out_dir) if extra.shape == "values" else _images(v, extra, out_dir) for extra in v.extras)
+    drawn = (
+        _values(v, extra, out_dir) if extra.shape == "values" else _images(v, extra, out_dir) for extra in v.extras
+    )
     return [fig for fig in drawn if fig]
 
 
@@ -231,11 +261,20 @@ def _values(v: Variant, extra: Extra, out_dir: Path) -> FigureFile | None:
     vmin, vmax = extra.limits or (float(np.nanmin(data)), float(np.nanmax(data)))
     fig = Figure(figsize=(1.2 + 0.7 * data.shape[1], 1.0 + 0.35 * data.shape[0]))
     ax = fig.subplots()
-    _heatmap(fig, ax, data, [f"head {h}" for h in range(data.shape[1])], [str(i) for i in range(data.shape[0])],
-             vmin=vmin, vmax=vmax)
+    _heatmap(
+        fig,
+        ax,
+        data,
+        [f"head {h}" for h in range(data.shape[1])],
+        [str(i) for i in range(data.shape[0])],
+        vmin=vmin,
+        vmax=vmax,
+    )
     ax.set(xlabel="head", ylabel="layer", title=f"{extra.title}: {v.name}")
-    caption = (f"{extra.caption} of {v.name} per layer and head, mean over seeds {', '.join(map(str, found))}"
-               f"{_seeds_note(v, found)}; grey = a head without one.")
+    caption = (
+        f"{extra.caption} of {v.name} per layer and head, mean over seeds {', '.join(map(str, found))}"
+        f"{_seeds_note(v, found)}; grey = a head without one."
+    )
     return save(fig, out_dir, f"{extra.name}_{v.name}", caption, pdf=extra.pdf, variant=v.name)
 
 
@@ -284,16 +323,21 @@ def attention_distance(study: Study, out_dir: Path) -> FigureFile | None:
         drawn.append(v.name)
     if not drawn:
         return None
-    ax.set(xlabel="attention layer (forward order)", ylabel="mean attention distance (px)",
-           title=f"Mean attention distance per layer: {study.name}")
+    ax.set(
+        xlabel="attention layer (forward order)",
+        ylabel="mean attention distance (px)",
+        title=f"Mean attention distance per layer: {study.name}",
+    )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     none = {v.name: v.no_locality for v in study.variants.values() if v.name not in drawn and v.no_locality}
     left = [v.name for v in study.variants.values() if v.name not in drawn and v.name not in none]
-    caption = (f"Mean attention distance per layer in study {study.name} (ViT Fig. 7; Raghu et al. 2021): the "
-               "attention-weighted mean distance in pixels between a query patch and the patches it attends to, "
-               "mean over heads and analysis images, then over seeds (band: ± sample std over seeds). Layers "
-               "without a patch grid (class attention, LSA's shift blocks) are left out.")
+    caption = (
+        f"Mean attention distance per layer in study {study.name} (ViT Fig. 7; Raghu et al. 2021): the "
+        "attention-weighted mean distance in pixels between a query patch and the patches it attends to, "
+        "mean over heads and analysis images, then over seeds (band: ± sample std over seeds). Layers "
+        "without a patch grid (class attention, LSA's shift blocks) are left out."
+    )
     for why in sorted(set(none.values())):
         caption += f" {why[0].upper()}{why[1:]}: " + ", ".join(n for n, w in none.items() if w == why) + "."
     if left:
@@ -327,15 +371,24 @@ def accuracy_vs_depth(study: Study, out_dir: Path) -> FigureFile | None:
     ax = fig.subplots()
     for label, pts in sorted(series.items()):
         pts.sort(key=lambda p: p[0])
-        ax.errorbar([d for d, _ in pts], [a.mean for _, a in pts], yerr=[a.std or 0.0 for _, a in pts],
-                    marker="o", capsize=3, label=label)
+        ax.errorbar(
+            [d for d, _ in pts],
+            [a.mean for _, a in pts],
+            yerr=[a.std or 0.0 for _, a in pts],
+            marker="o",
+            capsize=3,
+            label=label,
+        )
     ax.set(xlabel="depth (attention blocks)", ylabel="test top-1 (%)", title=f"Top-1 against depth: {study.name}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
-    caption = (f"Test top-1 against depth in study {study.name} (MaiT Fig. 4): mean ± std over seeds, one line "
-               "per family, masking scheme and width, for the families run at several depths ("
-               + ", ".join(names[f] for f in sorted(families)) + "). Variants without a profile or "
-               "an evaluation are left out.")
+    caption = (
+        f"Test top-1 against depth in study {study.name} (MaiT Fig. 4): mean ± std over seeds, one line "
+        "per family, masking scheme and width, for the families run at several depths ("
+        + ", ".join(names[f] for f in sorted(families))
+        + "). Variants without a profile or "
+        "an evaluation are left out."
+    )
     return save(fig, out_dir, "accuracy_vs_depth", caption, pdf=True)
 
 
@@ -354,21 +407,38 @@ def accuracy_vs_fraction(studies: list[Study], out_dir: Path) -> FigureFile | No
     ax = fig.subplots()
     for name, pts in series.items():
         summaries = [a.summary for _, a in pts]
-        err = [[s.mean - s.ci_low if s.ci_low is not None else 0.0 for s in summaries],  # Wilson's: asymmetric
-               [s.ci_high - s.mean if s.ci_high is not None else 0.0 for s in summaries]]
-        ax.errorbar([x for x, _ in pts], [s.mean for s in summaries], yerr=err, marker="o", capsize=3,
-                    label=f"{name} (n={min(s.n for s in summaries)})")
-    ax.set(xlabel="training images (% of the training split)", ylabel="test top-1 (%)",
-           title="Top-1 against training-set fraction", ylim=(0, 100))
+        err = [
+            [s.mean - s.ci_low if s.ci_low is not None else 0.0 for s in summaries],  # Wilson's: asymmetric
+            [s.ci_high - s.mean if s.ci_high is not None else 0.0 for s in summaries],
+        ]
+        ax.errorbar(
+            [x for x, _ in pts],
+            [s.mean for s in summaries],
+            yerr=err,
+            marker="o",
+            capsize=3,
+            label=f"{name} (n={min(s.n for s in summaries)})",
+        )
+    ax.set(
+        xlabel="training images (% of the training split)",
+        ylabel="test top-1 (%)",
+        title="Top-1 against training-set fraction",
+        ylim=(0, 100),
+    )
     ax.legend(fontsize=8, loc="lower right")
     names = ", ".join(s.name for s in studies)
     kinds = {s.fraction_protocol for s in studies}  # how each study trained its fractions
-    how = PROTOCOL_TEXT[kinds.pop()] if len(kinds) == 1 else "; ".join(
-        f"{s.name}: {PROTOCOL_TEXT[s.fraction_protocol]}" for s in studies)
-    caption = ("Test top-1 against the fraction of training images kept (IBiT Fig. 4), one line per variant: mean "
-               "over seeds with its 95 % interval as error bars (n = seeds; inside 0-100 %, docs/statistics.md). "
-               f"{how[0].upper()}{how[1:]}. "
-               f"Studies: {names}.")
+    how = (
+        PROTOCOL_TEXT[kinds.pop()]
+        if len(kinds) == 1
+        else "; ".join(f"{s.name}: {PROTOCOL_TEXT[s.fraction_protocol]}" for s in studies)
+    )
+    caption = (
+        "Test top-1 against the fraction of training images kept (IBiT Fig. 4), one line per variant: mean "
+        "over seeds with its 95 % interval as error bars (n = seeds; inside 0-100 %, docs/statistics.md). "
+        f"{how[0].upper()}{how[1:]}. "
+        f"Studies: {names}."
+    )
     return save(fig, out_dir, "accuracy_vs_fraction", caption, pdf=True)
 
 

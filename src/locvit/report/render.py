@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from locvit.report import stats
 from locvit.report.study import Acc, missing_text
@@ -32,10 +32,32 @@ from locvit.report.study import Acc, missing_text
 # run id -> MLflow UI link, or None where the run's experiment is unknown.
 RunLink = Callable[[str], "str | None"]
 # What an accuracy cell holds, in the CSV order of the papers' tables (their names: acc_csv_names).
-ACC_FIELDS = ("mean", "std", "n_seeds", "ci95_low", "ci95_high", "reference", "delta_vs_baseline", "delta_ci95_low",
-              "delta_ci95_high", "p_vs_baseline", "p_holm", "p_equivalence_holm", "mde80", "verdict",
-              "mlflow_run_ids", "missing_seeds", "delta_ci90_low", "delta_ci90_high", "equivalence_margin_min",
-              "p_improvement", "p_improvement_ci95_low", "p_improvement_ci95_high", "within_margin", "holm_family")
+ACC_FIELDS = (
+    "mean",
+    "std",
+    "n_seeds",
+    "ci95_low",
+    "ci95_high",
+    "reference",
+    "delta_vs_baseline",
+    "delta_ci95_low",
+    "delta_ci95_high",
+    "p_vs_baseline",
+    "p_holm",
+    "p_equivalence_holm",
+    "mde80",
+    "verdict",
+    "mlflow_run_ids",
+    "missing_seeds",
+    "delta_ci90_low",
+    "delta_ci90_high",
+    "equivalence_margin_min",
+    "p_improvement",
+    "p_improvement_ci95_low",
+    "p_improvement_ci95_high",
+    "within_margin",
+    "holm_family",
+)
 
 
 def points(x: float) -> str:
@@ -47,15 +69,17 @@ def verdicts_note(families: dict[str, int], margin: float | None) -> str:
     """What the verdicts mean and which Holm families the table's comparisons belong to."""
     groups = "; ".join(f"{ref} ({m} comparison{'s' if m != 1 else ''})" for ref, m in families.items())
     within = f"± {points(margin)}" if margin is not None else "± the margin"
-    return (f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images, "
-            f"each counted once); verdict: better/worse = the t-test below {stats.ALPHA:g} after Holm's correction, "
-            f"equivalent = within {within} by two one-sided tests after Holm's (they read the 90 % interval, shown "
-            f"as 90 %: an equivalent row's lies inside {within}), else undecided; "
-            f"'(within {within})' marks a difference shown that is also inside the margin. MDE: the smallest "
-            "difference the comparison could detect with 80 % power at Holm's strictest level; min. margin: the "
-            "smallest margin it could show equivalence within; P(>ref): the share of seed pairs in which the "
-            "variant beats the reference (ties ½) with its bootstrap 95 % interval. Holm families (the comparisons "
-            f"against one reference, over the whole study): {groups}.")
+    return (
+        f"Δ: difference of the means to the reference with its 95 % interval (seeds and the shared test images, "
+        f"each counted once); verdict: better/worse = the t-test below {stats.ALPHA:g} after Holm's correction, "
+        f"equivalent = within {within} by two one-sided tests after Holm's (they read the 90 % interval, shown "
+        f"as 90 %: an equivalent row's lies inside {within}), else undecided; "
+        f"'(within {within})' marks a difference shown that is also inside the margin. MDE: the smallest "
+        "difference the comparison could detect with 80 % power at Holm's strictest level; min. margin: the "
+        "smallest margin it could show equivalence within; P(>ref): the share of seed pairs in which the "
+        "variant beats the reference (ties ½) with its bootstrap 95 % interval. Holm families (the comparisons "
+        f"against one reference, over the whole study): {groups}."
+    )
 
 
 @dataclass
@@ -70,15 +94,15 @@ class Missing:
 
 @dataclass
 class Table:
-    name: str                      # file stem, e.g. "mait_table2"
-    title: str                     # "MaiT Table 2: ..."
+    name: str  # file stem, e.g. "mait_table2"
+    title: str  # "MaiT Table 2: ..."
     caption: str
     header: list[str]
     rows: list[list]
     notes: list[str] = field(default_factory=list)
-    formats: dict[int, str] = field(default_factory=dict)   # column -> float format (default ".2f")
+    formats: dict[int, str] = field(default_factory=dict)  # column -> float format (default ".2f")
     keys: list[str] | None = None  # CSV column names (default: the header)
-    detail: bool = False           # accuracy cells as six columns (n, mean ± std, CI, delta, p, Holm p)
+    detail: bool = False  # accuracy cells as six columns (n, mean ± std, CI, delta, p, Holm p)
     # With one accuracy column: ACC_FIELDS -> CSV column name, in the CSV's order (default: acc_csv_names).
     acc_csv: dict[str, str] | None = None
 
@@ -163,8 +187,20 @@ DETAIL_COLUMNS = 12
 
 
 def _detail_header(name: str, reference: str) -> list[str]:
-    return ["n", name, "95% CI", f"Δ vs {reference}" if reference else "Δ", "Δ 95% CI", "Δ 90% CI (TOST)", "p (Holm)",
-            "MDE", "min. margin", "P(>ref) [95% CI]", "verdict", "Holm family"]
+    return [
+        "n",
+        name,
+        "95% CI",
+        f"Δ vs {reference}" if reference else "Δ",
+        "Δ 95% CI",
+        "Δ 90% CI (TOST)",
+        "p (Holm)",
+        "MDE",
+        "min. margin",
+        "P(>ref) [95% CI]",
+        "verdict",
+        "Holm family",
+    ]
 
 
 def _number(x: float | None, fmt: str = ".2f") -> str:
@@ -189,8 +225,20 @@ def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
         mean += f"; {missing_text(acc.variant, acc.missing)}"
     ci = "–" if s.ci_low is None else f"[{s.ci_low:.2f}, {s.ci_high:.2f}]"
     family = f"{acc.family} ({acc.family_size})" if acc.family else "–"
-    return [str(s.n), mean, ci, delta_text(acc), delta_ci_text(acc), delta_ci90_text(acc), _p(acc.p_holm),
-            _number(acc.mde), _number(acc.equivalence_bound), improvement_text(acc), verdict_text(acc), family]
+    return [
+        str(s.n),
+        mean,
+        ci,
+        delta_text(acc),
+        delta_ci_text(acc),
+        delta_ci90_text(acc),
+        _p(acc.p_holm),
+        _number(acc.mde),
+        _number(acc.equivalence_bound),
+        improvement_text(acc),
+        verdict_text(acc),
+        family,
+    ]
 
 
 def _plain(cell, fmt: str) -> str:
@@ -218,8 +266,10 @@ def _run_refs(acc: Acc, link: RunLink | None) -> str:
 def _numeric_columns(table: Table) -> list[bool]:
     """Right-align columns of numbers and accuracies (the first, the row label, never)."""
     kinds = (Acc, Missing, int, float, type(None))
-    return [i > 0 and all(isinstance(row[i], kinds) and not isinstance(row[i], bool) for row in table.rows)
-            for i in range(len(table.header))]
+    return [
+        i > 0 and all(isinstance(row[i], kinds) and not isinstance(row[i], bool) for row in table.rows)
+        for i in range(len(table.header))
+    ]
 
 
 def _reference(table: Table, column: int) -> str:
@@ -227,7 +277,9 @@ def _reference(table: Table, column: int) -> str:
     return refs.pop() if len(refs) == 1 else ""
 
 
-def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tuple[list[str], list[bool], list[list[str]]]:
+def _grid(
+    table: Table, pm: str, runs: bool, link: RunLink | None = None
+) -> tuple[list[str], list[bool], list[list[str]]]:
     """Header, right-alignment and text cells, with accuracy columns expanded in a ``detail`` table;
     ``runs``: name each cell's MLflow runs (linked where ``link`` knows them)."""
     right, accs = _numeric_columns(table), set(table.acc_columns)
@@ -260,9 +312,14 @@ def _grid(table: Table, pm: str, runs: bool, link: RunLink | None = None) -> tup
 def to_markdown(table: Table, link: RunLink | None = None, level: int = 2) -> str:
     """The table as a Markdown section; ``link`` turns run ids into MLflow UI links (without: short ids)."""
     header, align, rows = _grid(table, "±", True, link)
-    lines = [f"{'#' * level} {table.title}", "", table.caption, "",
-             "| " + " | ".join(map(_md_escape, header)) + " |",
-             "|" + "|".join("---:" if right else "---" for right in align) + "|"]
+    lines = [
+        f"{'#' * level} {table.title}",
+        "",
+        table.caption,
+        "",
+        "| " + " | ".join(map(_md_escape, header)) + " |",
+        "|" + "|".join("---:" if right else "---" for right in align) + "|",
+    ]
     lines += ["| " + " | ".join(map(_md_escape, cells)) + " |" for cells in rows]
     if table.notes:
         lines += [""] + [f"- {_md_escape(n)}" for n in table.notes]
@@ -281,10 +338,32 @@ def acc_csv_names(table: Table, column: int) -> dict[str, str]:
     if table.acc_csv:
         return dict(table.acc_csv)
     key = (table.keys or table.header)[column]
-    suffixes = ("", " std", " n", " ci95_low", " ci95_high", " reference", " delta", " delta_ci95_low",
-                " delta_ci95_high", " p", " p_holm", " p_equivalence_holm", " mde80", " verdict", " mlflow_run_ids",
-                " missing", " delta_ci90_low", " delta_ci90_high", " min_margin", " p_improvement",
-                " p_improvement_ci95_low", " p_improvement_ci95_high", " within_margin", " holm_family")
+    suffixes = (
+        "",
+        " std",
+        " n",
+        " ci95_low",
+        " ci95_high",
+        " reference",
+        " delta",
+        " delta_ci95_low",
+        " delta_ci95_high",
+        " p",
+        " p_holm",
+        " p_equivalence_holm",
+        " mde80",
+        " verdict",
+        " mlflow_run_ids",
+        " missing",
+        " delta_ci90_low",
+        " delta_ci90_high",
+        " min_margin",
+        " p_improvement",
+        " p_improvement_ci95_low",
+        " p_improvement_ci95_high",
+        " within_margin",
+        " holm_family",
+    )
     return {field: key + suffix for field, suffix in zip(ACC_FIELDS, suffixes)}
 
 
@@ -294,19 +373,32 @@ def _acc_csv_values(acc: Acc | None, order) -> list:
         return [None] * len(order)
     s = acc.summary
     t = acc.test
-    values = {"n_seeds": acc.n, "mean": s.mean if s else None, "std": s.std if s else None,
-              "ci95_low": s.ci_low if s else None, "ci95_high": s.ci_high if s else None, "reference": acc.reference,
-              "delta_vs_baseline": acc.delta, "delta_ci95_low": t.ci_low if t else None,
-              "delta_ci95_high": t.ci_high if t else None, "p_vs_baseline": t.p if t else None, "p_holm": acc.p_holm,
-              "p_equivalence_holm": acc.p_equivalent_holm, "mde80": acc.mde, "verdict": acc.verdict,
-              "mlflow_run_ids": " ".join(acc.run_ids[k] for k in sorted(acc.run_ids)),
-              "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else "",
-              "delta_ci90_low": t.ci90_low if t else None, "delta_ci90_high": t.ci90_high if t else None,
-              "equivalence_margin_min": acc.equivalence_bound, "p_improvement": t.p_improvement if t else None,
-              "p_improvement_ci95_low": t.p_improvement_low if t else None,
-              "p_improvement_ci95_high": t.p_improvement_high if t else None,
-              "within_margin": ("yes" if acc.within_margin else "no") if t and t.p is not None else None,
-              "holm_family": acc.family}
+    values = {
+        "n_seeds": acc.n,
+        "mean": s.mean if s else None,
+        "std": s.std if s else None,
+        "ci95_low": s.ci_low if s else None,
+        "ci95_high": s.ci_high if s else None,
+        "reference": acc.reference,
+        "delta_vs_baseline": acc.delta,
+        "delta_ci95_low": t.ci_low if t else None,
+        "delta_ci95_high": t.ci_high if t else None,
+        "p_vs_baseline": t.p if t else None,
+        "p_holm": acc.p_holm,
+        "p_equivalence_holm": acc.p_equivalent_holm,
+        "mde80": acc.mde,
+        "verdict": acc.verdict,
+        "mlflow_run_ids": " ".join(acc.run_ids[k] for k in sorted(acc.run_ids)),
+        "missing_seeds": missing_text(acc.variant, acc.missing) if acc.missing else "",
+        "delta_ci90_low": t.ci90_low if t else None,
+        "delta_ci90_high": t.ci90_high if t else None,
+        "equivalence_margin_min": acc.equivalence_bound,
+        "p_improvement": t.p_improvement if t else None,
+        "p_improvement_ci95_low": t.p_improvement_low if t else None,
+        "p_improvement_ci95_high": t.p_improvement_high if t else None,
+        "within_margin": ("yes" if acc.within_margin else "no") if t and t.p is not None else None,
+        "holm_family": acc.family,
+    }
     return [values[f] for f in order]
 
 
@@ -333,9 +425,25 @@ def to_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-        "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "×": r"$\times$",
-        "–": "--", "Δ": r"$\Delta$", "✓": r"\checkmark{}", "✗": r"$\times$", "·": r"$\cdot$"}
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "–": "--",
+    "Δ": r"$\Delta$",
+    "✓": r"\checkmark{}",
+    "✗": r"$\times$",
+    "·": r"$\cdot$",
+}
 
 
 def tex_escape(text: str) -> str:
@@ -345,9 +453,16 @@ def tex_escape(text: str) -> str:
 def to_latex(table: Table) -> str:
     header, align, rows = _grid(table, "±", False)
     cols = "".join("r" if right else "l" for right in align)
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex_escape(table.title)}. {tex_escape(table.caption)}}}",
-             rf"\label{{tab:{table.name.replace('_', '-')}}}", rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
-             " & ".join(tex_escape(h) for h in header) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{tex_escape(table.title)}. {tex_escape(table.caption)}}}",
+        rf"\label{{tab:{table.name.replace('_', '-')}}}",
+        rf"\begin{{tabular}}{{{cols}}}",
+        r"\toprule",
+        " & ".join(tex_escape(h) for h in header) + r" \\",
+        r"\midrule",
+    ]
     for cells in rows:
         lines.append(" & ".join(tex_escape(c) for c in cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]

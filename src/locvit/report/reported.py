@@ -17,20 +17,37 @@ from locvit.errors import InputError
 
 #: Keywords that set a model to a dataset or a recipe, not its architecture: a variant that differs from
 #: a paper's model only in these is the paper's model (e.g. DeiT-T with 4 x 4 patches at 32 px).
-SETTING_KEYS = frozenset({"img_size", "num_classes", "in_chans", "patch_size", "window_size", "drop_rate",
-                          "drop_path_rate", "drop_path_schedule", "attn_drop_rate", "proj_drop_rate",
-                          "pos_drop_rate"})
+SETTING_KEYS = frozenset(
+    {
+        "img_size",
+        "num_classes",
+        "in_chans",
+        "patch_size",
+        "window_size",
+        "drop_rate",
+        "drop_path_rate",
+        "drop_path_schedule",
+        "attn_drop_rate",
+        "proj_drop_rate",
+        "pos_drop_rate",
+    }
+)
 #: The numbers a row may give, in column order: (key, column label, format of the value and of Δ).
-QUANTITIES = (("top1", "top-1 (%)", ".2f"), ("params_m", "params (M)", ".2f"), ("gflops", "GFLOPs", ".1f"),
-              ("throughput", "throughput (img/s)", ".1f"))
+QUANTITIES = (
+    ("top1", "top-1 (%)", ".2f"),
+    ("params_m", "params (M)", ".2f"),
+    ("gflops", "GFLOPs", ".1f"),
+    ("throughput", "throughput (img/s)", ".1f"),
+)
 #: Recipe conditions a row may set: key -> what it means of the variant's recipe (``Variant.recipe``,
 #: job_configs.REPORT_RECIPE_KEYS). ``cutmix: true``: the row is of a model trained with CutMix (alpha > 0).
 RECIPE_FIELDS = {"cutmix": lambda recipe: recipe["cutmix"] > 0}
-FIELDS = ({"paper", "table", "row", "dataset", "model", "kwargs", "layers"} | {q[0] for q in QUANTITIES}
-          | set(RECIPE_FIELDS))
+FIELDS = (
+    {"paper", "table", "row", "dataset", "model", "kwargs", "layers"} | {q[0] for q in QUANTITIES} | set(RECIPE_FIELDS)
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reported() -> tuple[dict, ...]:
     """Every row of ``papers_reported.yaml`` (checked: each names its paper, table, row and dataset)."""
     data = yaml.safe_load(files("locvit.report").joinpath("papers_reported.yaml").read_text())
@@ -38,18 +55,29 @@ def reported() -> tuple[dict, ...]:
     for i, row in enumerate(rows):
         unknown = set(row) - FIELDS
         if unknown or not {"paper", "table", "row", "dataset"} <= set(row) or row["paper"] not in data["papers"]:
-            raise InputError(f"papers_reported.yaml: rows[{i}] ({row}): needs paper (one of "
-                             f"{', '.join(data['papers'])}), table, row and dataset; unknown keys: "
-                             f"{', '.join(sorted(unknown)) or 'none'}; allowed keys: {', '.join(sorted(FIELDS))}")
+            raise InputError(
+                f"papers_reported.yaml: rows[{i}] ({row}): needs paper (one of "
+                f"{', '.join(data['papers'])}), table, row and dataset; unknown keys: "
+                f"{', '.join(sorted(unknown)) or 'none'}; allowed keys: {', '.join(sorted(FIELDS))}"
+            )
         for key in set(RECIPE_FIELDS) & set(row):
             if not isinstance(row[key], bool):
-                raise InputError(f"papers_reported.yaml: rows[{i}] ({row['paper']} Table {row['table']}: "
-                                 f"{row['row']}): {key} must be true or false, not {row[key]!r}")
+                raise InputError(
+                    f"papers_reported.yaml: rows[{i}] ({row['paper']} Table {row['table']}: "
+                    f"{row['row']}): {key} must be true or false, not {row[key]!r}"
+                )
     return rows
 
 
-def paper_row(paper: str, model: str, kwargs: dict, dataset: str, train_fraction: float = 1.0,
-              recipe: dict | None = None, table: int | None = None) -> dict | None:
+def paper_row(
+    paper: str,
+    model: str,
+    kwargs: dict,
+    dataset: str,
+    train_fraction: float = 1.0,
+    recipe: dict | None = None,
+    table: int | None = None,
+) -> dict | None:
     """The first row of ``paper`` (of its ``table``, when given) that is ``model`` built with ``kwargs`` on all
     of ``dataset`` (module and data-file docstrings), or None. A row that sets a recipe condition
     (:data:`RECIPE_FIELDS`, e.g. ``cutmix``) matches only a ``recipe`` (the variant's) that meets it; without
@@ -59,10 +87,14 @@ def paper_row(paper: str, model: str, kwargs: dict, dataset: str, train_fraction
     own = {k: v for k, v in kwargs.items() if k not in SETTING_KEYS}
     for row in reported():
         listed = row.get("kwargs") or {}
-        if (row["paper"], row["dataset"], row["model"]) == (paper, dataset, model) and \
-                table in (None, row["table"]) and all(k in listed and listed[k] == v for k, v in own.items()) and \
-                all(recipe is not None and test(recipe) == row[key] for key, test in RECIPE_FIELDS.items()
-                    if key in row):
+        if (
+            (row["paper"], row["dataset"], row["model"]) == (paper, dataset, model)
+            and table in (None, row["table"])
+            and all(k in listed and listed[k] == v for k, v in own.items())
+            and all(
+                recipe is not None and test(recipe) == row[key] for key, test in RECIPE_FIELDS.items() if key in row
+            )
+        ):
             return row
     return None
 

@@ -43,14 +43,14 @@ the power's tails, the Mann-Whitney count and the bootstrap are scipy's; Holm's 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-ALPHA = 0.05        # the tables' level, after Holm's correction
-CONFIDENCE = 0.95   # intervals
-POWER = 0.80        # the power of the minimum detectable effect
+ALPHA = 0.05  # the tables' level, after Holm's correction
+CONFIDENCE = 0.95  # intervals
+POWER = 0.80  # the power of the minimum detectable effect
 VERDICTS = ("baseline", "better", "worse", "equivalent", "undecided")
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0  # the probability of improvement's interval repeats bitwise
@@ -68,8 +68,8 @@ def satterthwaite(parts: Sequence[Part]) -> float:
     """Satterthwaite's degrees of freedom of a sum of independent parts, ``(sum v)^2 / sum(v^2 / df)``
     (a part may enter with a negative sign); inf when no part has finite df."""
     total = sum(p.var for p in parts)
-    denominator = sum(p.var ** 2 / p.df for p in parts if p.var != 0 and math.isfinite(p.df))
-    return total ** 2 / denominator if denominator > 0 else math.inf
+    denominator = sum(p.var**2 / p.df for p in parts if p.var != 0 and math.isfinite(p.df))
+    return total**2 / denominator if denominator > 0 else math.inf
 
 
 def _t():
@@ -106,7 +106,7 @@ def _mean_squares(hits: np.ndarray):
     n_img, n_seed = h.shape[-2:]
     seeds, images = h.mean(-2), h.mean(-1)
     grand = seeds.mean(-1)
-    total = (h * h).sum((-2, -1)) - n_img * n_seed * grand ** 2
+    total = (h * h).sum((-2, -1)) - n_img * n_seed * grand**2
     ss_images = n_seed * ((images - grand[..., None]) ** 2).sum(-1)
     ss_seeds = n_img * ((seeds - grand[..., None]) ** 2).sum(-1)
     inter = np.maximum(total - ss_images - ss_seeds, 0.0) / ((n_img - 1) * (n_seed - 1))
@@ -120,9 +120,9 @@ def _sum(terms, floor) -> tuple[np.ndarray, np.ndarray]:
     low = sum(v for v, _ in floor)
     under = var < low
     var = np.where(under, low, var)
-    den = np.where(under, sum(v ** 2 / d for v, d in floor), sum(v ** 2 / d for v, d in terms))
+    den = np.where(under, sum(v**2 / d for v, d in floor), sum(v**2 / d for v, d in terms))
     with np.errstate(divide="ignore", invalid="ignore"):
-        df = np.where(den > 0, var ** 2 / np.where(den > 0, den, 1.0), np.inf)
+        df = np.where(den > 0, var**2 / np.where(den > 0, den, 1.0), np.inf)
     return var, df
 
 
@@ -140,8 +140,11 @@ def crossed(hits_a: np.ndarray, hits_b: np.ndarray | None = None) -> tuple[np.nd
     sa, ra, s2a, ia = _mean_squares(hits_a)
     n_img, na = np.shape(hits_a)[-2:]
     if hits_b is None:
-        terms = [(s2a / na, na - 1), (ra.var(-1, ddof=1) / n_img, n_img - 1),
-                 (-ia / (n_img * na), (n_img - 1) * (na - 1))]
+        terms = [
+            (s2a / na, na - 1),
+            (ra.var(-1, ddof=1) / n_img, n_img - 1),
+            (-ia / (n_img * na), (n_img - 1) * (na - 1)),
+        ]
         floor = [(ia / (n_img * na), (n_img - 1) * (na - 1))]
         var, df = _sum(terms, floor)
         return 100 * sa.mean(-1), 1e4 * var, df
@@ -150,8 +153,13 @@ def crossed(hits_a: np.ndarray, hits_b: np.ndarray | None = None) -> tuple[np.nd
     if np.shape(hits_b)[-2] != n_img:
         raise ValueError(f"paired hits need the same images: {n_img} and {np.shape(hits_b)[-2]}")
     s2d = (ra - rb).var(-1, ddof=1)
-    terms = [(s2a / na, na - 1), (s2b / nb, nb - 1), (s2d / n_img, n_img - 1),
-             (-ia / (n_img * na), (n_img - 1) * (na - 1)), (-ib / (n_img * nb), (n_img - 1) * (nb - 1))]
+    terms = [
+        (s2a / na, na - 1),
+        (s2b / nb, nb - 1),
+        (s2d / n_img, n_img - 1),
+        (-ia / (n_img * na), (n_img - 1) * (na - 1)),
+        (-ib / (n_img * nb), (n_img - 1) * (nb - 1)),
+    ]
     floor = [(ia / (n_img * na), (n_img - 1) * (na - 1)), (ib / (n_img * nb), (n_img - 1) * (nb - 1))]
     var, df = _sum(terms, floor)
     return 100 * (sa.mean(-1) - sb.mean(-1)), 1e4 * var, df
@@ -238,7 +246,7 @@ class Comparison:
     margin: float | None = None
     paired: bool = False
     why: str = ""
-    ci90_low: float | None = None   # the interval TOST at 5 % decides on (inside ± margin: equivalent)
+    ci90_low: float | None = None  # the interval TOST at 5 % decides on (inside ± margin: equivalent)
     ci90_high: float | None = None
     p_improvement: float | None = None  # P(a seed of a > a seed of b), ties 1/2
     p_improvement_low: float | None = None
@@ -250,8 +258,13 @@ def _interval(delta: float, se: float, df: float, confidence: float) -> tuple[fl
     return max(float(low), -100.0), min(float(high), 100.0)
 
 
-def compare(a: Sequence[float], b: Sequence[float], margin: float, n_images: int | None = None,
-            hits: tuple[np.ndarray, np.ndarray] | None = None) -> Comparison:
+def compare(
+    a: Sequence[float],
+    b: Sequence[float],
+    margin: float,
+    n_images: int | None = None,
+    hits: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Comparison:
     """Compare the seeds ``a`` of one variant with the seeds ``b`` of its reference.
 
     The error of the difference: paired over the images when ``hits`` gives both variants' per-image
@@ -278,8 +291,13 @@ def compare(a: Sequence[float], b: Sequence[float], margin: float, n_images: int
         var, df = sum(p.var for p in parts), satterthwaite(parts)
     se = math.sqrt(var)
     if se == 0:
-        return Comparison(delta, why="no spread: every seed of both gave the same value, and no test set is known",
-                          p_improvement=pi[0], p_improvement_low=pi[1], p_improvement_high=pi[2])
+        return Comparison(
+            delta,
+            why="no spread: every seed of both gave the same value, and no test set is known",
+            p_improvement=pi[0],
+            p_improvement_low=pi[1],
+            p_improvement_high=pi[2],
+        )
     t = _t()
     low, high = _interval(delta, se, df, CONFIDENCE)
     low90, high90 = _interval(delta, se, df, 1 - 2 * ALPHA)
@@ -308,8 +326,15 @@ def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> tuple[
         eq = (x[..., :, None] == y[..., None, :]).mean((-2, -1))
         return gt + eq / 2
 
-    res = bootstrap((a, b), statistic, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE,
-                    method="percentile", vectorized=True, random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    res = bootstrap(
+        (a, b),
+        statistic,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        vectorized=True,
+        random_state=np.random.default_rng(BOOTSTRAP_SEED),
+    )
     return p, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -385,5 +410,4 @@ def verdict(delta: float, p_holm: float | None, p_equivalent_holm: float | None)
 
 def within_margin(p_holm: float | None, p_equivalent_holm: float | None) -> bool:
     """A difference shown (``better`` / ``worse``) that two one-sided tests also show inside the margin."""
-    return (p_holm is not None and p_holm < ALPHA and p_equivalent_holm is not None
-            and p_equivalent_holm < ALPHA)
+    return p_holm is not None and p_holm < ALPHA and p_equivalent_holm is not None and p_equivalent_holm < ALPHA

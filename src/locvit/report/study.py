@@ -40,7 +40,7 @@ def _display(family: str) -> str:
     return known.display if known else family
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _family_of(model: str, kwargs_json: str, modules: tuple[str, ...]) -> tuple[str, str]:
     """(name, display name) of a model's family, built on the meta device (no memory, no compute)."""
     import torch
@@ -49,13 +49,12 @@ def _family_of(model: str, kwargs_json: str, modules: tuple[str, ...]) -> tuple[
     from locvit.models.family import family_of
 
     with torch.device("meta"):
-        built = models.create({"model": model, "model_kwargs": json.loads(kwargs_json),
-                               "model_modules": list(modules)})
+        built = models.create({"model": model, "model_kwargs": json.loads(kwargs_json), "model_modules": list(modules)})
     family = family_of(built)
     return family.name, family.display
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _extras(family: str, modules: tuple[str, ...]) -> tuple:
     """The extras a family declares (:class:`locvit.models.family.Extra`), its module among ``modules`` or locvit's."""
     from locvit import models
@@ -84,22 +83,22 @@ class Acc:
     """
 
     variant: str
-    values: dict[int, float]   # seed -> test top-1 in %
-    run_ids: dict[int, str]    # seed -> MLflow run id (of the runs found)
-    missing: list[int]         # seeds the study defines whose evaluation file is absent
-    n_images: int | None = None          # test images each seed was scored on (None: unknown or unequal)
-    hits: np.ndarray | None = None       # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
+    values: dict[int, float]  # seed -> test top-1 in %
+    run_ids: dict[int, str]  # seed -> MLflow run id (of the runs found)
+    missing: list[int]  # seeds the study defines whose evaluation file is absent
+    n_images: int | None = None  # test images each seed was scored on (None: unknown or unequal)
+    hits: np.ndarray | None = None  # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
     test_split: dict[str, str | None] = field(default_factory=dict)  # eval file -> the test_hash it records
-    unpaired: str | None = None    # why a comparison with per-image results on both sides is not paired
-    reference: str | None = None   # the variant compared with
+    unpaired: str | None = None  # why a comparison with per-image results on both sides is not paired
+    reference: str | None = None  # the variant compared with
     test: stats.Comparison | None = None
     p_holm: float | None = None
     p_equivalent_holm: float | None = None
-    mde: float | None = None       # the smallest difference the comparison could detect (80 % power)
-    verdict: str | None = None     # stats.VERDICTS; None: not in a comparison
+    mde: float | None = None  # the smallest difference the comparison could detect (80 % power)
+    verdict: str | None = None  # stats.VERDICTS; None: not in a comparison
     equivalence_bound: float | None = None  # the smallest margin it could show equivalence within
-    within_margin: bool = False    # better/worse, and also shown inside ± margin
-    family: str | None = None      # its Holm family, "against <reference>"
+    within_margin: bool = False  # better/worse, and also shown inside ± margin
+    family: str | None = None  # its Holm family, "against <reference>"
     family_size: int | None = None  # the comparisons with a p in that family (Holm's m)
 
     @property
@@ -134,12 +133,27 @@ class Acc:
             hits = (self.hits, base.hits) if same and self.hits is not None and base.hits is not None else None
             if hits is not None and (why := split_difference({**self.test_split, **base.test_split})):
                 why, hits = f"{self.variant} vs {base.variant}: not paired over the test images: {why}", None
-            test = stats.compare([self.values[s] for s in sorted(self.values)],
-                                 [base.values[s] for s in sorted(base.values)], margin,
-                                 self.n_images if same else None, hits)
-        return replace(self, reference=base.variant if test else None, test=test, p_holm=None,
-                       p_equivalent_holm=None, mde=None, verdict=None, equivalence_bound=None, within_margin=False,
-                       family=None, family_size=None, unpaired=why)
+            test = stats.compare(
+                [self.values[s] for s in sorted(self.values)],
+                [base.values[s] for s in sorted(base.values)],
+                margin,
+                self.n_images if same else None,
+                hits,
+            )
+        return replace(
+            self,
+            reference=base.variant if test else None,
+            test=test,
+            p_holm=None,
+            p_equivalent_holm=None,
+            mde=None,
+            verdict=None,
+            equivalence_bound=None,
+            within_margin=False,
+            family=None,
+            family_size=None,
+            unpaired=why,
+        )
 
 
 def split_difference(files: dict[str, str | None]) -> str | None:
@@ -150,11 +164,14 @@ def split_difference(files: dict[str, str | None]) -> str | None:
         groups.setdefault(digest, []).append(path)
     if len(groups) == 1 and None not in groups:
         return None
-    parts = [f"{', '.join(paths)} scored test split {digest[:12]}" for digest, paths in groups.items()
-             if digest is not None]
+    parts = [
+        f"{', '.join(paths)} scored test split {digest[:12]}" for digest, paths in groups.items() if digest is not None
+    ]
     if None in groups:
-        parts.append(f"{', '.join(groups[None])} record no test split (test_hash; written by an older locvit: "
-                     "re-run the evaluation)")
+        parts.append(
+            f"{', '.join(groups[None])} record no test split (test_hash; written by an older locvit: "
+            "re-run the evaluation)"
+        )
     return "; ".join(parts) + " (the unpaired form is used)"
 
 
@@ -165,11 +182,11 @@ class Variant:
     name: str
     model: str
     description: str
-    recipe: dict                 # the training recipe's keys the tables show (job_configs.REPORT_RECIPE_KEYS)
+    recipe: dict  # the training recipe's keys the tables show (job_configs.REPORT_RECIPE_KEYS)
     seeds: list[int]
-    fraction: float = 1.0        # the fraction of the training split it trained on
-    base: str = ""               # the variant it is a training-fraction copy of (itself when not)
-    model_kwargs: dict = field(default_factory=dict)   # what the model is built with (its run config's)
+    fraction: float = 1.0  # the fraction of the training split it trained on
+    base: str = ""  # the variant it is a training-fraction copy of (itself when not)
+    model_kwargs: dict = field(default_factory=dict)  # what the model is built with (its run config's)
     model_modules: list = field(default_factory=list)  # params' model_modules (families outside locvit)
     evals: dict[int, dict] = field(default_factory=dict)
     eval_files: dict[int, str] = field(default_factory=dict)  # seed -> its evaluation file, relative to the study
@@ -209,8 +226,11 @@ class Variant:
             return None
         if all(not a.get("layers") for a in analyses):
             unread = sorted({c for a in analyses for c in a.get("unread_attention") or []})
-            return (f"no attention layers read ({', '.join(unread)}: no family reads them)" if unread
-                    else "no attention layers")
+            return (
+                f"no attention layers read ({', '.join(unread)}: no family reads them)"
+                if unread
+                else "no attention layers"
+            )
         return "no attention maps over the patch grid"
 
     def _family(self) -> tuple[str, str]:
@@ -223,17 +243,24 @@ class Variant:
         hits = None
         if seeds and n_images and all(self.evals[s].get("test_hits") for s in seeds):
             hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
-        return Acc(self.name, {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
-                   {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
-                   [s for s in self.seeds if s not in self.evals], n_images, hits,
-                   {self.eval_files.get(s, f"{self.name} seed {s}"): self.evals[s].get("test_hash") for s in seeds})
+        return Acc(
+            self.name,
+            {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
+            {s: e["mlflow_run_id"] for s, e in self.evals.items() if e.get("mlflow_run_id")},
+            [s for s in self.seeds if s not in self.evals],
+            n_images,
+            hits,
+            {self.eval_files.get(s, f"{self.name} seed {s}"): self.evals[s].get("test_hash") for s in seeds},
+        )
 
     def _hits(self, seed: int, n_images: int) -> np.ndarray:
         try:
             return unpack_bits(self.evals[seed]["test_hits"], n_images)
         except ValueError as err:
-            raise InputError(f"evaluation file of {self.name} seed {seed}: test_hits: {err}; re-run its "
-                             "evaluation (delete the file and run the pipeline)") from err
+            raise InputError(
+                f"evaluation file of {self.name} seed {seed}: test_hits: {err}; re-run its "
+                "evaluation (delete the file and run the pipeline)"
+            ) from err
 
     def run_ids(self) -> dict[int, str]:
         """Seed -> MLflow run id, from whichever of the run's files is present."""
@@ -299,8 +326,14 @@ class Study:
         that is one, else one trained on the same fraction, else any (the first by name)."""
         if not v.arch:
             return None
-        same = sorted((u for u in self.variants.values() if u.arch and u.arch["family"] == "deit"
-                       and size_key(u.arch) == size_key(v.arch)), key=lambda u: (u.fraction != v.fraction, u.name))
+        same = sorted(
+            (
+                u
+                for u in self.variants.values()
+                if u.arch and u.arch["family"] == "deit" and size_key(u.arch) == size_key(v.arch)
+            ),
+            key=lambda u: (u.fraction != v.fraction, u.name),
+        )
         ref = self.reference(v)
         return ref if ref is not None and ref.name in {u.name for u in same} else (same[0] if same else None)
 
@@ -339,12 +372,17 @@ class Study:
             level = stats.ALPHA / m if m else None
             for k, t, p, q in zip(keys, tests, p_holm, p_eq):
                 tested = t.p is not None
-                out[k] = replace(out[k], p_holm=p, p_equivalent_holm=q,
-                                 mde=stats.mde(t.se, t.df, level) if tested else None,
-                                 equivalence_bound=stats.equivalence_bound(t.delta, t.se, t.df, level) if tested
-                                 else None,
-                                 verdict=stats.verdict(t.delta, p, q), within_margin=stats.within_margin(p, q),
-                                 family=f"against {ref}", family_size=m)
+                out[k] = replace(
+                    out[k],
+                    p_holm=p,
+                    p_equivalent_holm=q,
+                    mde=stats.mde(t.se, t.df, level) if tested else None,
+                    equivalence_bound=stats.equivalence_bound(t.delta, t.se, t.df, level) if tested else None,
+                    verdict=stats.verdict(t.delta, p, q),
+                    within_margin=stats.within_margin(p, q),
+                    family=f"against {ref}",
+                    family_size=m,
+                )
         return out
 
     def compared(self, v: Variant, ref: Variant) -> Acc:
@@ -352,8 +390,10 @@ class Study:
         try:
             return self.comparisons[(v.name, ref.name)]
         except KeyError:
-            raise KeyError(f"{v.name} against {ref.name} is not among the study's comparisons "
-                           "(Study.pairs lists what the tables compare)") from None
+            raise KeyError(
+                f"{v.name} against {ref.name} is not among the study's comparisons "
+                "(Study.pairs lists what the tables compare)"
+            ) from None
 
     @property
     def margin(self) -> float:
@@ -392,7 +432,7 @@ class Study:
 PROTOCOL_TEXT = {
     "same_epochs": "every fraction trains the recipe's epochs, so smaller fractions also take fewer optimiser steps",
     "same_images": "every fraction sees about as many images as a full run: epochs × 1/f with the warm-up scaled "
-                   "alike (ConViT's rule)",
+    "alike (ConViT's rule)",
 }
 
 
@@ -401,8 +441,10 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
         return None
     data = read_json(path, what, "Re-run the step that writes it.")
     if data.get("variant", variant) != variant or (seed is not None and int(data.get("seed", seed)) != seed):
-        raise InputError(f"{what} {path} belongs to variant {data.get('variant')!r} seed {data.get('seed')!r}, "
-                         f"not {variant!r} seed {seed!r}; it was copied to the wrong place")
+        raise InputError(
+            f"{what} {path} belongs to variant {data.get('variant')!r} seed {data.get('seed')!r}, "
+            f"not {variant!r} seed {seed!r}; it was copied to the wrong place"
+        )
     return data
 
 
@@ -415,16 +457,25 @@ def load_study(config: dict, study_dir: str | Path) -> Study:
     for name in config["order"]:  # params.yaml's order: the tables' rows
         spec = config["variants"][name]
         seeds = list(spec["seeds"])
-        v = Variant(name, spec["model"], spec["description"], spec["recipe"], seeds, spec["train_fraction"],
-                    spec["base"], spec["model_kwargs"], spec["model_modules"])
+        v = Variant(
+            name,
+            spec["model"],
+            spec["description"],
+            spec["recipe"],
+            seeds,
+            spec["train_fraction"],
+            spec["base"],
+            spec["model_kwargs"],
+            spec["model_modules"],
+        )
         for seed in seeds:
-            if (e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed)):
+            if e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed):
                 v.evals[seed] = e
                 v.eval_files[seed] = layout.eval_file(name, seed).relative_to(study_dir).as_posix()
             metrics = layout.run_files(name, seed).metrics
-            if (m := _read_run_file(metrics, "training metrics", name, seed)):
+            if m := _read_run_file(metrics, "training metrics", name, seed):
                 v.metrics[seed] = m
-            if (a := _read_run_file(layout.analysis_file(name, seed), "analysis file", name, seed)):
+            if a := _read_run_file(layout.analysis_file(name, seed), "analysis file", name, seed):
                 v.analyses[seed] = a
             if (npz := layout.maps_file(name, seed)).is_file():
                 v.npz[seed] = npz

@@ -35,19 +35,51 @@ from locvit.report.study import Acc, Study, Variant
 
 KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
 # results.csv's accuracy columns (the contract): the cell's field -> column, in order.
-ACC_CSV = {"n_seeds": "n_seeds", "mean": "test_top1_mean", "std": "test_top1_std", "ci95_low": "test_top1_ci95_low",
-           "ci95_high": "test_top1_ci95_high", "reference": "reference", "delta_vs_baseline": "delta_vs_baseline",
-           "delta_ci95_low": "delta_ci95_low", "delta_ci95_high": "delta_ci95_high", "p_vs_baseline": "p_vs_baseline",
-           "p_holm": "p_holm", "p_equivalence_holm": "p_equivalence_holm", "mde80": "mde80", "verdict": "verdict",
-           "mlflow_run_ids": "mlflow_run_ids", "missing_seeds": "missing_seeds", "delta_ci90_low": "delta_ci90_low",
-           "delta_ci90_high": "delta_ci90_high", "equivalence_margin_min": "equivalence_margin_min",
-           "p_improvement": "p_improvement", "p_improvement_ci95_low": "p_improvement_ci95_low",
-           "p_improvement_ci95_high": "p_improvement_ci95_high", "within_margin": "within_margin",
-           "holm_family": "holm_family"}
+ACC_CSV = {
+    "n_seeds": "n_seeds",
+    "mean": "test_top1_mean",
+    "std": "test_top1_std",
+    "ci95_low": "test_top1_ci95_low",
+    "ci95_high": "test_top1_ci95_high",
+    "reference": "reference",
+    "delta_vs_baseline": "delta_vs_baseline",
+    "delta_ci95_low": "delta_ci95_low",
+    "delta_ci95_high": "delta_ci95_high",
+    "p_vs_baseline": "p_vs_baseline",
+    "p_holm": "p_holm",
+    "p_equivalence_holm": "p_equivalence_holm",
+    "mde80": "mde80",
+    "verdict": "verdict",
+    "mlflow_run_ids": "mlflow_run_ids",
+    "missing_seeds": "missing_seeds",
+    "delta_ci90_low": "delta_ci90_low",
+    "delta_ci90_high": "delta_ci90_high",
+    "equivalence_margin_min": "equivalence_margin_min",
+    "p_improvement": "p_improvement",
+    "p_improvement_ci95_low": "p_improvement_ci95_low",
+    "p_improvement_ci95_high": "p_improvement_ci95_high",
+    "within_margin": "within_margin",
+    "holm_family": "holm_family",
+}
 # The columns summary_lines reads: a results.csv without them is of an older locvit (columns added since are optional).
-REQUIRED = ("n_seeds", "test_top1_mean", "test_top1_std", "test_top1_ci95_low", "test_top1_ci95_high", "reference",
-            "delta_vs_baseline", "delta_ci95_low", "delta_ci95_high", "p_vs_baseline", "p_holm", "p_equivalence_holm",
-            "mde80", "verdict", "mlflow_run_ids", "missing_seeds")
+REQUIRED = (
+    "n_seeds",
+    "test_top1_mean",
+    "test_top1_std",
+    "test_top1_ci95_low",
+    "test_top1_ci95_high",
+    "reference",
+    "delta_vs_baseline",
+    "delta_ci95_low",
+    "delta_ci95_high",
+    "p_vs_baseline",
+    "p_holm",
+    "p_equivalence_holm",
+    "mde80",
+    "verdict",
+    "mlflow_run_ids",
+    "missing_seeds",
+)
 
 
 def _val_mean(v: Variant) -> float | None:
@@ -58,19 +90,32 @@ def _val_mean(v: Variant) -> float | None:
 def results_table(study: Study) -> Table:
     """The study's variants with their test top-1 against the baseline (Holm over all variants)."""
     baseline = study.baseline
-    rows = [[v.name, study.acc(v), _val_mean(v), v.model, v.n_params() / 1e6 if v.n_params() else None]
-            for v in study.variants.values()]
-    table = Table("results", f"Results: {study.name}",
-                  f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % interval of the mean (seeds and the "
-                  f"finite test set); the difference of each variant's mean to its reference's (baseline: "
-                  f"{baseline or 'none'}) with its 95 % interval and the 90 % one two one-sided tests read, the "
-                  "t-test's p after Holm's correction, the minimum detectable effect (MDE, 80 % power), the smallest "
-                  "margin the comparison could show equivalence within, the probability of improvement over seed "
-                  "pairs, the verdict and its Holm family. Validation top-1: mean over seeds; params in millions.",
-                  ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"], rows,
-                  keys=KEYS, detail=True, formats={4: ".3f"}, acc_csv=ACC_CSV)
-    table.notes = [_verdict(row[1], baseline) for row in table.rows] + table.notes if baseline else [
-        "No baseline (no DeiT/ViT variant and no `baseline` key in params): differences are not tested."] + table.notes
+    rows = [
+        [v.name, study.acc(v), _val_mean(v), v.model, v.n_params() / 1e6 if v.n_params() else None]
+        for v in study.variants.values()
+    ]
+    table = Table(
+        "results",
+        f"Results: {study.name}",
+        f"Test top-1 (%) over seeds: n runs, mean ± sample std, 95 % interval of the mean (seeds and the "
+        f"finite test set); the difference of each variant's mean to its reference's (baseline: "
+        f"{baseline or 'none'}) with its 95 % interval and the 90 % one two one-sided tests read, the "
+        "t-test's p after Holm's correction, the minimum detectable effect (MDE, 80 % power), the smallest "
+        "margin the comparison could show equivalence within, the probability of improvement over seed "
+        "pairs, the verdict and its Holm family. Validation top-1: mean over seeds; params in millions.",
+        ["Variant", "Test top-1 (%)", "Val top-1 (%)", "Model", "Params (M)"],
+        rows,
+        keys=KEYS,
+        detail=True,
+        formats={4: ".3f"},
+        acc_csv=ACC_CSV,
+    )
+    table.notes = (
+        [_verdict(row[1], baseline) for row in table.rows] + table.notes
+        if baseline
+        else ["No baseline (no DeiT/ViT variant and no `baseline` key in params): differences are not tested."]
+        + table.notes
+    )
     table.notes += [row[1].unpaired for row in table.rows if row[1].unpaired]  # the pairing check's finding
     return table
 
@@ -80,8 +125,11 @@ def _verdict(acc: Acc, baseline: str) -> str:
     if not acc.n:
         return f"{acc.variant}: no evaluated seed."
     if acc.verdict == "baseline":
-        return f"{acc.variant} is the baseline." if acc.variant == baseline else \
-            f"{acc.variant} is the reference of its training fraction."
+        return (
+            f"{acc.variant} is the baseline."
+            if acc.variant == baseline
+            else f"{acc.variant} is the reference of its training fraction."
+        )
     t = acc.test
     if t is None:
         return f"{acc.variant}: not compared with {baseline} (no evaluated seed on one side)."
@@ -92,16 +140,22 @@ def _verdict(acc: Acc, baseline: str) -> str:
     tost = f"90 % interval [{t.ci90_low:+.2f}, {t.ci90_high:+.2f}]"
     if acc.verdict in ("better", "worse"):
         if acc.within_margin:
-            return (f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g}) and within ± {points(t.margin)} "
-                    f"(two one-sided tests, {tost}, Holm-adjusted p = {acc.p_equivalent_holm:.3g}).")
+            return (
+                f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g}) and within ± {points(t.margin)} "
+                f"(two one-sided tests, {tost}, Holm-adjusted p = {acc.p_equivalent_holm:.3g})."
+            )
         return f"{head}, {acc.verdict} (Holm-adjusted p = {acc.p_holm:.3g})."
     if acc.verdict == "equivalent":
-        return (f"{head}, equivalent: within ± {points(t.margin)} (two one-sided tests, {tost}, Holm-adjusted p = "
-                f"{acc.p_equivalent_holm:.3g}).")
-    return (f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
-            f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
-            f"difference of {acc.mde:.2f} points or more (80 % power) and show equivalence within ± "
-            f"{acc.equivalence_bound:.2f} points at best.")
+        return (
+            f"{head}, equivalent: within ± {points(t.margin)} (two one-sided tests, {tost}, Holm-adjusted p = "
+            f"{acc.p_equivalent_holm:.3g})."
+        )
+    return (
+        f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
+        f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
+        f"difference of {acc.mde:.2f} points or more (80 % power) and show equivalence within ± "
+        f"{acc.equivalence_bound:.2f} points at best."
+    )
 
 
 def seeds_csv(study: Study) -> str:
@@ -120,15 +174,23 @@ def summary(table: Table) -> dict:
     for row in table.rows:
         acc: Acc = row[1]
         s = acc.summary
-        out[acc.variant] = {"test_top1_mean": s.mean if s else None, "test_top1_std": s.std if s else None,
-                            "test_top1_ci95_low": s.ci_low if s else None,
-                            "test_top1_ci95_high": s.ci_high if s else None, "seeds": acc.n,
-                            "delta_vs_baseline": acc.delta,
-                            "delta_ci95_low": acc.test.ci_low if acc.test else None,
-                            "delta_ci95_high": acc.test.ci_high if acc.test else None, "p_holm": acc.p_holm,
-                            "mde80": acc.mde, "equivalence_margin_min": acc.equivalence_bound,
-                            "p_improvement": acc.test.p_improvement if acc.test else None,
-                            "verdict": acc.verdict, "within_margin": acc.within_margin, "holm_family": acc.family}
+        out[acc.variant] = {
+            "test_top1_mean": s.mean if s else None,
+            "test_top1_std": s.std if s else None,
+            "test_top1_ci95_low": s.ci_low if s else None,
+            "test_top1_ci95_high": s.ci_high if s else None,
+            "seeds": acc.n,
+            "delta_vs_baseline": acc.delta,
+            "delta_ci95_low": acc.test.ci_low if acc.test else None,
+            "delta_ci95_high": acc.test.ci_high if acc.test else None,
+            "p_holm": acc.p_holm,
+            "mde80": acc.mde,
+            "equivalence_margin_min": acc.equivalence_bound,
+            "p_improvement": acc.test.p_improvement if acc.test else None,
+            "verdict": acc.verdict,
+            "within_margin": acc.within_margin,
+            "holm_family": acc.family,
+        }
     return out
 
 
@@ -155,9 +217,11 @@ def read_results_csv(path: Path) -> list[dict]:
         reader = csv.DictReader(f)
         missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
         if missing:
-            raise InputError(f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
-                             "locvit (an older one has no verdicts); re-run the study's report (locvit report, or "
-                             "snakemake report) to rewrite it")
+            raise InputError(
+                f"{path} lacks the columns {', '.join(missing)}: it is not a results.csv of this "
+                "locvit (an older one has no verdicts); re-run the study's report (locvit report, or "
+                "snakemake report) to rewrite it"
+            )
         return list(reader)
 
 
@@ -170,12 +234,23 @@ def summary_lines(rows: list[dict]) -> list[list[str]]:
     """results.csv's rows as the short table people read (``locvit results``, the README): a header,
     then per variant n, mean ± std, its interval, Δ to its reference with Δ's interval, MDE and the verdict."""
     refs = sorted({r["reference"] for r in rows if r.get("reference")})
-    lines = [["variant", "n", "test top-1 (%)", "95% CI", f"Δ vs {refs[0]}" if len(refs) == 1 else "Δ vs reference",
-              "Δ 95% CI", "MDE", "verdict"]]
+    lines = [
+        [
+            "variant",
+            "n",
+            "test top-1 (%)",
+            "95% CI",
+            f"Δ vs {refs[0]}" if len(refs) == 1 else "Δ vs reference",
+            "Δ 95% CI",
+            "MDE",
+            "verdict",
+        ]
+    ]
     for r in rows:
         ci = f"[{num(r['test_top1_ci95_low'])}, {num(r['test_top1_ci95_high'])}]" if r["test_top1_ci95_low"] else "–"
-        dci = (f"[{num(r['delta_ci95_low'], '+.2f')}, {num(r['delta_ci95_high'], '+.2f')}]"
-               if r["delta_ci95_low"] else "–")
+        dci = (
+            f"[{num(r['delta_ci95_low'], '+.2f')}, {num(r['delta_ci95_high'], '+.2f')}]" if r["delta_ci95_low"] else "–"
+        )
         mean = num(r["test_top1_mean"]) + (f" ± {num(r['test_top1_std'])}" if r["test_top1_std"] else "")
         delta = num(r["delta_vs_baseline"], "+.2f") + (f" vs {r['reference']}" if len(refs) > 1 else "")
         lines.append([r["variant"], r["n_seeds"], mean, ci, delta, dci, num(r["mde80"]), r["verdict"] or "–"])
@@ -192,5 +267,9 @@ def as_markdown(lines: list[list[str]]) -> str:
 def as_text(lines: list[list[str]]) -> str:
     """A header and rows as aligned plain text (for the terminal)."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                     for line in lines) + "\n"
+    return (
+        "\n".join(
+            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
+        )
+        + "\n"
+    )

@@ -19,15 +19,58 @@ One experiment per study; in it a study run, one run per variant under it and on
 (variant, seed) under its variant's (:mod:`~locvit.tracking.tree`).
 """
 
-from locvit.tracking.backend import (HTTP_LIMITS, PROBE_READ_TIMEOUT_S, PROBE_TIMEOUT_S, TrackingAuthError,
-                                     TrackingUnreachable, bounded_http, check_reachable, compare_link, connect,
-                                     default_uri, experiments_of, log_files, log_metrics, retry, safe_uri, set_tags,
-                                     setup, ui_link)
-from locvit.tracking.run import (TrainingTracker, confirm_finished, failure_notice, log_evaluation,
-                                 slurm_provenance, sync_command)
+from locvit.tracking.backend import (
+    HTTP_LIMITS,
+    PROBE_READ_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+    TrackingAuthError,
+    TrackingUnreachable,
+    bounded_http,
+    check_reachable,
+    compare_link,
+    connect,
+    default_uri,
+    experiments_of,
+    log_files,
+    log_metrics,
+    retry,
+    safe_uri,
+    set_tags,
+    setup,
+    ui_link,
+)
+from locvit.tracking.run import (
+    TrainingTracker,
+    confirm_finished,
+    failure_notice,
+    log_evaluation,
+    slurm_provenance,
+    sync_command,
+)
 
-__all__ = ["HTTP_LIMITS", "PROBE_READ_TIMEOUT_S", "PROBE_TIMEOUT_S", "TrackingAuthError", "TrackingUnreachable",
-           "TrainingTracker", "bounded_http",
-           "check_reachable", "compare_link", "confirm_finished", "connect", "log_metrics", "set_tags", "default_uri", "experiments_of", "failure_notice",
-           "log_evaluation", "log_files", "ui_link",
-           "retry", "safe_uri", "setup", "slurm_provenance", "sync_command"]
+__all__ = [
+    "HTTP_LIMITS",
+    "PROBE_READ_TIMEOUT_S",
+    "PROBE_TIMEOUT_S",
+    "TrackingAuthError",
+    "TrackingUnreachable",
+    "TrainingTracker",
+    "bounded_http",
+    "check_reachable",
+    "compare_link",
+    "confirm_finished",
+    "connect",
+    "log_metrics",
+    "set_tags",
+    "default_uri",
+    "experiments_of",
+    "failure_notice",
+    "log_evaluation",
+    "log_files",
+    "ui_link",
+    "retry",
+    "safe_uri",
+    "setup",
+    "slurm_provenance",
+    "sync_command",
+]

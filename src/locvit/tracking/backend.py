@@ -19,12 +19,14 @@ import contextlib
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from locvit.errors import LocvitError
 from locvit.layout import artifacts_beside
-from locvit.tracking.sqlite import ensure as ensure_sqlite, lock as sqlite_lock
+from locvit.tracking.sqlite import ensure as ensure_sqlite
+from locvit.tracking.sqlite import lock as sqlite_lock
 
 T = TypeVar("T")
 
@@ -126,8 +128,10 @@ def compare_link(base: str, experiment_id: str, run_ids) -> str:
     from urllib.parse import quote
 
     runs = quote(json.dumps(list(run_ids), separators=(",", ":")))
-    return (f"{base.rstrip('/')}/#/compare-runs?runs={runs}&experiments={quote(json.dumps([experiment_id]))}"
-            "&workflowType=machine_learning")
+    return (
+        f"{base.rstrip('/')}/#/compare-runs?runs={runs}&experiments={quote(json.dumps([experiment_id]))}"
+        "&workflowType=machine_learning"
+    )
 
 
 def connect(study: str, db: str | Path):
@@ -171,7 +175,9 @@ def log_files(client, run_id: str, paths, artifact_path: str | None = None) -> l
         try:
             retry(client.log_artifact, run_id, str(path), artifact_path)
         except Exception as err:
-            failed.append(f"{Path(path).name} -> {run_id}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            failed.append(
+                f"{Path(path).name} -> {run_id}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            )
     return failed
 
 
@@ -196,7 +202,7 @@ def log_params(run_id: str, params: dict[str, Any]) -> None:
     client = mlflow.MlflowClient()
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for start in range(0, len(items), 90):  # MLflow accepts at most 100 params per batch
-        retry(client.log_batch, run_id, params=items[start:start + 90])
+        retry(client.log_batch, run_id, params=items[start : start + 90])
 
 
 def set_tags(run_id: str, tags: dict[str, str]) -> None:
@@ -244,8 +250,11 @@ def safe_uri(uri: str) -> str:
 #: refused connection then fails after about 8 s, a server that accepts but never answers
 #: after about 50 s (MLflow's defaults: 7 retries up to 120 s apart and 120 s per request,
 #: minutes per call). After the first failure, no further call is made.
-HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 
 
 #: One try, before the run is created: does the server answer at all? A closed port or an
@@ -283,24 +292,37 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: fl
         return
     import requests
 
-    verify = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or \
-        os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("true", "1")
+    verify = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or os.environ.get(
+        "MLFLOW_TRACKING_INSECURE_TLS", ""
+    ).lower() not in ("true", "1")
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=(timeout, read_timeout), verify=verify)
         # One read of the tracking API with the client's credentials, as MLflow's client sends them.
-        answer = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
-                              timeout=(timeout, read_timeout), verify=verify, **_client_auth())
+        answer = requests.get(
+            uri.rstrip("/") + "/api/2.0/mlflow/experiments/search",
+            params={"max_results": 1},
+            timeout=(timeout, read_timeout),
+            verify=verify,
+            **_client_auth(),
+        )
     except requests.RequestException as err:
-        raise TrackingUnreachable(f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
-                                  f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
-                                  f"{type(err).__name__}: {err})") from err
+        raise TrackingUnreachable(
+            f"the tracking server {safe_uri(uri)} cannot be reached (one try: at most "
+            f"{timeout:g} s to connect, {read_timeout:g} s to answer: "
+            f"{type(err).__name__}: {err})"
+        ) from err
     if answer.status_code in (401, 403):
-        sent = "no credentials" if not _client_auth() else "the credentials of MLFLOW_TRACKING_USERNAME / " \
-            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
-        raise TrackingAuthError(f"the tracking server {safe_uri(uri)} refused {sent} (HTTP {answer.status_code}): "
-                                "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to a user of that server "
-                                "(for `locvit mlflow-server`: the two it was started with) in the environment of "
-                                "every job (sbatch passes it on)")
+        sent = (
+            "no credentials"
+            if not _client_auth()
+            else "the credentials of MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+        )
+        raise TrackingAuthError(
+            f"the tracking server {safe_uri(uri)} refused {sent} (HTTP {answer.status_code}): "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to a user of that server "
+            "(for `locvit mlflow-server`: the two it was started with) in the environment of "
+            "every job (sbatch passes it on)"
+        )
 
 
 class TrackingAuthError(LocvitError, PermissionError):

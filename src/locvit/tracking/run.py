@@ -17,17 +17,29 @@ import os
 import shlex
 import socket
 import subprocess
-import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from locvit.errors import InputError
 from locvit.layout import RunFiles
 from locvit.run_config import flatten, peak_lr
-from locvit.tracking.backend import (current_uri, bounded_http, check_reachable, default_uri, find_run, log_metrics,
-                                     log_params, retry, run_status, safe_uri, set_tags, setup)
+from locvit.tracking.backend import (
+    bounded_http,
+    check_reachable,
+    current_uri,
+    default_uri,
+    find_run,
+    log_metrics,
+    log_params,
+    retry,
+    run_status,
+    safe_uri,
+    set_tags,
+    setup,
+)
 from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
 
 log = logging.getLogger(__name__)
@@ -37,8 +49,9 @@ log = logging.getLogger(__name__)
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -82,7 +95,9 @@ def system_metrics_interval(given: float | None, params: dict | None = None) -> 
         try:
             return max(0.0, float(env))
         except ValueError:
-            raise InputError(f"{SYSTEM_METRICS_ENV}={env!r} is not a number of seconds (0: no system metrics)") from None
+            raise InputError(
+                f"{SYSTEM_METRICS_ENV}={env!r} is not a number of seconds (0: no system metrics)"
+            ) from None
     return float(params["tracking"]["system_metrics_s"]) if params else 0.0
 
 
@@ -108,9 +123,17 @@ class TrainingTracker:
     :meth:`mark_failed`. ``seconds``: the wall time spent in MLflow's calls so far.
     """
 
-    def __init__(self, study: str, tracking_db: str | Path, out_dir: str | Path, run_name: str = "",
-                 tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
-                 slurm_job_ids: list[str] | None = None, run_id: str | None = None):
+    def __init__(
+        self,
+        study: str,
+        tracking_db: str | Path,
+        out_dir: str | Path,
+        run_name: str = "",
+        tags: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        slurm_job_ids: list[str] | None = None,
+        run_id: str | None = None,
+    ):
         self.study, self.tracking_db, self.out_dir, self.run_name = study, Path(tracking_db), Path(out_dir), run_name
         self.uri = default_uri(tracking_db)
         self.tags = dict(tags or {})
@@ -127,10 +150,21 @@ class TrainingTracker:
         self.seconds = 0.0
 
     @classmethod
-    def for_run(cls, cfg: dict, tracking_db: str | Path, out_dir: str | Path, manifest: dict, device: str,
-                n_params: int, world_size: int, run_id: str | None = None, slurm_job_ids: list[str] = (),
-                data: dict[str, Path] | None = None, system_metrics_s: float = 0.0,
-                machine: dict | None = None) -> TrainingTracker:
+    def for_run(
+        cls,
+        cfg: dict,
+        tracking_db: str | Path,
+        out_dir: str | Path,
+        manifest: dict,
+        device: str,
+        n_params: int,
+        world_size: int,
+        run_id: str | None = None,
+        slurm_job_ids: list[str] = (),
+        data: dict[str, Path] | None = None,
+        system_metrics_s: float = 0.0,
+        machine: dict | None = None,
+    ) -> TrainingTracker:
         """The tracker of a training run (a :func:`locvit.run_config.run_config`) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
@@ -144,13 +178,23 @@ class TrainingTracker:
         ``machine.cpu_capability``, ``machine.torch``, ``machine.gpu.name``, ...).
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))
-        tags = {"study": cfg["study"], "variant": cfg["variant"], "model": cfg["model"], "seed": str(cfg["seed"]),
-                "dataset": manifest["source"], "data_hash": manifest["data_hash"], "git_commit": git_commit(),
-                "device": device, "run_config": json.dumps(cfg, sort_keys=True, separators=(",", ":")), **provenance,
-                **{k: str(v) for k, v in flatten({"machine": machine}).items() if machine and v is not None}}
+        tags = {
+            "study": cfg["study"],
+            "variant": cfg["variant"],
+            "model": cfg["model"],
+            "seed": str(cfg["seed"]),
+            "dataset": manifest["source"],
+            "data_hash": manifest["data_hash"],
+            "git_commit": git_commit(),
+            "device": device,
+            "run_config": json.dumps(cfg, sort_keys=True, separators=(",", ":")),
+            **provenance,
+            **{k: str(v) for k, v in flatten({"machine": machine}).items() if machine and v is not None},
+        }
         params = {**flatten(cfg), "n_params": n_params, "world_size": world_size, "lr_peak": peak_lr(cfg["train"])}
-        tracker = cls(cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs,
-                      run_id=run_id)
+        tracker = cls(
+            cfg["study"], tracking_db, out_dir, f"{cfg['variant']}-seed{cfg['seed']}", tags, params, jobs, run_id=run_id
+        )
         tracker.datasets = dict(manifest=manifest, files=dict(data or {}))
         tracker.system_metrics_s = float(system_metrics_s)
         return tracker
@@ -181,8 +225,9 @@ class TrainingTracker:
             self.client = mlflow.MlflowClient()
         return self.client
 
-    def open(self, history: list[dict], stale_run_id: str | None = None,
-             on_created: Callable[[str], None] | None = None) -> None:
+    def open(
+        self, history: list[dict], stale_run_id: str | None = None, on_created: Callable[[str], None] | None = None
+    ) -> None:
         """Create the run's MLflow run, or set a resumed one (``run_id``) back to RUNNING; log the
         epochs of ``history`` it lacks.
 
@@ -197,13 +242,19 @@ class TrainingTracker:
         with self.guard("opening the MLflow run"):
             if stale_run_id and run_status(client, stale_run_id) == "RUNNING":
                 retry(client.set_terminated, stale_run_id, status="KILLED")
-            self.tags.update(seed_tags(variant_parent(client, self.experiment_id, self.study, self.tags["variant"],
-                                                      lock_beside(self.tracking_db))))
+            self.tags.update(
+                seed_tags(
+                    variant_parent(
+                        client, self.experiment_id, self.study, self.tags["variant"], lock_beside(self.tracking_db)
+                    )
+                )
+            )
             resumed = find_run(client, self.run_id)
             if resumed is not None:
                 # Jobs recorded on the run but not in last.pt (killed before their first epoch) come first.
                 self.slurm_job_ids, provenance = slurm_provenance(
-                    resumed.data.tags.get("slurm_job_ids", "").split(",") + self.slurm_job_ids)
+                    resumed.data.tags.get("slurm_job_ids", "").split(",") + self.slurm_job_ids
+                )
                 self.tags.update(provenance)
                 retry(client.update_run, self.run_id, status="RUNNING")
                 # A run of an older locvit (no tree) is adopted by its variant's run.
@@ -212,8 +263,9 @@ class TrainingTracker:
             else:
                 if self.run_id is not None:
                     log.warning("MLflow run %s is not in %s; logging to a new run", self.run_id, safe_uri(self.uri))
-                self.run_id = retry(client.create_run, self.experiment_id, run_name=self.run_name,
-                                    tags=self.tags).info.run_id
+                self.run_id = retry(
+                    client.create_run, self.experiment_id, run_name=self.run_name, tags=self.tags
+                ).info.run_id
                 if on_created is not None:
                     on_created(self.run_id)
                 self.log_inputs(client)
@@ -234,8 +286,9 @@ class TrainingTracker:
 
         quiet = logging.getLogger("mlflow.system_metrics")  # it says "started" and "stopped" at INFO each run
         quiet.setLevel(logging.WARNING)
-        self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.system_metrics_s,
-                                            resume_logging=resumed, tracking_uri=self.uri)
+        self.monitor = SystemMetricsMonitor(
+            self.run_id, sampling_interval=self.system_metrics_s, resume_logging=resumed, tracking_uri=self.uri
+        )
         self.monitor.start()
 
     def stop_monitor(self) -> None:
@@ -292,14 +345,27 @@ class TrainingTracker:
         """The loud failure notice (printed when tracking fails and again when the run ends)."""
         return failure_notice(
             f"{self.failed_during}: this run is NOT in MLflow from here on",
-            f"Training goes on; everything is kept in {self.out_dir} (metrics.json: \"tracking\" status \"failed\")",
-            self.run_name or str(self.out_dir), self.uri, self.error or "",
-            "Upload the run once the backend answers again (after training has finished)", self.sync_command())
+            f'Training goes on; everything is kept in {self.out_dir} (metrics.json: "tracking" status "failed")',
+            self.run_name or str(self.out_dir),
+            self.uri,
+            self.error or "",
+            "Upload the run once the backend answers again (after training has finished)",
+            self.sync_command(),
+        )
 
     def record(self) -> dict[str, Any]:
-        return {"status": "ok" if self.ok else "failed", "uri": safe_uri(self.uri), "error": self.error,
-                "failed_during": self.failed_during, "experiment": self.study, "run_name": self.run_name,
-                "tags": self.tags, "params": self.params, "artifacts": ARTIFACTS, "seconds": round(self.seconds, 3)}
+        return {
+            "status": "ok" if self.ok else "failed",
+            "uri": safe_uri(self.uri),
+            "error": self.error,
+            "failed_during": self.failed_during,
+            "experiment": self.study,
+            "run_name": self.run_name,
+            "tags": self.tags,
+            "params": self.params,
+            "artifacts": ARTIFACTS,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
@@ -343,8 +409,15 @@ def log_best_model(run_id: str, checkpoint: Path, step: int) -> str:
     try:
         # Inside the run (not run_id=): the model is created in the run's experiment, not MLflow's default one.
         with mlflow.start_run(run_id=run_id, log_system_metrics=False):
-            info = retry(mlflow.pytorch.log_model, model, name="model", input_example=example,
-                         serialization_format="pickle", step=step, pip_requirements=requirements)
+            info = retry(
+                mlflow.pytorch.log_model,
+                model,
+                name="model",
+                input_example=example,
+                serialization_format="pickle",
+                step=step,
+                pip_requirements=requirements,
+            )
     finally:
         quiet.level = level
     return info.model_uri
@@ -364,9 +437,16 @@ def log_datasets(client, run_id: str, manifest: dict, files: dict[str, Path]) ->
             warnings.filterwarnings("ignore", message=".*can be interpreted in multiple ways")
             source = resolve_dataset_source(str(Path(path).resolve()))
         dataset = MetaDataset(source, name=f"{manifest['source']}-{split}", digest=manifest["data_hash"])
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
-            InputTag("mlflow.data.context", contexts.get(split, split)), InputTag("split", split),
-            InputTag("images", str(manifest["splits"][split]["size"]))]))
+        inputs.append(
+            DatasetInput(
+                dataset._to_mlflow_entity(),
+                tags=[
+                    InputTag("mlflow.data.context", contexts.get(split, split)),
+                    InputTag("split", split),
+                    InputTag("images", str(manifest["splits"][split]["size"])),
+                ],
+            )
+        )
     retry(client.log_inputs, run_id, datasets=inputs)
 
 
@@ -388,8 +468,16 @@ def confirm_finished(metrics: dict, out_dir: Path, tracking_db: Path) -> None:
             close_run(client, metrics["mlflow_run_id"], out_dir, metrics)
 
 
-def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metrics: dict[str, float],
-                   run_dir: Path, manifest: dict | None = None, data: dict[str, Path] | None = None) -> None:
+def log_evaluation(
+    study: str,
+    tracking_db: Path,
+    state: dict,
+    out: Path,
+    metrics: dict[str, float],
+    run_dir: Path,
+    manifest: dict | None = None,
+    data: dict[str, Path] | None = None,
+) -> None:
     """Log a test score to the checkpoint's MLflow run; a backend that fails is reported, not fatal.
 
     As in training: one short probe of a server, bounded HTTP retries, and on failure a
@@ -409,38 +497,48 @@ def log_evaluation(study: str, tracking_db: Path, state: dict, out: Path, metric
         # the job log's record of what tracking cost (benchmarks/bench_pipeline.py sums it)
         log.info("MLflow: %s logged in %.3f s", ", ".join(metrics), time.perf_counter() - started)
     except Exception as err:  # any backend failure: the evaluation file is already written
-        log.warning("%s", failure_notice(
-            f"logging {', '.join(metrics)}", f"The result is kept in {out}", state["config"]["variant"] +
-            f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})", uri,
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-            "Upload it once the backend answers again",
-            sync_command(uri, run_dir, tracking_db, out.parent.parent)))
+        log.warning(
+            "%s",
+            failure_notice(
+                f"logging {', '.join(metrics)}",
+                f"The result is kept in {out}",
+                state["config"]["variant"]
+                + f"-seed{state['config']['seed']} ({state['mlflow_run_id'] or 'no MLflow run yet'})",
+                uri,
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                "Upload it once the backend answers again",
+                sync_command(uri, run_dir, tracking_db, out.parent.parent),
+            ),
+        )
 
 
 def sync_command(uri: str, runs_dir: Path, tracking_db: Path, eval_dir: Path | None = None) -> str:
     """The ``locvit sync-tracking`` command line that uploads ``runs_dir`` (and its test results) to ``uri``."""
     env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if os.environ.get("MLFLOW_TRACKING_URI") else ""
     extra = f" --eval-dir {shlex.quote(str(eval_dir))}" if eval_dir is not None else ""
-    return (f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(runs_dir))} "
-            f"--tracking-db {shlex.quote(str(tracking_db))}{extra}")
+    return (
+        f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(runs_dir))} "
+        f"--tracking-db {shlex.quote(str(tracking_db))}{extra}"
+    )
 
 
-def failure_notice(during: str, consequence: str, subject: str, uri: str, error: str, upload: str,
-                   command: str) -> str:
+def failure_notice(during: str, consequence: str, subject: str, uri: str, error: str, upload: str, command: str) -> str:
     """The loud block a step prints when tracking fails: what, the backend, the error, how to upload later."""
     bar = "!" * 100
     error = error if len(error) < 600 else error[:600] + " ..."
-    return "\n".join([
-        bar,
-        f"!! MLFLOW TRACKING FAILED while {during}.",
-        f"!! {consequence}.",
-        f"!!   run:     {subject}",
-        f"!!   backend: {safe_uri(uri)}",
-        f"!!   error:   {error}",
-        f"!! {upload}:",
-        f"!!   {command}",
-        bar,
-    ])
+    return "\n".join(
+        [
+            bar,
+            f"!! MLFLOW TRACKING FAILED while {during}.",
+            f"!! {consequence}.",
+            f"!!   run:     {subject}",
+            f"!!   backend: {safe_uri(uri)}",
+            f"!!   error:   {error}",
+            f"!! {upload}:",
+            f"!!   {command}",
+            bar,
+        ]
+    )
 
 
 def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
@@ -453,8 +551,11 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
     from mlflow.exceptions import MlflowException
 
     if not run_id:  # trained while the backend was unreachable: no run yet (locvit sync-tracking makes it)
-        log.warning("this checkpoint names no MLflow run (its training was not tracked); %s written to the local "
-                    "result file only. Upload it with locvit sync-tracking.", ", ".join(metrics))
+        log.warning(
+            "this checkpoint names no MLflow run (its training was not tracked); %s written to the local "
+            "result file only. Upload it with locvit sync-tracking.",
+            ", ".join(metrics),
+        )
         return False
     try:
         log_metrics(run_id, metrics, step)
@@ -462,6 +563,10 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> bool:
     except MlflowException as err:
         if "not found" not in str(err).lower() and "does not exist" not in str(err).lower():
             raise
-        log.warning("MLflow run %s is not in the tracking backend %s; %s written to the local result file only.",
-                    run_id, current_uri(), ", ".join(metrics))
+        log.warning(
+            "MLflow run %s is not in the tracking backend %s; %s written to the local result file only.",
+            run_id,
+            current_uri(),
+            ", ".join(metrics),
+        )
         return False

@@ -32,7 +32,9 @@ from pathlib import Path
 from locvit.errors import InputError
 from locvit.io import atomic_path
 from locvit.layout import StudyLayout
-from locvit.tracking.sqlite import AUTH, TRACKING, ensure as ensure_sqlite, lock as sqlite_lock
+from locvit.tracking.sqlite import AUTH, TRACKING
+from locvit.tracking.sqlite import ensure as ensure_sqlite
+from locvit.tracking.sqlite import lock as sqlite_lock
 from locvit.tracking.ui import LOCAL_HOST, LOOPBACK, ui_env, ui_url
 
 USER, PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
@@ -48,8 +50,10 @@ def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
         return None
     if not (user and password):
         missing = USER if not user else PASSWORD
-        raise InputError(f"{missing} is not set: set both {USER} and {PASSWORD} (the server's administrator, "
-                         f"and what its clients send), or neither for a server without a login on {LOCAL_HOST}")
+        raise InputError(
+            f"{missing} is not set: set both {USER} and {PASSWORD} (the server's administrator, "
+            f"and what its clients send), or neither for a server without a login on {LOCAL_HOST}"
+        )
     return user, password
 
 
@@ -59,11 +63,13 @@ def write_auth_config(study_dir: Path, user: str) -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / "basic_auth.ini"
     with atomic_path(path, mode=0o600) as tmp:
-        tmp.write_text("[mlflow]\n"
-                       "default_permission = READ\n"
-                       f"database_uri = sqlite:///{folder / AUTH_DB}\n"
-                       f"admin_username = {user}\n"
-                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        tmp.write_text(
+            "[mlflow]\n"
+            "default_permission = READ\n"
+            f"database_uri = sqlite:///{folder / AUTH_DB}\n"
+            f"admin_username = {user}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
     return path
 
 
@@ -72,21 +78,37 @@ def auth_database(config: Path) -> Path:
     return config.parent / AUTH_DB
 
 
-def server_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
-                   env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+def server_command(
+    study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1, env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The ``mlflow server`` command (an argument list, run without a shell) and its environment."""
     env = dict(os.environ if env is None else env)
     login = credentials(env)
     if login is None and host not in LOOPBACK:
-        raise InputError(f"--host {host}: a server reachable from other machines needs a login; set {USER} and "
-                         f"{PASSWORD} in the environment (the server's administrator; jobs send the same two "
-                         f"variables), or serve on {LOCAL_HOST}")
+        raise InputError(
+            f"--host {host}: a server reachable from other machines needs a login; set {USER} and "
+            f"{PASSWORD} in the environment (the server's administrator; jobs send the same two "
+            f"variables), or serve on {LOCAL_HOST}"
+        )
     layout = StudyLayout(Path(study_dir).resolve())
     layout.root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "mlflow", "server",
-           "--backend-store-uri", f"sqlite:///{layout.tracking_db}",
-           "--serve-artifacts", "--artifacts-destination", layout.artifacts.as_uri(),
-           "--host", host, "--port", str(port), "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{layout.tracking_db}",
+        "--serve-artifacts",
+        "--artifacts-destination",
+        layout.artifacts.as_uri(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
     env = {**ui_env(), **env}
     env.pop("MLFLOW_TRACKING_URI", None)  # the server's own store is the study's file, whatever the shell says
     if login is not None:
@@ -109,7 +131,11 @@ def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, worke
         with sqlite_lock(db):
             ensure_sqlite(db, schema)
     login = "with a login (basic auth)" if "--app-name" in cmd else "without a login (this machine only)"
-    print(f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
-          f"MLFLOW_TRACKING_URI={ui_url(host, port)}" + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
-          + " (Ctrl-C stops it)", flush=True)
+    print(
+        f"MLflow tracking server on {cmd[cmd.index('--backend-store-uri') + 1]}, {login}: jobs log to it with "
+        f"MLFLOW_TRACKING_URI={ui_url(host, port)}"
+        + (f" and {USER} / {PASSWORD}" if "--app-name" in cmd else "")
+        + " (Ctrl-C stops it)",
+        flush=True,
+    )
     os.execve(cmd[0], cmd, env)

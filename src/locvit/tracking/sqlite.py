@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 #: Words of SQLite's answer to a migration re-run on a database where it was cut short.
 HALF_BUILT = ("already exists", "duplicate column")
@@ -32,11 +32,11 @@ HALF_BUILT = ("already exists", "duplicate column")
 class Schema:
     """One kind of MLflow SQLite database."""
 
-    what: str                        # "MLflow tracking database", for messages
-    version_table: str               # where alembic records a file's schema revision
-    head: Callable[[], str]          # this MLflow's revision
-    build: Callable[[str], None]     # create or upgrade the schema at a URI to head, in place
-    work: str                        # the table whose rows a file must not lose ("runs", "users")
+    what: str  # "MLflow tracking database", for messages
+    version_table: str  # where alembic records a file's schema revision
+    head: Callable[[], str]  # this MLflow's revision
+    build: Callable[[str], None]  # create or upgrade the schema at a URI to head, in place
+    work: str  # the table whose rows a file must not lose ("runs", "users")
 
 
 def _tracking_head() -> str:
@@ -109,15 +109,19 @@ def ensure(path: Path, schema: Schema = TRACKING) -> None:
     try:
         with atomic_path(path) as tmp:
             if path.exists():
-                with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as src, \
-                        contextlib.closing(sqlite3.connect(tmp)) as dst:
+                with (
+                    contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as src,
+                    contextlib.closing(sqlite3.connect(tmp)) as dst,
+                ):
                     src.backup(dst)
             schema.build(f"sqlite:///{tmp}")
     except Exception as err:
         if path.exists() and "can't locate revision" in str(err).lower():
-            raise RuntimeError(f"{path} was written by a newer MLflow than this one (its {schema.what} is at schema "
-                               f"revision {revision(path, schema)}, unknown here): install that MLflow in this "
-                               f"environment") from err
+            raise RuntimeError(
+                f"{path} was written by a newer MLflow than this one (its {schema.what} is at schema "
+                f"revision {revision(path, schema)}, unknown here): install that MLflow in this "
+                f"environment"
+            ) from err
         if not (path.exists() and any(s in str(err).lower() for s in HALF_BUILT)):
             raise
         raise RuntimeError(half_built(path, schema, err)) from err
@@ -129,10 +133,14 @@ def half_built(path: Path, schema: Schema, err: BaseException) -> str:
     held = rows[0] if rows else 0
     reason = f"upgrading it fails with: {str(err).splitlines()[0]}"
     if not held:
-        return (f"{path} is a half-built {schema.what} (a process was killed while MLflow built its tables in "
-                f"place; {reason}). It holds no {schema.work}: delete it and run the step again, which builds it "
-                f"whole")
-    return (f"{path} is an {schema.what} whose upgrade to this MLflow's schema was cut short in place (a process "
-            f"was killed while MLflow migrated it; {reason}). It holds {schema.work} ({held}), so do not delete it: "
-            f"restore it from a backup (or reinstall the MLflow that wrote it, revision {revision(path, schema)}), "
-            f"then run the step again, which upgrades a copy and renames it into place when whole")
+        return (
+            f"{path} is a half-built {schema.what} (a process was killed while MLflow built its tables in "
+            f"place; {reason}). It holds no {schema.work}: delete it and run the step again, which builds it "
+            f"whole"
+        )
+    return (
+        f"{path} is an {schema.what} whose upgrade to this MLflow's schema was cut short in place (a process "
+        f"was killed while MLflow migrated it; {reason}). It holds {schema.work} ({held}), so do not delete it: "
+        f"restore it from a backup (or reinstall the MLflow that wrote it, revision {revision(path, schema)}), "
+        f"then run the step again, which upgrades a copy and renames it into place when whole"
+    )

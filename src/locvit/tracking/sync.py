@@ -9,21 +9,31 @@ already complete.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from locvit.io import read_json, write_json
 from locvit.layout import ROUND_FILES, RunFiles, StudyLayout, per_seed
 from locvit.run_config import flatten, peak_lr
-from locvit.tracking.backend import (bounded_http, check_reachable, default_uri, find_run, log_metrics, log_params,
-                                     retry, safe_uri, set_tags, setup)
+from locvit.tracking.backend import (
+    bounded_http,
+    check_reachable,
+    default_uri,
+    find_run,
+    log_metrics,
+    log_params,
+    retry,
+    safe_uri,
+    set_tags,
+    setup,
+)
 from locvit.tracking.run import ARTIFACTS, log_best_model
 from locvit.tracking.tree import lock_beside, seed_tags, variant_parent
 
 
 def _batches(items: list, size: int):
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def find_evaluation(folder: Path, metrics: dict, eval_dir: Path | None) -> dict | None:
@@ -44,27 +54,41 @@ def _params_from_checkpoint(folder: Path, metrics: dict) -> dict[str, str]:
     from locvit.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(RunFiles.at(folder).best, allow_code_change=True)["config"]  # its config only
-    params = {**flatten(cfg), "n_params": metrics["n_params"], "world_size": metrics.get("world_size", 1),
-              "lr_peak": peak_lr(cfg["train"])}
+    params = {
+        **flatten(cfg),
+        "n_params": metrics["n_params"],
+        "world_size": metrics.get("world_size", 1),
+        "lr_peak": peak_lr(cfg["train"]),
+    }
     return {k: str(v)[:6000] for k, v in params.items()}
 
 
-def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evaluation: dict | None,
-            uri: str, lock: Path) -> tuple[str, int]:
+def _upload(
+    client, experiment_id: str, folder: Path, metrics: dict, run, evaluation: dict | None, uri: str, lock: Path
+) -> tuple[str, int]:
     """Create (or complete) the run of a record; return its id and the number of metric points logged."""
     from mlflow.entities import Metric
 
     record = metrics.get("tracking") or {}
-    tags = {"study": metrics["study"], "variant": metrics["variant"], "model": metrics["model"],
-            "seed": str(metrics["seed"]), **record.get("tags", {})}
+    tags = {
+        "study": metrics["study"],
+        "variant": metrics["variant"],
+        "model": metrics["model"],
+        "seed": str(metrics["seed"]),
+        **record.get("tags", {}),
+    }
     if metrics.get("slurm_job_ids") and "slurm_job_ids" not in tags:
         tags["slurm_job_ids"] = ",".join(metrics["slurm_job_ids"])
     # Under its variant's run in this backend (the record's parent, if any, was another backend's).
     tags.update(seed_tags(variant_parent(client, experiment_id, metrics["study"], metrics["variant"], lock)))
     params = record.get("params") or _params_from_checkpoint(folder, metrics)
     if run is None:
-        run = retry(client.create_run, experiment_id, tags=tags,
-                    run_name=record.get("run_name") or f"{metrics['variant']}-seed{metrics['seed']}")
+        run = retry(
+            client.create_run,
+            experiment_id,
+            tags=tags,
+            run_name=record.get("run_name") or f"{metrics['variant']}-seed{metrics['seed']}",
+        )
     else:  # the run got this far before tracking failed: complete it
         set_tags(run.info.run_id, tags)
     run_id = run.info.run_id
@@ -73,16 +97,27 @@ def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evalua
     points.append(("best_val_top1", metrics["best_val_top1"], metrics["best_epoch"]))
     if evaluation is not None:
         split = evaluation["split"]
-        points += [(f"{split}_{m}", evaluation[f"{split}_{m}"], evaluation["checkpoint_epoch"]) for m in ("top1", "loss")]
-    logged = {key: {m.step for m in retry(client.get_metric_history, run_id, key)} if key in run.data.metrics else set()
-              for key in {k for k, _, _ in points}}
+        points += [
+            (f"{split}_{m}", evaluation[f"{split}_{m}"], evaluation["checkpoint_epoch"]) for m in ("top1", "loss")
+        ]
+    logged = {
+        key: {m.step for m in retry(client.get_metric_history, run_id, key)} if key in run.data.metrics else set()
+        for key in {k for k, _, _ in points}
+    }
     now = int(time.time() * 1000)
     missing = [Metric(k, float(v), now, int(s)) for k, v, s in points if s not in logged[k]]
     for batch in _batches(missing, 900):  # MLflow takes at most 1000 metrics per batch
         retry(client.log_batch, run_id, metrics=batch)
     # The record names its run before its metrics.json is uploaded, so the artifact says so too.
-    synced = {**record, "status": "ok", "uri": safe_uri(uri), "error": None, "failed_during": None,
-              "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "error_before_sync": record.get("error")}
+    synced = {
+        **record,
+        "status": "ok",
+        "uri": safe_uri(uri),
+        "error": None,
+        "failed_during": None,
+        "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "error_before_sync": record.get("error"),
+    }
     write_json(RunFiles.at(folder).metrics, {**metrics, "mlflow_run_id": run_id, "tracking": synced})
     for name, artifact_path in (record.get("artifacts") or ARTIFACTS).items():
         if (folder / name).is_file():
@@ -95,8 +130,12 @@ def _upload(client, experiment_id: str, folder: Path, metrics: dict, run, evalua
     return run_id, len(missing)
 
 
-def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Path | None = None,
-              log: Callable[[str], None] = print) -> dict[str, list[str]]:
+def sync_runs(
+    runs_dir: str | Path,
+    tracking_db: str | Path,
+    eval_dir: str | Path | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[str]]:
     """Upload every run record under ``runs_dir`` (any depth) that the tracking backend lacks.
 
     A run folder (one with a training ``metrics.json``) is uploaded when its record says
@@ -132,22 +171,38 @@ def sync_runs(runs_dir: str | Path, tracking_db: str | Path, eval_dir: str | Pat
                 run = find_run(client, metrics.get("mlflow_run_id"))
                 evaluation = find_evaluation(folder, metrics, eval_dir)
                 test_key = f"{evaluation['split']}_top1" if evaluation else None
-                complete = (metrics.get("tracking") or {}).get("status") != "failed" and run is not None \
+                complete = (
+                    (metrics.get("tracking") or {}).get("status") != "failed"
+                    and run is not None
                     and run.info.status == "FINISHED"
+                )
                 if complete and (test_key is None or test_key in run.data.metrics):
                     outcome["up_to_date"].append(str(folder))
                 elif complete:
                     split, step = evaluation["split"], evaluation["checkpoint_epoch"]
-                    log_metrics(run.info.run_id, {f"{split}_top1": evaluation[f"{split}_top1"],
-                                                  f"{split}_loss": evaluation[f"{split}_loss"]}, step=step)
+                    log_metrics(
+                        run.info.run_id,
+                        {f"{split}_top1": evaluation[f"{split}_top1"], f"{split}_loss": evaluation[f"{split}_loss"]},
+                        step=step,
+                    )
                     outcome["evaluation"].append(str(folder))
                     log(f"{folder}: test result logged to MLflow run {run.info.run_id}")
                 else:
-                    run_id, n = _upload(client, experiments[metrics["study"]], folder, metrics, run, evaluation, uri,
-                                        lock_beside(tracking_db))
+                    run_id, n = _upload(
+                        client,
+                        experiments[metrics["study"]],
+                        folder,
+                        metrics,
+                        run,
+                        evaluation,
+                        uri,
+                        lock_beside(tracking_db),
+                    )
                     outcome["uploaded"].append(str(folder))
-                    log(f"{folder}: uploaded to MLflow run {run_id} ({n} metric values"
-                        f"{', test result' if evaluation else ''}; metrics.json updated)")
+                    log(
+                        f"{folder}: uploaded to MLflow run {run_id} ({n} metric values"
+                        f"{', test result' if evaluation else ''}; metrics.json updated)"
+                    )
             except Exception as err:  # one bad record does not stop the others
                 outcome["failed"].append(str(folder))
                 log(f"{folder}: NOT uploaded: {type(err).__name__}: {err}")

@@ -20,8 +20,8 @@ the duplicates' children moved over and the duplicates deleted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from locvit.tracking.backend import retry
 
@@ -82,8 +82,10 @@ def variant_parent(client, experiment_id: str, study: str, variant: str, lock: P
             held = FileLock(str(lock), timeout=LOCK_TIMEOUT_S)
             held.acquire()
         except (Timeout, OSError) as err:
-            log.warning(f"the MLflow run tree's lock {lock} could not be had ({type(err).__name__}); finding or "
-                          "creating the study's and variant's runs without it (the report settles any duplicate)")
+            log.warning(
+                f"the MLflow run tree's lock {lock} could not be had ({type(err).__name__}); finding or "
+                "creating the study's and variant's runs without it (the report settles any duplicate)"
+            )
             held = None
     try:
         study_id = find_or_create(client, experiment_id, study_tags(study), study)
@@ -132,8 +134,9 @@ def _merge(client, experiment_id: str, tags: dict[str, str], run_name: str, pare
         dup = duplicate.info.run_id
         if dup == keep:
             continue
-        for child in retry(client.search_runs, [experiment_id], filter_string=f"tags.`{PARENT}` = '{dup}'",
-                           max_results=1000):
+        for child in retry(
+            client.search_runs, [experiment_id], filter_string=f"tags.`{PARENT}` = '{dup}'", max_results=1000
+        ):
             retry(client.set_tag, child.info.run_id, PARENT, keep)
         retry(client.delete_run, dup)
     if parent and retry(client.get_run, keep).data.tags.get(PARENT) != parent:

@@ -35,21 +35,38 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
     """
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        there = f"browse {uri}" if uri.startswith(("http://", "https://")) else \
-            f"run `mlflow ui --backend-store-uri {uri}`"
-        raise InputError(f"MLFLOW_TRACKING_URI is set ({uri}), so the pipeline logged this study's runs there, "
-                         f"not to {StudyLayout(Path(study_dir)).tracking_db}: {there}, or unset MLFLOW_TRACKING_URI "
-                         f"to open the study's own file.")
+        there = (
+            f"browse {uri}" if uri.startswith(("http://", "https://")) else f"run `mlflow ui --backend-store-uri {uri}`"
+        )
+        raise InputError(
+            f"MLFLOW_TRACKING_URI is set ({uri}), so the pipeline logged this study's runs there, "
+            f"not to {StudyLayout(Path(study_dir)).tracking_db}: {there}, or unset MLFLOW_TRACKING_URI "
+            f"to open the study's own file."
+        )
     layout = StudyLayout(Path(study_dir).resolve())
     db = layout.tracking_db
     if not db.is_file():
-        raise MissingFileError(f"{db} does not exist: the study has no MLflow runs yet; run the pipeline first "
-                               f"(snakemake --cores all all, or make demo)")
-    return [sys.executable, "-m", "mlflow", "ui",
-            "--backend-store-uri", f"sqlite:///{db}",
-            # Where artifacts of experiments created from the UI would go (ours keep their own location).
-            "--artifacts-destination", layout.artifacts.as_uri(),
-            "--host", host, "--port", str(port), "--workers", str(workers)]
+        raise MissingFileError(
+            f"{db} does not exist: the study has no MLflow runs yet; run the pipeline first "
+            f"(snakemake --cores all all, or make demo)"
+        )
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        f"sqlite:///{db}",
+        # Where artifacts of experiments created from the UI would go (ours keep their own location).
+        "--artifacts-destination",
+        layout.artifacts.as_uri(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
 
 
 def study_links(study_dir: str | Path, study: str, base: str) -> list[str]:
@@ -70,22 +87,32 @@ def study_links(study_dir: str | Path, study: str, base: str) -> list[str]:
         return [ui_link(base, exp.experiment_id)]
     variants = find(client, exp.experiment_id, {ROLE: "variant", "study": study})
     # The variants of the results table (a mask search's rounds have no test_top1_mean), best first.
-    variants = sorted([r for r in variants if "test_top1_mean" in r.data.metrics] or variants,
-                      key=lambda r: r.data.metrics.get("test_top1_mean", float("-inf")), reverse=True)
-    return [ui_link(base, exp.experiment_id, runs[0].info.run_id),
-            compare_link(base, exp.experiment_id, [r.info.run_id for r in variants])]
+    variants = sorted(
+        [r for r in variants if "test_top1_mean" in r.data.metrics] or variants,
+        key=lambda r: r.data.metrics.get("test_top1_mean", float("-inf")),
+        reverse=True,
+    )
+    return [
+        ui_link(base, exp.experiment_id, runs[0].info.run_id),
+        compare_link(base, exp.experiment_id, [r.info.run_id for r in variants]),
+    ]
 
 
-def serve(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1,
-          study: str | None = None) -> None:
+def serve(
+    study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, workers: int = 1, study: str | None = None
+) -> None:
     """Replace this process by ``mlflow ui`` (so a signal to our pid reaches MLflow itself).
 
     Prints the links of :func:`study_links` (``study``: default the folder's name).
     """
     cmd = ui_command(study_dir, host, port, workers)
     if host not in LOOPBACK:
-        log.warning("binding the MLflow UI to %s: anyone who can reach port %s can read, change and delete these "
-                    "runs (it has no login).", host, port)
+        log.warning(
+            "binding the MLflow UI to %s: anyone who can reach port %s can read, change and delete these "
+            "runs (it has no login).",
+            host,
+            port,
+        )
     links = study_links(study_dir, study or Path(study_dir).resolve().name, ui_url(host, port))
     print(f"MLflow UI on {cmd[cmd.index('--backend-store-uri') + 1]}: browse {links[0]} (Ctrl-C stops it)", flush=True)
     if len(links) > 1:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,8 +72,10 @@ def current() -> Dist:
     """The distributed state of this process; the group must be joined (:func:`distributed`)."""
     state = from_env()
     if state.ddp and not dist.is_initialized():
-        raise RuntimeError(f"WORLD_SIZE={state.world_size} but no process group was joined; "
-                           "run through `locvit train` (it joins the group torchrun describes)")
+        raise RuntimeError(
+            f"WORLD_SIZE={state.world_size} but no process group was joined; "
+            "run through `locvit train` (it joins the group torchrun describes)"
+        )
     return state
 
 

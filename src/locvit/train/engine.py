@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +88,8 @@ class NonFiniteLoss(LocvitError, FloatingPointError):
         super().__init__(
             f"training stopped at step {step}: loss {loss}, gradient norm {grad_norm}; {bad_steps} step(s) with a "
             f"NaN or inf loss or gradient, more than train.max_bad_steps = {max_bad_steps}. last.pt holds the last "
-            "good epoch. Lower train.lr, set train.clip_grad, or raise train.max_bad_steps to skip more such steps.")
+            "good epoch. Lower train.lr, set train.clip_grad, or raise train.max_bad_steps to skip more such steps."
+        )
         self.step, self.bad_steps = step, bad_steps
 
 
@@ -96,11 +97,16 @@ class NoOptimiserStep(LocvitError, RuntimeError):
     """An epoch that took no optimiser step: its result would be the untrained model's."""
 
     def __init__(self, batches: int, bad_steps: int):
-        why = ("the training split holds fewer images than one batch (train.batch_size; a partial batch is "
-               "dropped)" if batches == 0 else f"all its {batches} step(s) had a NaN or inf loss or gradient")
-        super().__init__(f"an epoch took no optimiser step: {why}. Training stopped; nothing is written as the run's "
-                         "result. Use a train.batch_size of at most the training split's size (the dataset manifest "
-                         "holds it) or a larger data.train_fraction")
+        why = (
+            "the training split holds fewer images than one batch (train.batch_size; a partial batch is dropped)"
+            if batches == 0
+            else f"all its {batches} step(s) had a NaN or inf loss or gradient"
+        )
+        super().__init__(
+            f"an epoch took no optimiser step: {why}. Training stopped; nothing is written as the run's "
+            "result. Use a train.batch_size of at most the training split's size (the dataset manifest "
+            "holds it) or a larger data.train_fraction"
+        )
         self.batches, self.bad_steps = batches, bad_steps
 
 
@@ -158,8 +164,14 @@ class EpochBatches:
     epoch's first: when it says so the batches end there, and ``stopped`` is set.
     """
 
-    def __init__(self, loader: Iterable, feed: Callable[..., Iterable], start: EpochStart = EpochStart(),
-                 read_every: int = 50, stop: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        loader: Iterable,
+        feed: Callable[..., Iterable],
+        start: EpochStart = EpochStart(),
+        read_every: int = 50,
+        stop: Callable[[], bool] | None = None,
+    ):
         self.loader, self.feed, self.start = loader, feed, start
         self.read_every, self.stop, self.stopped = read_every, stop, False
 
@@ -170,8 +182,7 @@ class EpochBatches:
         self.stopped = False
         skip = _Skip(self.loader, self.start.done.batches)
         for step, batch in enumerate(self.feed(skip, first_step=self.start.step), self.start.step):
-            if (self.stop is not None and step > self.start.step and step % self.read_every == 0
-                    and self.stop()):
+            if self.stop is not None and step > self.start.step and step % self.read_every == 0 and self.stop():
                 self.stopped = True  # asked after the previous step: that one was the last
                 return
             yield batch
@@ -193,11 +204,18 @@ class _Skip:
         yield from batches
 
 
-def train_one_epoch(model: torch.nn.Module, batches: Iterable, optimizer: torch.optim.Optimizer,
-                    lr_at: Callable[[int], float], start: EpochStart = EpochStart(),
-                    recipe: StepRecipe = StepRecipe(), compute: Compute = Compute(), mixup: Callable | None = None,
-                    on_step: Callable[[int, torch.Tensor | None], None] | None = None,
-                    bar: str | None = None) -> dict:
+def train_one_epoch(
+    model: torch.nn.Module,
+    batches: Iterable,
+    optimizer: torch.optim.Optimizer,
+    lr_at: Callable[[int], float],
+    start: EpochStart = EpochStart(),
+    recipe: StepRecipe = StepRecipe(),
+    compute: Compute = Compute(),
+    mixup: Callable | None = None,
+    on_step: Callable[[int, torch.Tensor | None], None] | None = None,
+    bar: str | None = None,
+) -> dict:
     """Train on ``batches`` (x, labels), x the model's input (:class:`EpochBatches`); ``lr_at(step)``
     sets the lr before every step, the first numbered ``start.step``.
 
@@ -266,8 +284,11 @@ def train_one_epoch(model: torch.nn.Module, batches: Iterable, optimizer: torch.
         if stepped is False or step % recipe.read_every == 0:  # a known bad step: check the budget now
             loss_sum, correct, seen, bad = tally.read()
             elapsed = time.perf_counter() - clock
-            progress.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", acc=f"{correct / max(seen, 1):.3f}",
-                                 img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+            progress.set_postfix(
+                loss=f"{loss_sum / max(seen, 1):.3f}",
+                acc=f"{correct / max(seen, 1):.3f}",
+                img_s=f"{seen / max(elapsed, 1e-9):.0f}",
+            )
     loss_sum, correct, seen, bad = tally.read()  # before the epoch's checkpoint
     if trained - bad <= 0:  # every batch of the epoch (none, or all bad): the weights never moved
         raise NoOptimiserStep(trained, bad)
@@ -294,14 +315,22 @@ class _Tally:
 
     def __init__(self, done: PartialEpoch, device: torch.device, max_bad_steps: int, bad_steps_before: int):
         self.loss = torch.tensor(done.loss_sum, dtype=torch.float64, device=device)
-        self.correct, self.seen, self.bad = (torch.tensor(n, dtype=torch.int64, device=device)
-                                             for n in (done.correct, done.seen, done.bad_steps))
+        self.correct, self.seen, self.bad = (
+            torch.tensor(n, dtype=torch.int64, device=device) for n in (done.correct, done.seen, done.bad_steps)
+        )
         self.over = torch.zeros(3, dtype=torch.float64, device=device)  # (step, loss, grad norm)
         self.max_bad_steps = max_bad_steps
         self.budget = max_bad_steps - bad_steps_before  # bad steps this epoch may skip
 
-    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, logits: torch.Tensor,
-            labels: torch.Tensor, ok: torch.Tensor) -> None:
+    def add(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        ok: torch.Tensor,
+    ) -> None:
         n = labels.shape[0]
         self.loss += torch.where(ok, loss.detach().double() * n, 0.0)
         self.correct += torch.where(ok, (logits.argmax(-1) == labels).sum(), 0)
@@ -313,8 +342,9 @@ class _Tally:
 
     def read(self) -> tuple[float, int, int, int]:
         """(loss sum, correct, seen, bad steps) as Python numbers."""
-        loss, correct, seen, bad = torch.stack([self.loss, self.correct.double(), self.seen.double(),
-                                                self.bad.double()]).tolist()  # int64 counts: exact in float64
+        loss, correct, seen, bad = torch.stack(
+            [self.loss, self.correct.double(), self.seen.double(), self.bad.double()]
+        ).tolist()  # int64 counts: exact in float64
         correct, seen, bad = int(correct), int(seen), int(bad)
         if bad > self.budget:
             step, loss_at, grad_norm = self.over.tolist()
@@ -353,8 +383,9 @@ def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None =
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compute = Compute(),
-             limit: int | None = None) -> dict:
+def evaluate(
+    model: torch.nn.Module, loader: Iterable, mean, std, compute: Compute = Compute(), limit: int | None = None
+) -> dict:
     """Top-1 accuracy and mean cross-entropy over every sample of ``loader`` (its first ``limit``).
 
     ``limit`` drops the padding a distributed loader adds at the end of a rank's share;
@@ -381,6 +412,11 @@ def evaluate(model: torch.nn.Module, loader: Iterable, mean, std, compute: Compu
         total_seen += labels.shape[0]
     total_loss, total_correct = sums.tolist() if sums is not None else (0.0, 0)
     total_correct = int(total_correct)
-    return {"loss": total_loss / max(total_seen, 1), "top1": total_correct / max(total_seen, 1), "n": total_seen,
-            "loss_sum": total_loss, "correct": total_correct,
-            "hits": torch.cat(hits).cpu() if hits else torch.zeros(0, dtype=torch.bool)}
+    return {
+        "loss": total_loss / max(total_seen, 1),
+        "top1": total_correct / max(total_seen, 1),
+        "n": total_seen,
+        "loss_sum": total_loss,
+        "correct": total_correct,
+        "hits": torch.cat(hits).cpu() if hits else torch.zeros(0, dtype=torch.bool),
+    }

@@ -10,24 +10,30 @@ scoring a small test split, so the compile is paid once per variant, not per see
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import torch
 
 from locvit import machine, models
+from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
-from locvit.tracking import log_evaluation
-from locvit.checkpoint import load_checkpoint
 from locvit.precision import set_backends
+from locvit.tracking import log_evaluation
 from locvit.train.engine import Compute, channels_last, evaluate
 
 
-def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, manifest_path: Path,
-                         tracking_db: Path, split: str = "test", threads: int | None = None) -> list[dict]:
+def evaluate_checkpoints(
+    checkpoints: list[Path],
+    outs: list[Path],
+    data: Path,
+    manifest_path: Path,
+    tracking_db: Path,
+    split: str = "test",
+    threads: int | None = None,
+) -> list[dict]:
     """Score each checkpoint on ``data``; write one JSON per checkpoint to ``outs``."""
     if len(checkpoints) != len(outs):
         raise InputError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
@@ -39,8 +45,14 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         cfg = state["config"]
         device = models.device_for(cfg["train"]["device"])
         if loader is None:
-            loader = make_loader(data, cfg["train"]["eval_batch_size"], False, device, cfg["train"]["num_workers"],
-                                 jit=cfg["train"].get("loader_jit", True))
+            loader = make_loader(
+                data,
+                cfg["train"]["eval_batch_size"],
+                False,
+                device,
+                cfg["train"]["num_workers"],
+                jit=cfg["train"].get("loader_jit", True),
+            )
             if threads and device.type == "cpu":
                 torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
         model = models.load(state, device)
@@ -53,12 +65,20 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
         mean, std = models.normalisation(model)
         scores = evaluate(model, loader, mean, std, compute)
         result = {
-            "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-            "split": split, f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"], "n": scores["n"],
+            "study": cfg["study"],
+            "variant": cfg["variant"],
+            "seed": cfg["seed"],
+            "model": cfg["model"],
+            "split": split,
+            f"{split}_top1": scores["top1"],
+            f"{split}_loss": scores["loss"],
+            "n": scores["n"],
             # per image, in the split's order: top-1 right or wrong (io.pack_bits), for paired comparisons
             f"{split}_hits": pack_bits(scores["hits"].numpy()),
-            "n_params": sum(p.numel() for p in model.parameters()), "checkpoint_epoch": state["epoch"],
-            "val_top1": state["val_top1"], "mlflow_run_id": state["mlflow_run_id"],
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "checkpoint_epoch": state["epoch"],
+            "val_top1": state["val_top1"],
+            "mlflow_run_id": state["mlflow_run_id"],
             "data_hash": manifest["data_hash"],  # the whole prepared dataset (differs between training fractions)
             # the split scored, in the order scored (the FFCV file's order, read sequentially): the report pairs
             # two variants' per-image results only when this is equal (locvit.report.study.Acc.against)
@@ -66,8 +86,15 @@ def evaluate_checkpoints(checkpoints: list[Path], outs: list[Path], data: Path, 
             "machine": machine.describe(device),
         }
         write_json(out, result)  # first: the result stands whatever the tracking backend does
-        log_evaluation(cfg["study"], tracking_db, state, out, {f"{split}_top1": scores["top1"],
-                                                               f"{split}_loss": scores["loss"]}, checkpoint.parent,
-                       manifest, {split: data})
+        log_evaluation(
+            cfg["study"],
+            tracking_db,
+            state,
+            out,
+            {f"{split}_top1": scores["top1"], f"{split}_loss": scores["loss"]},
+            checkpoint.parent,
+            manifest,
+            {split: data},
+        )
         results.append(result)
     return results

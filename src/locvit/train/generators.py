@@ -29,8 +29,12 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     _, mt, pos, has_gauss, cached = np.random.get_state()  # ('MT19937', uint32 (624,), int, int, float)
     return {
         "python": [version, list(keys), gauss],
-        "numpy": {"mt": torch.from_numpy(mt.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
+        "numpy": {
+            "mt": torch.from_numpy(mt.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
@@ -41,8 +45,15 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     version, keys, gauss = state["python"]
     random.setstate((version, tuple(keys), gauss))
     np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["mt"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["mt"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)

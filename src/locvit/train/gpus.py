@@ -62,9 +62,17 @@ def local_resources(sizes: dict, here: dict[str, int]) -> dict[str, int | str | 
     """A training job's resources in a local run (the keys of :func:`locvit.train.launch.slurm_resources`):
     the variant's ``resources`` (locvit.run_config.train_resources) cut to what ``here`` has, on one
     machine (several nodes' GPUs become this machine's), with no time limit."""
-    return {"nodes": None, "gpu": min(sizes["nodes"] * sizes["gpus"], here["gpus"]), "gres": None, "mpi": None,
-            "tasks": None, "tasks_per_gpu": None, "cpus_per_task": min(sizes["cpus"], here["cpus"]),
-            "mem_mb": min(sizes["mem_mb"], here["mem_mb"]), "runtime": None}
+    return {
+        "nodes": None,
+        "gpu": min(sizes["nodes"] * sizes["gpus"], here["gpus"]),
+        "gres": None,
+        "mpi": None,
+        "tasks": None,
+        "tasks_per_gpu": None,
+        "cpus_per_task": min(sizes["cpus"], here["cpus"]),
+        "mem_mb": min(sizes["mem_mb"], here["mem_mb"]),
+        "runtime": None,
+    }
 
 
 def visible(env: dict[str, str] | None = None) -> list[str]:
@@ -88,8 +96,10 @@ def claim(count: int, devices: list[str], folder: Path, poll_s: float = POLL_S) 
     """``count`` of ``devices`` that no other process holds, each with its locked file descriptor (the
     lock lasts while a process holds the descriptor); waits while fewer are free."""
     if not 0 < count <= len(devices):
-        raise InputError(f"gpus: a job of {count} GPU(s) on a machine where this process sees {len(devices)} "
-                         f"({', '.join(devices) or 'none'}; CUDA_VISIBLE_DEVICES, torch.cuda.device_count)")
+        raise InputError(
+            f"gpus: a job of {count} GPU(s) on a machine where this process sees {len(devices)} "
+            f"({', '.join(devices) or 'none'}; CUDA_VISIBLE_DEVICES, torch.cuda.device_count)"
+        )
     waited = False
     while True:
         held = []
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     split = argv.index("--") if "--" in argv else -1
     if split not in (0, 1) or split == len(argv) - 1 or (split == 1 and not argv[0].isdigit()):
         raise SystemExit("usage: python -m locvit.train.gpus [COUNT] -- COMMAND [ARGS...]")
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     held = claim(int(argv[0]) if split else processes(command), visible(), lock_dir())
     for _, fd in held:
         os.set_inheritable(fd, True)  # COMMAND (and its children) keep the locks until they exit

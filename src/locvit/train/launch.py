@@ -100,13 +100,17 @@ def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
     """
     nodes, gpus = sizes["nodes"], sizes["gpus"]
     several = nodes > 1
-    return {"nodes": nodes,
-            "gpu": None if several else gpus,
-            "gres": f"gpu:{gpus}" if several and gpus else None,
-            "mpi": "srun" if several else None,
-            "tasks": nodes if several else None,
-            "tasks_per_gpu": 0 if several else None,
-            "cpus_per_task": sizes["cpus"], "mem_mb": sizes["mem_mb"], "runtime": sizes["runtime"]}
+    return {
+        "nodes": nodes,
+        "gpu": None if several else gpus,
+        "gres": f"gpu:{gpus}" if several and gpus else None,
+        "mpi": "srun" if several else None,
+        "tasks": nodes if several else None,
+        "tasks_per_gpu": 0 if several else None,
+        "cpus_per_task": sizes["cpus"],
+        "mem_mb": sizes["mem_mb"],
+        "runtime": sizes["runtime"],
+    }
 
 
 def shape(resources) -> tuple[int, int]:
@@ -119,16 +123,20 @@ def shape(resources) -> tuple[int, int]:
     nodes = int(resources.get("nodes") or 1)
     if resources.get("mpi"):
         if nodes not in (1, int(resources["tasks"])):
-            raise LaunchError(f"train: nodes={nodes} from --set-resources for a job of {resources['tasks']} nodes: "
-                              "a training job's nodes come from its variant's resources.nodes in params (which "
-                              "also sets one task per node); set it there")
+            raise LaunchError(
+                f"train: nodes={nodes} from --set-resources for a job of {resources['tasks']} nodes: "
+                "a training job's nodes come from its variant's resources.nodes in params (which "
+                "also sets one task per node); set it there"
+            )
         gres = str(resources.get("gres") or "")
         gpus = int(gres.rsplit(":", 1)[1]) if gres.startswith("gpu") and ":" in gres else 0
         return int(resources["tasks"]), gpus
     if nodes > 1:
-        raise LaunchError(f"train: nodes={resources['nodes']} from --set-resources: a training job's nodes come "
-                          "from its variant's resources.nodes in params (which also sets one task per node and "
-                          "the launcher); set it there")
+        raise LaunchError(
+            f"train: nodes={resources['nodes']} from --set-resources: a training job's nodes come "
+            "from its variant's resources.nodes in params (which also sets one task per node and "
+            "the launcher); set it there"
+        )
     return 1, int(resources.get("gpu") or 0)
 
 
@@ -175,8 +183,9 @@ def parse_scontrol(text: str) -> Allocation:
     fields = dict(re.findall(r"(\S+?)=(\S*)", text))
     missing = [k for k in ("JobId", "NodeList") if not fields.get(k)]
     if missing or fields["NodeList"] in ("(null)", "None"):
-        raise LaunchError(f"scontrol did not describe a running job (no {', '.join(missing) or 'NodeList'}): "
-                          f"{text.strip()[:300]!r}")
+        raise LaunchError(
+            f"scontrol did not describe a running job (no {', '.join(missing) or 'NodeList'}): {text.strip()[:300]!r}"
+        )
     return Allocation(fields["JobId"], expand_hostlist(fields["NodeList"]), int(fields.get("CPUs/Task", "1") or 1))
 
 
@@ -185,9 +194,11 @@ def allocation(env: dict[str, str] | None = None) -> Allocation:
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if not job:
-        raise LaunchError("training over several nodes runs inside a SLURM job (no SLURM_JOB_ID here): "
-                          "run the study with `snakemake --profile cluster`, or set the variant's "
-                          "resources.nodes to 1 on one machine")
+        raise LaunchError(
+            "training over several nodes runs inside a SLURM job (no SLURM_JOB_ID here): "
+            "run the study with `snakemake --profile cluster`, or set the variant's "
+            "resources.nodes to 1 on one machine"
+        )
     proc = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise LaunchError(f"`scontrol show job -o {job}` failed: {proc.stderr.strip()}")
@@ -209,7 +220,9 @@ def rdzv_timeout(env: dict[str, str] | None = None) -> int:
     except ValueError:
         value = 0
     if value <= 0:
-        raise LaunchError(f"LOCVIT_RDZV_TIMEOUT={raw!r}: a whole number of seconds > 0 (default {DEFAULT_RDZV_TIMEOUT})")
+        raise LaunchError(
+            f"LOCVIT_RDZV_TIMEOUT={raw!r}: a whole number of seconds > 0 (default {DEFAULT_RDZV_TIMEOUT})"
+        )
     return value
 
 
@@ -220,13 +233,21 @@ def node_address(node: str, env: dict[str, str] | None = None) -> str:
     if not pattern:
         return node
     if "{node}" not in pattern:
-        raise LaunchError(f"{ADDRESS_VAR}={pattern!r} must contain {{node}} (e.g. '{{node}}-ib'): it maps every "
-                          "job's node names to addresses, and a fixed address would be one job's node only")
+        raise LaunchError(
+            f"{ADDRESS_VAR}={pattern!r} must contain {{node}} (e.g. '{{node}}-ib'): it maps every "
+            "job's node names to addresses, and a fixed address would be one job's node only"
+        )
     return pattern.replace("{node}", node)
 
 
-def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[str],
-                env: dict[str, str] | None = None, python: str = sys.executable) -> list[str]:
+def job_command(
+    alloc: Allocation,
+    nodes: int,
+    gpus_per_node: int,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+) -> list[str]:
     """``srun`` of one agent per node of ``alloc`` (run on the job's first node).
 
     One task a node, task 0 on the first (SLURM's block distribution), where the endpoint
@@ -243,13 +264,37 @@ def job_command(alloc: Allocation, nodes: int, gpus_per_node: int, args: list[st
     step += ["--kill-on-bad-exit=1", f"--cpus-per-task={alloc.cpus_per_task}"]
     if gpus_per_node:
         step.append(f"--gres=gpu:{gpus_per_node}")
-    return [*step, python, "-m", "locvit", "launch", "--agent", "--nodes", str(nodes),
-            "--gpus-per-node", str(gpus_per_node), "--endpoint", f"{host}:{free_port()}", "--rdzv-id", alloc.job_id,
-            "--", *args]
+    return [
+        *step,
+        python,
+        "-m",
+        "locvit",
+        "launch",
+        "--agent",
+        "--nodes",
+        str(nodes),
+        "--gpus-per-node",
+        str(gpus_per_node),
+        "--endpoint",
+        f"{host}:{free_port()}",
+        "--rdzv-id",
+        alloc.job_id,
+        "--",
+        *args,
+    ]
 
 
-def agent_command(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, is_host: bool, timeout: int,
-                  args: list[str], python: str = sys.executable, local_addr: str | None = None) -> list[str]:
+def agent_command(
+    nodes: int,
+    gpus_per_node: int,
+    endpoint: str,
+    rdzv_id: str,
+    is_host: bool,
+    timeout: int,
+    args: list[str],
+    python: str = sys.executable,
+    local_addr: str | None = None,
+) -> list[str]:
     """One node's torchrun: joins the c10d rendezvous at ``endpoint`` (hosting it when ``is_host``).
 
     ``local_addr``: this node's address for the others (torchrun's ``--local-addr``; by
@@ -257,13 +302,34 @@ def agent_command(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, i
     """
     conf = f"is_host={int(is_host)},join_timeout={timeout},read_timeout={timeout},last_call_timeout=1"
     addr = ["--local-addr", local_addr] if local_addr else []
-    return [python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(max(1, gpus_per_node)),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
-            *addr, "--max-restarts", "0", "-m", "locvit", *args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(max(1, gpus_per_node)),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--rdzv-conf",
+        conf,
+        *addr,
+        "--max-restarts",
+        "0",
+        "-m",
+        "locvit",
+        *args,
+    ]
 
 
-def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args: list[str],
-              env: dict[str, str] | None = None) -> int:
+def run_agent(
+    nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args: list[str], env: dict[str, str] | None = None
+) -> int:
     """Run this node's torchrun; on a rendezvous that did not complete, say why and where, and return 1.
 
     torchrun's output passes through unchanged; a line naming one of its rendezvous
@@ -311,11 +377,13 @@ def run_agent(nodes: int, gpus_per_node: int, endpoint: str, rdzv_id: str, args:
     # A rendezvous gives up within its timeout; a failure long after it came from training.
     if code != 0 and seen and waited < timeout + 120:
         role = "hosting it" if node == 0 else "joining it"
-        log.error(f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
-                  f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
-                  f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
-                  f"the address of its name; {ADDRESS_VAR}, e.g. '{{node}}-ib', maps names to other addresses) "
-                  f"and that all {nodes} tasks started (squeue, the job's log).")
+        log.error(
+            f"locvit launch: the rendezvous of {nodes} nodes at {endpoint} did not complete "
+            f"(node {node}, {role}, gave up after {waited:.0f} s; limit LOCVIT_RDZV_TIMEOUT={timeout} s): "
+            f"{seen[-1][:300]}\n  Check that every node reaches {endpoint} (the job's first node: firewall, "
+            f"the address of its name; {ADDRESS_VAR}, e.g. '{{node}}-ib', maps names to other addresses) "
+            f"and that all {nodes} tasks started (squeue, the job's log)."
+        )
         return 1
     return code
 
@@ -325,8 +393,12 @@ def run_job(nodes: int, gpus_per_node: int, args: list[str]) -> int:
     alloc = allocation()
     cmd = job_command(alloc, nodes, gpus_per_node, args)
     if len(alloc.nodes) < nodes:
-        log.warning(f"locvit launch: job {alloc.job_id} has {len(alloc.nodes)} node(s) for {nodes} agents: they "
-                    "share nodes (the job asks SLURM for resources.nodes; a --set-resources nodes override lowered it?)")
-    log.info(f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
-             f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}")
+        log.warning(
+            f"locvit launch: job {alloc.job_id} has {len(alloc.nodes)} node(s) for {nodes} agents: they "
+            "share nodes (the job asks SLURM for resources.nodes; a --set-resources nodes override lowered it?)"
+        )
+    log.info(
+        f"locvit launch: {nodes} nodes x {max(1, gpus_per_node)} processes of job {alloc.job_id} "
+        f"({', '.join(alloc.nodes)}), rendezvous at {cmd[cmd.index('--endpoint') + 1]}"
+    )
     return subprocess.run(cmd).returncode

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from locvit import machine, models, toolchain
-from locvit.precision import amp_dtype, set_backends  # noqa: F401  (amp_dtype: tests import it from here)
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
@@ -33,12 +32,23 @@ from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import remove_temporaries, write_json
 from locvit.layout import RunFiles
+from locvit.precision import amp_dtype, set_backends  # noqa: F401  (amp_dtype: tests import it from here)
 from locvit.run_config import peak_lr
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.distributed import Dist
-from locvit.train.engine import (Compute, EpochBatches, EpochStart, StepRecipe, channels_last, cosine_schedule,
-                                 evaluate, set_deterministic, train_one_epoch, update_ema)
+from locvit.train.engine import (
+    Compute,
+    EpochBatches,
+    EpochStart,
+    StepRecipe,
+    channels_last,
+    cosine_schedule,
+    evaluate,
+    set_deterministic,
+    train_one_epoch,
+    update_ema,
+)
 from locvit.train.generators import rng_state, seed_everything
 from locvit.train.resume import Plan, plan_run
 from locvit.train.state import RunCheckpoints, TrainState
@@ -64,12 +74,16 @@ def per_process_batch(recipe: dict, world_size: int) -> int:
     """The recipe's batch_size is global: each of ``world_size`` processes takes an equal share."""
     batch = recipe["batch_size"]
     if batch % world_size:
-        raise InputError(f"train.batch_size {batch} is the global batch and must split evenly over the "
-                         f"{world_size} processes; use a multiple of {world_size} or another process count")
+        raise InputError(
+            f"train.batch_size {batch} is the global batch and must split evenly over the "
+            f"{world_size} processes; use a multiple of {world_size} or another process count"
+        )
     share = batch // world_size
     if (recipe["mixup"] > 0 or recipe["cutmix"] > 0) and share % 2:
-        raise InputError(f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
-                         "MixUp/CutMix pair images within a process's batch, so that must be even")
+        raise InputError(
+            f"train.batch_size {batch} over {world_size} processes gives {share} images per process; "
+            "MixUp/CutMix pair images within a process's batch, so that must be even"
+        )
     return share
 
 
@@ -105,8 +119,15 @@ class Run:
         """The training loader's batches from ``start`` (an :class:`~locvit.train.engine.EpochStart`), prepared
         (:class:`~locvit.data.feed.TrainFeed`) and ending at a stop request (:mod:`locvit.train.stop`)."""
         recipe = self.cfg["train"]
-        feed = functools.partial(TrainFeed, augment=self.augment, compute=self.compute, mean=self.mean, std=self.std,
-                                 ahead=recipe["feed_ahead"], workers=recipe["feed_workers"])
+        feed = functools.partial(
+            TrainFeed,
+            augment=self.augment,
+            compute=self.compute,
+            mean=self.mean,
+            std=self.std,
+            ahead=recipe["feed_ahead"],
+            workers=recipe["feed_workers"],
+        )
         return EpochBatches(self.train_loader, feed, start, recipe["read_every"], self.stop_requested)
 
     def stop_requested(self) -> bool:
@@ -114,34 +135,65 @@ class Run:
         return REQUEST.agreed(self.dist, self.device)
 
 
-def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Path, dist: Dist,
-              show_progress: bool, threads: int | None, num_classes: int) -> tuple[Run, TrainState]:
+def build_run(
+    cfg: dict,
+    key: str,
+    train_path: Path,
+    val_path: Path,
+    out_dir: Path,
+    dist: Dist,
+    show_progress: bool,
+    threads: int | None,
+    num_classes: int,
+) -> tuple[Run, TrainState]:
     recipe = cfg["train"]
     device = models.device_for(recipe["device"], dist.local_rank)
     batch = per_process_batch(recipe, dist.world_size)
     if recipe["compile"]:
         # torch.compile's default backend, inductor, builds C++ kernels on the CPU and Triton's launchers on
         # CUDA with a C compiler: without one, say so now, not at the first step.
-        toolchain.require(f"train.compile: true (torch.compile's inductor on {device.type})",
-                          "set train.compile: false")
+        toolchain.require(
+            f"train.compile: true (torch.compile's inductor on {device.type})", "set train.compile: false"
+        )
     model = models.create(cfg).to(device)
     if recipe["channels_last"]:
         channels_last(model)
     mean, std = models.normalisation(model)
-    train_loader = make_loader(train_path, batch, True, device, recipe["num_workers"], seed=cfg["seed"],
-                               translate=recipe["translate"], hflip=recipe["hflip"], distributed=dist.ddp,
-                               jit=recipe["loader_jit"], image_size=cfg["data"]["image_size"],
-                               repeated_aug=recipe["repeated_aug"])
-    val_loader = make_loader(val_path, recipe["eval_batch_size"], False, device, recipe["num_workers"],
-                             distributed=dist.ddp, jit=recipe["loader_jit"])
+    train_loader = make_loader(
+        train_path,
+        batch,
+        True,
+        device,
+        recipe["num_workers"],
+        seed=cfg["seed"],
+        translate=recipe["translate"],
+        hflip=recipe["hflip"],
+        distributed=dist.ddp,
+        jit=recipe["loader_jit"],
+        image_size=cfg["data"]["image_size"],
+        repeated_aug=recipe["repeated_aug"],
+    )
+    val_loader = make_loader(
+        val_path,
+        recipe["eval_batch_size"],
+        False,
+        device,
+        recipe["num_workers"],
+        distributed=dist.ddp,
+        jit=recipe["loader_jit"],
+    )
     if threads and device.type == "cpu":
         torch.set_num_threads(threads)  # after the loaders: FFCV's Loader resets torch's thread count
     lr = peak_lr(recipe)
     # Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
     # sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
     # fused kernel rounds differently, and CPU runs keep the numbers they always had.
-    optimizer = torch.optim.AdamW(param_groups(model, recipe["weight_decay"]), lr=lr, betas=tuple(recipe["betas"]),
-                                  fused=True if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, recipe["weight_decay"]),
+        lr=lr,
+        betas=tuple(recipe["betas"]),
+        fused=True if device.type == "cuda" else None,
+    )
     optimizer.register_load_state_dict_pre_hook(_keep_implementation)
     net = torch.compile(model) if recipe["compile"] else model  # nanoGPT's order: compile, then DDP
     if dist.ddp:  # the constructor broadcasts rank 0's weights, so every rank starts equal
@@ -151,32 +203,50 @@ def build_run(cfg: dict, key: str, train_path: Path, val_path: Path, out_dir: Pa
         # MaiT's head indices and masks and IBiT's roll index and sin-cos table are fixed, and ConViT's relative
         # positions are built at the first forward from the token count, the same on every process.
         # finish() compares the replicas' weights at the end.
-        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=device_ids,
-                                                        broadcast_buffers=buffers_change(model))
+        net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=device_ids, broadcast_buffers=buffers_change(model)
+        )
     ema = None
     if recipe["ema"]:  # after DDP's broadcast: the average starts from the common weights
         from timm.utils import ModelEmaV3
 
         ema = ModelEmaV3(model, decay=recipe["ema_decay"])
     steps_per_epoch = len(train_loader)  # per process = global steps: each process takes 1/W of every batch
-    lr_at = functools.partial(cosine_schedule, total_steps=steps_per_epoch * recipe["epochs"],
-                              warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)), lr=lr,
-                              min_lr=recipe["min_lr"])
+    lr_at = functools.partial(
+        cosine_schedule,
+        total_steps=steps_per_epoch * recipe["epochs"],
+        warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)),
+        lr=lr,
+        min_lr=recipe["min_lr"],
+    )
     compute = Compute.of(recipe, device)
     set_backends(device, compute.amp_dtype, recipe["deterministic"])  # TF32 with amp, cuDNN's autotuner
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
     augment = make_train_augment(recipe, mean, std, cfg["seed"], dist.rank)
-    run = Run(cfg, key, out_dir, dist, device, train_loader, val_loader,
-              make_mixup(recipe, num_classes, cfg["seed"], dist.rank), augment, compute, mean, std,
-              show_progress and dist.main)
+    run = Run(
+        cfg,
+        key,
+        out_dir,
+        dist,
+        device,
+        train_loader,
+        val_loader,
+        make_mixup(recipe, num_classes, cfg["seed"], dist.rank),
+        augment,
+        compute,
+        mean,
+        std,
+        show_progress and dist.main,
+    )
     return run, TrainState(model, net, optimizer, ema, lr_at)
 
 
 def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
     """A checkpoint's optimiser state loads into the implementation this run built (fused on CUDA), whatever
     wrote it: a GPU run saved unfused by an older locvit, or a CPU run resumed on a GPU."""
-    groups = [{**saved, "fused": ours["fused"]} for saved, ours in zip(state_dict["param_groups"],
-                                                                      optimizer.param_groups)]
+    groups = [
+        {**saved, "fused": ours["fused"]} for saved, ours in zip(state_dict["param_groups"], optimizer.param_groups)
+    ]
     return {**state_dict, "param_groups": groups}
 
 
@@ -185,9 +255,18 @@ def buffers_change(model: torch.nn.Module) -> bool:
     return any(getattr(m, "track_running_stats", False) for m in model.modules())
 
 
-def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, out_dir: Path,
-              tracking_db: Path, show_progress: bool | None = None, threads: int | None = None,
-              keep_finished: bool = False, system_metrics_s: float = 0.0) -> dict:
+def train_run(
+    cfg: dict,
+    train_path: Path,
+    val_path: Path,
+    manifest_path: Path,
+    out_dir: Path,
+    tracking_db: Path,
+    show_progress: bool | None = None,
+    threads: int | None = None,
+    keep_finished: bool = False,
+    system_metrics_s: float = 0.0,
+) -> dict:
     """Train ``cfg`` (a :func:`locvit.run_config.run_config`); write last.pt, best.pt, metrics.json (rank 0).
 
     Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
@@ -199,9 +278,11 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
     manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
     images, batch = manifest["splits"]["train"]["size"], cfg["train"]["batch_size"]
     if images < batch:  # before any compute (locvit validate refuses it where the dataset's size is known)
-        raise InputError(f"train.batch_size: {batch} is more than the {images} images of the training split "
-                         f"({manifest_path}): not one optimiser step per epoch (a partial batch is dropped); use a "
-                         f"batch of at most {images} or a larger data.train_fraction")
+        raise InputError(
+            f"train.batch_size: {batch} is more than the {images} images of the training split "
+            f"({manifest_path}): not one optimiser step per epoch (a partial batch is dropped); use a "
+            f"batch of at most {images} or a larger data.train_fraction"
+        )
     plan = plan_run(cfg, manifest["data_hash"], out_dir, keep_finished)
     distributed.barrier(dist)  # every rank has read the folder before rank 0 writes to it
     if dist.main and plan.message:
@@ -212,9 +293,17 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
         return plan.metrics
     set_deterministic(cfg["train"]["deterministic"])  # before the model and loaders touch the GPU
     seed_everything(cfg["seed"] + dist.rank)  # rank 0 (and a single process) draws from the run's seed
-    run, state = build_run(cfg, plan.key, train_path, val_path, out_dir, dist,
-                           sys.stderr.isatty() if show_progress is None else show_progress, threads,
-                           manifest["num_classes"])
+    run, state = build_run(
+        cfg,
+        plan.key,
+        train_path,
+        val_path,
+        out_dir,
+        dist,
+        sys.stderr.isatty() if show_progress is None else show_progress,
+        threads,
+        manifest["num_classes"],
+    )
     if plan.action == "resume":
         state.restore(plan.state)
     else:
@@ -225,8 +314,9 @@ def train_run(cfg: dict, train_path: Path, val_path: Path, manifest_path: Path, 
             run.files.metrics.unlink(missing_ok=True)  # an old run's: never mistaken for this one's
         if state.best_model is not None:  # resumed: Snakemake removes best.pt before re-running a job
             run.checkpoints.write_best(state)
-        run.tracker = open_tracking(run, state, manifest, tracking_db, plan,
-                                    {"train": train_path, "val": val_path}, system_metrics_s)
+        run.tracker = open_tracking(
+            run, state, manifest, tracking_db, plan, {"train": train_path, "val": val_path}, system_metrics_s
+        )
     try:
         train_epochs(run, state)
         return finish(run, state)
@@ -258,18 +348,33 @@ def train_epochs(run: Run, state: TrainState) -> None:
         # counts from 0: set it, so a resumed run sees the order the uninterrupted run saw.
         run.train_loader.next_epoch = epoch
         batches = run.batches(state.epoch_start())
-        stats = train_one_epoch(state.net, batches, state.optimizer, state.lr_at, batches.start, StepRecipe.of(recipe),
-                                compute=run.compute, mixup=run.mixup, on_step=on_step,
-                                bar=f"{cfg['variant']} s{cfg['seed']} ep{epoch}" if run.show_progress else None)
+        stats = train_one_epoch(
+            state.net,
+            batches,
+            state.optimizer,
+            state.lr_at,
+            batches.start,
+            StepRecipe.of(recipe),
+            compute=run.compute,
+            mixup=run.mixup,
+            on_step=on_step,
+            bar=f"{cfg['variant']} s{cfg['seed']} ep{epoch}" if run.show_progress else None,
+        )
         state.step, state.partial = stats.pop("steps"), None
         if batches.stopped:
             state.partial = stats["partial"]
             state.train_time_s += time.perf_counter() - started
             save_epoch(run, state, improved=False, numpy_state=epoch_numpy)
-            raise Stopped(f"stopped on request after step {state.step} (epoch {epoch + 1}, batch "
-                          f"{state.partial.batches} of {len(run.train_loader)}); last.pt holds it")
-        row = {"epoch": epoch, **reduce_train_stats(run, stats), **evaluate_run(run, state.evaluated),
-               "bad_steps": stats["bad_steps"]}
+            raise Stopped(
+                f"stopped on request after step {state.step} (epoch {epoch + 1}, batch "
+                f"{state.partial.batches} of {len(run.train_loader)}); last.pt holds it"
+            )
+        row = {
+            "epoch": epoch,
+            **reduce_train_stats(run, stats),
+            **evaluate_run(run, state.evaluated),
+            "bad_steps": stats["bad_steps"],
+        }
         state.history.append(row)
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + time.perf_counter() - started
         improved = row["val_top1"] > state.best_top1
@@ -280,9 +385,11 @@ def train_epochs(run: Run, state: TrainState) -> None:
         save_epoch(run, state, improved)
         if run.dist.main:  # after last.pt: a run killed in between logs this epoch when resumed
             run.tracker.log_epoch(row)
-            log.info(f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} loss "
-                     f"{row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
-                     f"{row['train_images_per_s']:.0f} img/s")
+            log.info(
+                f"[{cfg['variant']} seed {cfg['seed']}] epoch {epoch + 1}/{recipe['epochs']} loss "
+                f"{row['train_loss']:.4f} train@1 {row['train_top1']:.3f} val@1 {row['val_top1']:.3f} "
+                f"{row['train_images_per_s']:.0f} img/s"
+            )
         if epoch + 1 < recipe["epochs"] and run.stop_requested():
             raise Stopped(f"stopped on request after epoch {epoch + 1}; last.pt holds it")
 
@@ -295,7 +402,8 @@ def reduce_train_stats(run: Run, stats: dict) -> dict:
     the run's mean; throughput adds up.
     """
     loss, top1, images_per_s = distributed.all_sum(
-        [stats["train_loss"], stats["train_top1"], stats["train_images_per_s"]], run.dist, run.device)
+        [stats["train_loss"], stats["train_top1"], stats["train_images_per_s"]], run.dist, run.device
+    )
     w = run.dist.world_size
     return {"train_loss": loss / w, "train_top1": top1 / w, "train_images_per_s": images_per_s, "lr": stats["lr"]}
 
@@ -313,8 +421,9 @@ def evaluate_run(run: Run, model: torch.nn.Module) -> dict:
     return {"val_loss": loss_sum / n, "val_top1": correct / n}
 
 
-def save_epoch(run: Run, state: TrainState, improved: bool, finished: bool = False,
-               numpy_state: dict | None = None) -> None:
+def save_epoch(
+    run: Run, state: TrainState, improved: bool, finished: bool = False, numpy_state: dict | None = None
+) -> None:
     """Write best.pt when the epoch improved, and last.pt (every rank takes part: it gathers the generators).
 
     ``numpy_state``: numpy's generator to record instead of the current one (a stop within an epoch).
@@ -338,11 +447,19 @@ def finish(run: Run, state: TrainState) -> dict:
         raise RuntimeError(f"the {len(digests)} processes hold different weights after training: {digests}")
     cfg = run.cfg
     metrics = {
-        "study": cfg["study"], "variant": cfg["variant"], "seed": cfg["seed"], "model": cfg["model"],
-        "n_params": sum(t.numel() for t in state.model.parameters()), "best_val_top1": state.best_top1,
-        "best_epoch": state.best_epoch, "final_val_top1": state.history[-1]["val_top1"],
-        "train_time_s": state.train_time_s, "mlflow_run_id": state.run_id, "history": state.history,
-        "run_key": run.key, "world_size": run.dist.world_size,
+        "study": cfg["study"],
+        "variant": cfg["variant"],
+        "seed": cfg["seed"],
+        "model": cfg["model"],
+        "n_params": sum(t.numel() for t in state.model.parameters()),
+        "best_val_top1": state.best_top1,
+        "best_epoch": state.best_epoch,
+        "final_val_top1": state.history[-1]["val_top1"],
+        "train_time_s": state.train_time_s,
+        "mlflow_run_id": state.run_id,
+        "history": state.history,
+        "run_key": run.key,
+        "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
         "machine": machine.describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
     }
@@ -359,23 +476,40 @@ def finish(run: Run, state: TrainState) -> dict:
     return metrics
 
 
-def open_tracking(run: Run, state: TrainState, manifest: dict, tracking_db: Path, plan: Plan,
-                  data: dict[str, Path], system_metrics_s: float = 0.0) -> TrainingTracker:
+def open_tracking(
+    run: Run,
+    state: TrainState,
+    manifest: dict,
+    tracking_db: Path,
+    plan: Plan,
+    data: dict[str, Path],
+    system_metrics_s: float = 0.0,
+) -> TrainingTracker:
     """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
     A new run's id is recorded (:attr:`locvit.layout.RunFiles.record`) before any epoch, and a run resumed into a new
     MLflow run rewrites best.pt, which names it.
     """
+
     def created(run_id: str) -> None:
         state.run_id = run_id
         write_json(run.files.record, {"run_id": run_id, "run_key": run.key})
         if state.best_model is not None:
             run.checkpoints.write_best(state)
 
-    tracker = TrainingTracker.for_run(run.cfg, tracking_db, run.out_dir, manifest, str(run.device),
-                                      sum(t.numel() for t in state.model.parameters()), run.dist.world_size,
-                                      run_id=state.run_id, slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
-                                      data=data, system_metrics_s=system_metrics_s,
-                                      machine=machine.describe(run.device))
+    tracker = TrainingTracker.for_run(
+        run.cfg,
+        tracking_db,
+        run.out_dir,
+        manifest,
+        str(run.device),
+        sum(t.numel() for t in state.model.parameters()),
+        run.dist.world_size,
+        run_id=state.run_id,
+        slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
+        data=data,
+        system_metrics_s=system_metrics_s,
+        machine=machine.describe(run.device),
+    )
     tracker.open(state.history, plan.stale_run_id, on_created=created)
     return tracker

@@ -64,8 +64,7 @@ def run_key(cfg: dict, data_hash: str) -> str:
     """The config, the data's hash and the model's code (:func:`locvit.checkpoint.model_code`): a change to any
     of them trains the run again rather than restoring or resuming it."""
     code = model_code(cfg)
-    text = json.dumps({"config": cfg, "data_hash": data_hash, **({"model_code": code} if code else {})},
-                      sort_keys=True)
+    text = json.dumps({"config": cfg, "data_hash": data_hash, **({"model_code": code} if code else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -86,13 +85,22 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
         except (json.JSONDecodeError, UnicodeDecodeError):
             metrics = {}  # half-written by hand or by an old version: not a finished run of ours
         if metrics.get("run_key") == key:
-            return Plan("skip", key, f"{out_dir}: already trained (metrics.json matches this config); not retraining",
-                        metrics=metrics)
+            return Plan(
+                "skip",
+                key,
+                f"{out_dir}: already trained (metrics.json matches this config); not retraining",
+                metrics=metrics,
+            )
     if not last_path.is_file():
         record = recorded_run(files)
         if record.get("run_key") == key:  # killed before its first epoch ended: the same MLflow run
-            return Plan("fresh", key, f"{out_dir}: starting over into MLflow run {record.get('run_id')} "
-                                      "(interrupted before its first epoch ended)", run_id=record.get("run_id"))
+            return Plan(
+                "fresh",
+                key,
+                f"{out_dir}: starting over into MLflow run {record.get('run_id')} "
+                "(interrupted before its first epoch ended)",
+                run_id=record.get("run_id"),
+            )
         return Plan("fresh", key, stale_run_id=record.get("run_id"))  # another config's, if any
     state = read_last(files)
     if state.get("run_key") != key:
@@ -101,17 +109,26 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
         elif state.get("config") != cfg:
             why = f"has another config ({_differences(state['config'], cfg)})"
         else:
-            why = "was trained on other data or by other model code (the manifest's data_hash or a model module differs)"
+            why = (
+                "was trained on other data or by other model code (the manifest's data_hash or a model module differs)"
+            )
         stale = None if state.get("finished") else state.get("mlflow_run_id")
         return Plan("fresh", key, f"{last_path} {why}; training from scratch", stale_run_id=stale)
     if state.get("finished") and keep_finished:
-        return Plan("resume", key, f"{out_dir}: finished run without metrics.json (removed by a re-run of its "
-                                   "job); restoring best.pt and metrics.json from last.pt, not retraining", state=state)
+        return Plan(
+            "resume",
+            key,
+            f"{out_dir}: finished run without metrics.json (removed by a re-run of its "
+            "job); restoring best.pt and metrics.json from last.pt, not retraining",
+            state=state,
+        )
     if state.get("finished"):
-        return Plan("fresh", key, f"{out_dir}: finished run without metrics.json (removed for a re-run); "
-                             "training from scratch")
+        return Plan(
+            "fresh", key, f"{out_dir}: finished run without metrics.json (removed for a re-run); training from scratch"
+        )
     where = f"epoch {state['epoch'] + 1} of {cfg['train']['epochs']}"
     if state.get("partial"):
         where = f"step {state['step']} (batch {state['partial']['batches']} of epoch {state['epoch'] + 2})"
-    return Plan("resume", key, f"{last_path}: resuming after {where} (MLflow run {state['mlflow_run_id']})",
-                state=state)
+    return Plan(
+        "resume", key, f"{last_path}: resuming after {where} (MLflow run {state['mlflow_run_id']})", state=state
+    )

@@ -8,8 +8,9 @@ is the one writer of a run folder's last.pt and best.pt (timm's ``CheckpointSave
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -53,8 +54,9 @@ class TrainState:
 
     def epoch_start(self) -> EpochStart:
         """Where the next epoch starts (:func:`locvit.train.engine.train_one_epoch`)."""
-        return EpochStart(self.step, sum(row.get("bad_steps", 0) for row in self.history),
-                          self.partial or PartialEpoch())
+        return EpochStart(
+            self.step, sum(row.get("bad_steps", 0) for row in self.history), self.partial or PartialEpoch()
+        )
 
     def restore(self, last: dict[str, Any]) -> None:
         """Put back what last.pt holds: weights (in place: DDP and compile wrappers see them), optimiser,
@@ -80,8 +82,12 @@ class TrainState:
             return
         # Another process count: no rank's stream can continue; a fresh seeded one per rank and epoch.
         if dist.main:
-            log.info("resuming with %d process(es) after %d: the data order and the random streams differ "
-                     "from an uninterrupted run from here on", dist.world_size, len(saved))
+            log.info(
+                "resuming with %d process(es) after %d: the data order and the random streams differ "
+                "from an uninterrupted run from here on",
+                dist.world_size,
+                len(saved),
+            )
         seed_everything(seed + 1000 * self.epoch + dist.rank)
 
 
@@ -100,18 +106,34 @@ class RunCheckpoints:
     cfg: dict
     key: str  # the run key (:func:`locvit.train.resume.run_key`)
 
-    def write_last(self, state: TrainState, rng: list[dict], world_size: int, finished: bool = False,
-                   slurm_job_ids: list[str] | None = None) -> None:
+    def write_last(
+        self,
+        state: TrainState,
+        rng: list[dict],
+        world_size: int,
+        finished: bool = False,
+        slurm_job_ids: list[str] | None = None,
+    ) -> None:
         """``rng``: every rank's :func:`~locvit.train.generators.rng_state`; ``finished``: never resumed."""
         contents = {
             "model": state.model.state_dict(),  # the raw module: no 'module.' (DDP) or '_orig_mod.' (compile) prefixes
             "optimizer": state.optimizer.state_dict(),
-            "config": self.cfg, "run_key": self.key, "epoch": state.epoch - 1, "step": state.step,
+            "config": self.cfg,
+            "run_key": self.key,
+            "epoch": state.epoch - 1,
+            "step": state.step,
             "val_top1": state.history[-1]["val_top1"] if state.history else None,
-            "best_val_top1": state.best_top1, "partial": asdict(state.partial) if state.partial else None,
-            "best_epoch": state.best_epoch, "best_model": state.best_model, "history": state.history,
-            "mlflow_run_id": state.run_id, "train_time_s": state.train_time_s, "rng": rng,
-            "world_size": world_size, "weights": "model", "finished": finished,
+            "best_val_top1": state.best_top1,
+            "partial": asdict(state.partial) if state.partial else None,
+            "best_epoch": state.best_epoch,
+            "best_model": state.best_model,
+            "history": state.history,
+            "mlflow_run_id": state.run_id,
+            "train_time_s": state.train_time_s,
+            "rng": rng,
+            "world_size": world_size,
+            "weights": "model",
+            "finished": finished,
         }
         if state.ema is not None:
             contents["ema"] = state.ema.module.state_dict()
@@ -121,13 +143,24 @@ class RunCheckpoints:
 
     def write_best(self, state: TrainState) -> None:
         """best.pt: the weights that were evaluated (EMA's when on) at the best epoch, naming the MLflow run."""
-        save_checkpoint(self.files.best, {"model": state.best_model, "config": self.cfg, "epoch": state.best_epoch,
-                                          "val_top1": state.best_top1, "mlflow_run_id": state.run_id,
-                                          "weights": "ema" if state.ema is not None else "model"})
+        save_checkpoint(
+            self.files.best,
+            {
+                "model": state.best_model,
+                "config": self.cfg,
+                "epoch": state.best_epoch,
+                "val_top1": state.best_top1,
+                "mlflow_run_id": state.run_id,
+                "weights": "ema" if state.ema is not None else "model",
+            },
+        )
 
 
 def read_last(files: RunFiles) -> dict[str, Any]:
     """last.pt's contents. A corrupt one stops here with its name: never silently dropped, never half trusted."""
-    return load_checkpoint(files.last, fix=f"It is the run's progress: delete it to train the run from scratch "
-                                           f"(rm {files.last}), or put back a good copy.",
-                           allow_code_change=True)  # changed model code changes the run key: trained from scratch
+    return load_checkpoint(
+        files.last,
+        fix=f"It is the run's progress: delete it to train the run from scratch "
+        f"(rm {files.last}), or put back a good copy.",
+        allow_code_change=True,
+    )  # changed model code changes the run key: trained from scratch

@@ -42,6 +42,7 @@ REQUEST = StopRequest()
 
 def listen() -> None:
     """Let :data:`STOP_SIGNALS` set :data:`REQUEST` (call from the main thread)."""
+
     def handler(signum, frame) -> None:
         REQUEST.requested = True  # nothing else here: the loop reports it (a print could re-enter one)
 
