@@ -13,7 +13,7 @@ time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's re
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (doctools/model_table.py's model_table.csv); ``budgets`` a GPU
-visit's groups, sections and budgets (gpu_node/visit.py);
+visit's groups, sections and budgets (gpu_node/visit.py); ``cost`` a study's cost before it runs (a preset);
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
 two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
 A figure inside a sentence is a value span that names its file and where in it the figure is::
@@ -25,7 +25,8 @@ keeps the rows whose column has that value and a plain step takes a column (a li
 steps may be ``len``, ``min``, ``max``, ``sum``, ``mean``, ``pct`` (× 100) or ``minutes`` (÷ 60); after
 ``:`` a format spec (``.1f``, ``,.0f``); a single CSV cell is a number where it parses as one.
 Run from the repository root: ``python -m doctools.doc_tables`` rewrites every block and value of
-README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``--check`` only lists the blocks that differ
+README.md, docs/*.md and the READMEs of benchmarks/ and tests/ from its file; ``--check`` only lists the blocks
+that differ
 (tests/test_docs.py runs it, so a doc cannot drift from its file).
 """
 
@@ -44,8 +45,15 @@ from locvit.report.tables import as_markdown, num, read_results_csv, summary_lin
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 VALUE = re.compile(r"(<!-- value (\S+) (\S+) -->)(.*?)(<!-- /value -->)", re.S)
-OPS = {"len": len, "min": min, "max": max, "sum": sum, "mean": lambda xs: sum(xs) / len(xs),
-       "pct": lambda x: 100 * x, "minutes": lambda x: x / 60}
+OPS = {
+    "len": len,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "mean": lambda xs: sum(xs) / len(xs),
+    "pct": lambda x: 100 * x,
+    "minutes": lambda x: x / 60,
+}
 
 
 def _by_fraction(rows: list[dict]):
@@ -57,16 +65,31 @@ def _by_fraction(rows: list[dict]):
 def efficiency_lines(rows: list[dict]) -> list[list[str]]:
     """A data-efficiency CSV (one row per variant, a column group per fraction) as one line per
     fraction and variant: n, mean ± std, interval, Δ to the baseline at that fraction, MDE, verdict."""
-    lines = [["train fraction", "variant", "n", "test top-1 (%)", "95% CI", "Δ vs reference", "Δ 95% CI", "MDE",
-              "verdict"]]
+    lines = [
+        ["train fraction", "variant", "n", "test top-1 (%)", "95% CI", "Δ vs reference", "Δ 95% CI", "MDE", "verdict"]
+    ]
     for f, r in _by_fraction(rows):
         mean = num(r[f]) + (f" ± {num(r[f'{f} std'])}" if r[f"{f} std"] else "")
         ci = f"[{num(r[f'{f} ci95_low'])}, {num(r[f'{f} ci95_high'])}]" if r[f"{f} ci95_low"] else "–"
         delta = f"{num(r[f'{f} delta'], '+.2f')} vs {r[f'{f} reference']}" if r[f"{f} reference"] else "–"
-        dci = (f"[{num(r[f'{f} delta_ci95_low'], '+.2f')}, {num(r[f'{f} delta_ci95_high'], '+.2f')}]"
-               if r[f"{f} delta_ci95_low"] else "–")
-        lines.append([f.replace(" of train", ""), r["Variant"], r[f"{f} n"], mean, ci, delta, dci,
-                      num(r[f"{f} mde80"]), r[f"{f} verdict"] or "–"])
+        dci = (
+            f"[{num(r[f'{f} delta_ci95_low'], '+.2f')}, {num(r[f'{f} delta_ci95_high'], '+.2f')}]"
+            if r[f"{f} delta_ci95_low"]
+            else "–"
+        )
+        lines.append(
+            [
+                f.replace(" of train", ""),
+                r["Variant"],
+                r[f"{f} n"],
+                mean,
+                ci,
+                delta,
+                dci,
+                num(r[f"{f} mde80"]),
+                r[f"{f} verdict"] or "–",
+            ]
+        )
     return lines
 
 
@@ -74,8 +97,14 @@ def throughput_lines(rows: list[dict]) -> list[list[str]]:
     """A throughput.csv: images/s (median over rounds, the rounds' range) and the ratio to the baseline."""
     lines = [["variant", "images/s", "rounds' range", "× baseline"]]
     for r in rows:
-        lines.append([r["variant"], f"{float(r['img_s_median']):,.0f}",
-                      f"{float(r['img_s_low']):,.0f}-{float(r['img_s_high']):,.0f}", num(r["ratio_vs_baseline"])])
+        lines.append(
+            [
+                r["variant"],
+                f"{float(r['img_s_median']):,.0f}",
+                f"{float(r['img_s_low']):,.0f}-{float(r['img_s_high']):,.0f}",
+                num(r["ratio_vs_baseline"]),
+            ]
+        )
     return lines
 
 
@@ -88,22 +117,49 @@ def pipeline_lines(path: Path) -> list[list[str]]:
     lines = [["rule", "jobs", "job time (s)", "of it in epochs (s)", "around the epochs (s)"]]
     for rule, r in data["demo_breakdown"].items():
         if rule != "all":
-            lines.append([rule, str(r["jobs"]), f"{r['job_s']:,.1f}", f"{r['epochs_s']:,.1f}" if "epochs_s" in r else "",
-                          f"{r['other_s']:,.1f}" if "other_s" in r else ""])
+            lines.append(
+                [
+                    rule,
+                    str(r["jobs"]),
+                    f"{r['job_s']:,.1f}",
+                    f"{r['epochs_s']:,.1f}" if "epochs_s" in r else "",
+                    f"{r['other_s']:,.1f}" if "other_s" in r else "",
+                ]
+            )
     total = sum(r["job_s"] for r in data["demo_breakdown"].values())
-    lines.append(["all jobs", str(sum(r["jobs"] for rule, r in data["demo_breakdown"].items() if rule != "all")),
-                  f"{total:,.1f}", "", ""])
+    lines.append(
+        [
+            "all jobs",
+            str(sum(r["jobs"] for rule, r in data["demo_breakdown"].items() if rule != "all")),
+            f"{total:,.1f}",
+            "",
+            "",
+        ]
+    )
     lines.append(["wall time", "", f"{data['demo_wall_s']:,.1f} ({data['demo_wall_s'] / 60:.1f} min)", "", ""])
     if "demo_mlflow" in data:  # MLflow's calls in every job, and the system-metrics sampler
         m = data["demo_mlflow"]
-        lines.append(["of all jobs: MLflow", "", f"{m['total_s']:,.1f} ({100 * m['share_of_job_time']:.1f} %)", "",
-                      f"training {m['train_s']:,.1f}, evaluation {m['evaluate_s']:,.1f}, report {m['report_s']:,.1f}, "
-                      f"system metrics {m['system_metrics_s']:,.2f}"])
+        lines.append(
+            [
+                "of all jobs: MLflow",
+                "",
+                f"{m['total_s']:,.1f} ({100 * m['share_of_job_time']:.1f} %)",
+                "",
+                f"training {m['train_s']:,.1f}, evaluation {m['evaluate_s']:,.1f}, report {m['report_s']:,.1f}, "
+                f"system metrics {m['system_metrics_s']:,.2f}",
+            ]
+        )
     return lines
 
 
-MACHINE_FIELDS = (("CPU", "cpu"), ("ISA", "cpu_capability"), ("cores", "cores"), ("torch", "torch"),
-                  ("Python", "python"), ("GPU", "gpu"))
+MACHINE_FIELDS = (
+    ("CPU", "cpu"),
+    ("ISA", "cpu_capability"),
+    ("cores", "cores"),
+    ("torch", "torch"),
+    ("Python", "python"),
+    ("GPU", "gpu"),
+)
 
 
 def machines_lines(folder: Path) -> list[list[str]]:
@@ -122,11 +178,22 @@ def machines_lines(folder: Path) -> list[list[str]]:
 
 def model_lines(rows: list[dict]) -> list[list[str]]:
     """model_table.csv: one line per model, its keywords in code, params and GMACs beside the paper's."""
-    lines = [["entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs",
-              "paper GFLOPs"]]
+    lines = [
+        ["entrypoint", "keywords", "paper model", "input", "params (M)", "paper params (M)", "GMACs", "paper GFLOPs"]
+    ]
     for r in rows:
-        lines.append([f"`{r['entrypoint']}`", f"`{r['keywords']}`" if r["keywords"] else "", r["paper model"],
-                      r["input"], r["params (M)"], r["paper params (M)"], r["GMACs"], r["paper GFLOPs"]])
+        lines.append(
+            [
+                f"`{r['entrypoint']}`",
+                f"`{r['keywords']}`" if r["keywords"] else "",
+                r["paper model"],
+                r["input"],
+                r["params (M)"],
+                r["paper params (M)"],
+                r["GMACs"],
+                r["paper GFLOPs"],
+            ]
+        )
     return lines
 
 
@@ -140,6 +207,49 @@ def python_literals(path: Path, names: tuple[str, ...]) -> dict:
     return found
 
 
+def cost_lines(path: Path) -> list[list[str]]:
+    """A study's cost before it runs (``locvit validate``'s table, locvit.analysis.cost) at the assumed rate."""
+    from locvit.analysis.cost import ASSUMED_MFU, PEAK_TFLOPS, study_cost
+    from locvit.config import load_params
+
+    rows = study_cost(load_params(path, check_models=False), measured={})
+    lines = [
+        [
+            "variant",
+            "runs",
+            "epochs",
+            "images seen",
+            "forward GMACs",
+            "training PFLOP",
+            f"GPU-hours at {ASSUMED_MFU:.0%} of {PEAK_TFLOPS:g} TFLOP/s",
+        ]
+    ]
+    lines += [
+        [
+            r["variant"],
+            str(r["runs"]),
+            str(r["epochs"]),
+            f"{r['images_seen']:,}",
+            f"{r['forward_gmacs']:.2f}",
+            f"{r['pflop']:,.0f}",
+            f"{r['gpu_hours']:.1f}",
+        ]
+        for r in rows
+    ]
+    lines.append(
+        [
+            "**total**",
+            str(sum(r["runs"] for r in rows)),
+            "",
+            f"{sum(r['images_seen'] for r in rows):,}",
+            "",
+            f"{sum(r['pflop'] for r in rows):,.0f}",
+            f"**{sum(r['gpu_hours'] for r in rows):.1f}**",
+        ]
+    )
+    return lines
+
+
 def budget_lines(path: Path) -> list[list[str]]:
     """A GPU visit's processes (gpu_node/visit.py, which imports no torch): each group's sections, budget (s) and
     how each was estimated; each plan's total, facts and install included, against its deadline."""
@@ -147,19 +257,43 @@ def budget_lines(path: Path) -> list[list[str]]:
 
     lines = [["group", "section", "budget (s)", "how estimated"]]
     for plan, groups in visit.GROUPS.items():
-        lines.append([f"*{plan}*", "node facts, wheelhouse install", str(visit.FACTS_S + visit.INSTALL_S),
-                      "standard-library probes and nvidia-smi; pip --target of the wheelhouse, cut at its budget"])
+        lines.append(
+            [
+                f"*{plan}*",
+                "node facts, wheelhouse install",
+                str(visit.FACTS_S + visit.INSTALL_S),
+                "standard-library probes and nvidia-smi; pip --target of the wheelhouse, cut at its budget",
+            ]
+        )
         for group, sections in groups:
-            lines += [[group if i == 0 else "", f"`{s}`", str(visit.BUDGETS[s][1] + (visit.START_S if i == 0 else 0)),
-                       visit.BUDGETS[s][2] + (f" (+{visit.START_S} s: the process's start)" if i == 0 else "")]
-                      for i, s in enumerate(sections)]
-        lines.append([f"**{plan}, in all**", "", f"**{visit.plan_seconds(plan)}**",
-                      f"of the {visit.DEADLINE_S} s default deadline (a 10-minute command less a minute)"])
+            lines += [
+                [
+                    group if i == 0 else "",
+                    f"`{s}`",
+                    str(visit.BUDGETS[s][1] + (visit.START_S if i == 0 else 0)),
+                    visit.BUDGETS[s][2] + (f" (+{visit.START_S} s: the process's start)" if i == 0 else ""),
+                ]
+                for i, s in enumerate(sections)
+            ]
+        lines.append(
+            [
+                f"**{plan}, in all**",
+                "",
+                f"**{visit.plan_seconds(plan)}**",
+                f"of the {visit.DEADLINE_S} s default deadline (a 10-minute command less a minute)",
+            ]
+        )
     return lines
 
 
-RENDER = {"results": summary_lines, "efficiency": efficiency_lines, "throughput": throughput_lines,
-          "models": model_lines}
+RENDER = {
+    "results": summary_lines,
+    "efficiency": efficiency_lines,
+    "throughput": throughput_lines,
+    "models": model_lines,
+}
+
+
 def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -170,8 +304,12 @@ def _allowed(spec: dict) -> str:
         return ", ".join(f"`{v}`" for v in spec["enum"])
     kinds = spec.get("type", "object" if "properties" in spec else "")
     kinds = "/".join(kinds) if isinstance(kinds, list) else kinds
-    bounds = [f"≥ {spec['minimum']}" if "minimum" in spec else "", f"> {spec['exclusiveMinimum']}" if "exclusiveMinimum" in spec else "",
-              f"≤ {spec['maximum']}" if "maximum" in spec else "", f"< {spec['exclusiveMaximum']}" if "exclusiveMaximum" in spec else ""]
+    bounds = [
+        f"≥ {spec['minimum']}" if "minimum" in spec else "",
+        f"> {spec['exclusiveMinimum']}" if "exclusiveMinimum" in spec else "",
+        f"≤ {spec['maximum']}" if "maximum" in spec else "",
+        f"< {spec['exclusiveMaximum']}" if "exclusiveMaximum" in spec else "",
+    ]
     return " ".join([kinds, ", ".join(b for b in bounds if b)]).strip()
 
 
@@ -194,7 +332,13 @@ def params_lines(path: Path) -> list[list[str]]:
     def walk(properties: dict, prefix: str) -> None:
         for name, spec in properties.items():
             spec = resolved(spec)
-            default = f"`{json.dumps(spec['default'])}`" if "default" in spec else "required" if name in required.get(prefix, ()) else ""
+            default = (
+                f"`{json.dumps(spec['default'])}`"
+                if "default" in spec
+                else "required"
+                if name in required.get(prefix, ())
+                else ""
+            )
             lines.append([f"`{prefix}{name}`", _cell(_allowed(spec)), default, _cell(spec.get("description", ""))])
             if "properties" in spec:
                 required[f"{prefix}{name}."] = spec.get("required", ())
@@ -214,7 +358,9 @@ def step_lines(path: Path) -> list[list[str]]:
     lines = [["model size (batch)", "variant", "step time / baseline (fused)", "/ baseline (eager)"]]
     for size, r in data["results"].items():
         for variant, ratio in r["ratios"].items():
-            lines.append([f"{size} ({r['batch']})", variant, f"{ratio:.3f}", f"{r['ratios_vs_eager_twin'][variant]:.3f}"])
+            lines.append(
+                [f"{size} ({r['batch']})", variant, f"{ratio:.3f}", f"{r['ratios_vs_eager_twin'][variant]:.3f}"]
+            )
     return lines
 
 
@@ -256,8 +402,16 @@ def augment_side_lines(path: Path) -> list[list[str]]:
     for size, r in _json_at(Path(f"{path}#side_by_side")).items():
         for threads, t in ((k, v) for k, v in r.items() if k.endswith(("_thread", "_threads"))):
             ips = t["images_per_s"]
-            lines.append([f"{size} ({r['batch']})", threads.split("_")[0], f"{ips['tensor']:,.0f}", f"{ips['timm_pil']:,.0f}",
-                          f"{t['ratio_tensor_over_pil']:.2f}", f"{t['ratio_tensor_over_pil_randaugment_only']:.2f}"])
+            lines.append(
+                [
+                    f"{size} ({r['batch']})",
+                    threads.split("_")[0],
+                    f"{ips['tensor']:,.0f}",
+                    f"{ips['timm_pil']:,.0f}",
+                    f"{t['ratio_tensor_over_pil']:.2f}",
+                    f"{t['ratio_tensor_over_pil_randaugment_only']:.2f}",
+                ]
+            )
     return lines
 
 
@@ -280,17 +434,39 @@ def dataloader_lines(path: Path) -> list[list[str]]:
     """bench_dataloader.py: per data set and worker case, images/s of FFCV and torch, JIT on and off, and the
     ratios; the first and a later epoch's seconds of FFCV with its JIT."""
     data = _json_at(path)
-    lines = [["data set (batch, images an epoch)", "workers", "FFCV, JIT", "torch", "ratio", "FFCV, no JIT", "torch",
-              "ratio", "FFCV JIT: first / later epoch (s)"]]
+    lines = [
+        [
+            "data set (batch, images an epoch)",
+            "workers",
+            "FFCV, JIT",
+            "torch",
+            "ratio",
+            "FFCV, no JIT",
+            "torch",
+            "ratio",
+            "FFCV JIT: first / later epoch (s)",
+        ]
+    ]
     for name, d in data["datasets"].items():
         jit, plain = data["loaders"]["jit"][name], data["loaders"]["no_jit"][name]
         for case, c in jit["cases"].items():
             n = plain["cases"][case]
-            workers = case.replace("plain_w", "").replace("w", "") + (", no augmentation" if case.startswith("plain") else "")
-            lines.append([f"{name} ({d['batch']}, {jit['images_per_epoch']:,})", workers, f"{c['ffcv_images_per_s']:,.0f}",
-                          f"{c['torch_images_per_s']:,.0f}", f"{c['ratio_ffcv_over_torch']:.2f}", f"{n['ffcv_images_per_s']:,.0f}",
-                          f"{n['torch_images_per_s']:,.0f}", f"{n['ratio_ffcv_over_torch']:.2f}",
-                          f"{c['ffcv_first_epoch_s']:.2f} / {c['ffcv_later_epoch_s']:.2f}"])
+            workers = case.replace("plain_w", "").replace("w", "") + (
+                ", no augmentation" if case.startswith("plain") else ""
+            )
+            lines.append(
+                [
+                    f"{name} ({d['batch']}, {jit['images_per_epoch']:,})",
+                    workers,
+                    f"{c['ffcv_images_per_s']:,.0f}",
+                    f"{c['torch_images_per_s']:,.0f}",
+                    f"{c['ratio_ffcv_over_torch']:.2f}",
+                    f"{n['ffcv_images_per_s']:,.0f}",
+                    f"{n['torch_images_per_s']:,.0f}",
+                    f"{n['ratio_ffcv_over_torch']:.2f}",
+                    f"{c['ffcv_first_epoch_s']:.2f} / {c['ffcv_later_epoch_s']:.2f}",
+                ]
+            )
     return lines
 
 
@@ -304,19 +480,45 @@ def feed_lines(path: Path) -> list[list[str]]:
         for setting, ips in cap["images_per_s"].items():
             lines.append([size, f"feed: `{setting}`", f"{ips:,.0f}", ""])
         rounds = cap["ratio_per_round"]
-        lines.append([size, f"feed: best locvit (`{cap['best_locvit']}`) over best torch (`{cap['best_timm']}`)", "",
-                      f"**{cap['ratio_best_over_best']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
-        lines.append([size, "feed: FFCV's part alone over best torch", "", f"{cap['ratio_ffcv_loader_only_over_best_timm']:.2f}"])
+        lines.append(
+            [
+                size,
+                f"feed: best locvit (`{cap['best_locvit']}`) over best torch (`{cap['best_timm']}`)",
+                "",
+                f"**{cap['ratio_best_over_best']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})",
+            ]
+        )
+        lines.append(
+            [size, "feed: FFCV's part alone over best torch", "", f"{cap['ratio_ffcv_loader_only_over_best_timm']:.2f}"]
+        )
         for setting, ips in e2e["images_per_s"].items():
             lines.append([size, f"training: `{setting}`", f"{ips:,.1f}", ""])
         rounds = e2e["ratio_per_round"]
-        lines.append([size, f"training: locvit-fed over timm-fed (batch {e2e['batch']})", "",
-                      f"**{e2e['ratio_ffcv_fed_over_timm_fed']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})"])
+        lines.append(
+            [
+                size,
+                f"training: locvit-fed over timm-fed (batch {e2e['batch']})",
+                "",
+                f"**{e2e['ratio_ffcv_fed_over_timm_fed']:.2f}** ({min(rounds):.2f}-{max(rounds):.2f})",
+            ]
+        )
     return lines
 
 
-FILE_RENDER = {"budgets": budget_lines, "dataloader": dataloader_lines, "feed": feed_lines, "pipeline": pipeline_lines, "params": params_lines, "step": step_lines, "flat": flat_lines,
-               "augment_side": augment_side_lines, "augment_ops": augment_ops_lines}  # kinds that read the file themselves
+FILE_RENDER = {
+    "cost": cost_lines,
+    "budgets": budget_lines,
+    "dataloader": dataloader_lines,
+    "feed": feed_lines,
+    "pipeline": pipeline_lines,
+    "params": params_lines,
+    "step": step_lines,
+    "flat": flat_lines,
+    "augment_side": augment_side_lines,
+    "augment_ops": augment_ops_lines,
+}  # kinds that read the file themselves
+
+
 def _side_label(path: Path) -> str:
     """A side of a side-by-side table: its folder's name, with the instruction set its ``source.json`` records."""
     import json
@@ -331,13 +533,30 @@ def _comparisons(path: Path) -> dict[tuple[str, str], dict]:
     side-by-side table shows: n, top-1 mean ± std, Δ with its 95 % interval, verdict."""
     rows = list(csv.DictReader(path.open(newline="")))
     if rows and "Variant" in rows[0]:  # report/tables/data_efficiency.csv: a column group per fraction
-        return {(f.replace(" of train", ""), r["Variant"]): {
-            "n": r[f"{f} n"], "mean": r[f], "std": r[f"{f} std"], "delta": r[f"{f} delta"],
-            "low": r[f"{f} delta_ci95_low"], "high": r[f"{f} delta_ci95_high"], "verdict": r[f"{f} verdict"]}
-            for f, r in _by_fraction(rows)}
-    return {("", r["variant"]): {"n": r["n_seeds"], "mean": r["test_top1_mean"], "std": r["test_top1_std"],
-                                 "delta": r["delta_vs_baseline"], "low": r["delta_ci95_low"],
-                                 "high": r["delta_ci95_high"], "verdict": r["verdict"]} for r in read_results_csv(path)}
+        return {
+            (f.replace(" of train", ""), r["Variant"]): {
+                "n": r[f"{f} n"],
+                "mean": r[f],
+                "std": r[f"{f} std"],
+                "delta": r[f"{f} delta"],
+                "low": r[f"{f} delta_ci95_low"],
+                "high": r[f"{f} delta_ci95_high"],
+                "verdict": r[f"{f} verdict"],
+            }
+            for f, r in _by_fraction(rows)
+        }
+    return {
+        ("", r["variant"]): {
+            "n": r["n_seeds"],
+            "mean": r["test_top1_mean"],
+            "std": r["test_top1_std"],
+            "delta": r["delta_vs_baseline"],
+            "low": r["delta_ci95_low"],
+            "high": r["delta_ci95_high"],
+            "verdict": r["verdict"],
+        }
+        for r in read_results_csv(path)
+    }
 
 
 def side_by_side_lines(sources: list[Path]) -> list[list[str]]:
@@ -359,8 +578,11 @@ def side_by_side_lines(sources: list[Path]) -> list[list[str]]:
         if row is None:
             return ["–"] * 4
         mean = num(row["mean"]) + (f" ± {num(row['std'])}" if row["std"] else "")
-        delta = (f"{num(row['delta'], '+.2f')} [{num(row['low'], '+.2f')}, {num(row['high'], '+.2f')}]"
-                 if row["low"] else "–")
+        delta = (
+            f"{num(row['delta'], '+.2f')} [{num(row['low'], '+.2f')}, {num(row['high'], '+.2f')}]"
+            if row["low"]
+            else "–"
+        )
         return [row["n"], mean, delta, row["verdict"] or "–"]
 
     for key in keys:
@@ -391,14 +613,17 @@ FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds th
 def render(kind: str, source: str) -> str:
     path = ROOT / source
     if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER and kind != "side_by_side":
-        raise ValueError(f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
-                         f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, 'side_by_side'])}")
+        raise ValueError(
+            f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
+            f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, 'side_by_side'])}"
+        )
     if kind == "side_by_side":
         paths = [ROOT / part for part in source.split(",")]
         for p in paths:
             if not p.is_file():
-                raise FileNotFoundError(f"{p.relative_to(ROOT)} (quoted by a '<!-- table: side_by_side ... -->' marker) "
-                                        "does not exist")
+                raise FileNotFoundError(
+                    f"{p.relative_to(ROOT)} (quoted by a '<!-- table: side_by_side ... -->' marker) does not exist"
+                )
         return as_markdown(side_by_side_lines(paths))
     if kind == "source" and path.is_file():
         return as_markdown(source_lines(path))
@@ -460,8 +685,12 @@ def value(source: str, key: str) -> str:
 
 
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
-            ROOT / "tests" / "README.md"]
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "benchmarks" / "README.md",
+        ROOT / "tests" / "README.md",
+    ]
 
 
 def sync(check: bool) -> list[str]:
@@ -472,10 +701,16 @@ def sync(check: bool) -> list[str]:
         new = BLOCK.sub(lambda m: m.group(1) + render(m.group(2), m.group(3)) + m.group(5), text)
         new = VALUE.sub(lambda m: m.group(1) + value(m.group(2), m.group(3)) + m.group(5), new)
         if new != text:
-            stale += [f"{doc.relative_to(ROOT)}: {m.group(3)}" for m in BLOCK.finditer(text)
-                      if m.group(4) != render(m.group(2), m.group(3))]
-            stale += [f"{doc.relative_to(ROOT)}: {m.group(2)} {m.group(3)}" for m in VALUE.finditer(text)
-                      if m.group(4) != value(m.group(2), m.group(3))]
+            stale += [
+                f"{doc.relative_to(ROOT)}: {m.group(3)}"
+                for m in BLOCK.finditer(text)
+                if m.group(4) != render(m.group(2), m.group(3))
+            ]
+            stale += [
+                f"{doc.relative_to(ROOT)}: {m.group(2)} {m.group(3)}"
+                for m in VALUE.finditer(text)
+                if m.group(4) != value(m.group(2), m.group(3))
+            ]
             if not check:
                 write_text(doc, new)
     return stale
@@ -483,7 +718,9 @@ def sync(check: bool) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="list the tables that differ from their files; change nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="list the tables that differ from their files; change nothing"
+    )
     args = parser.parse_args()
     stale = sync(args.check)
     for line in stale:

@@ -21,9 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from locvit import logs
 from locvit.config import ConfigError, load_params, validate_section
 from locvit.errors import EXIT_STOPPED, InputError, LocvitError, MissingFileError, Stopped
-from locvit import logs
 from locvit.io import JobConfig, read_json
 from locvit.layout import REPORT_FILES, StudyLayout, per_seed
 from locvit.run_config import run_config, validate_run_config, variant_seeds
@@ -31,8 +31,9 @@ from locvit.run_config import run_config, validate_run_config, variant_seeds
 
 def config_file(path: Path, option: str):
     """The JSON config file an option names (Snakemake writes them); an error naming the option and the file."""
-    return read_json(path, f"{option} file", "Run the job through Snakemake, which writes it (locvit job-configs "
-                                            "writes them all).")
+    return read_json(
+        path, f"{option} file", "Run the job through Snakemake, which writes it (locvit job-configs writes them all)."
+    )
 
 
 def job_config(args, option: str, build):
@@ -49,8 +50,14 @@ def cmd_validate(args) -> None:
     params = load_params(args.params)
     n = sum(len(variant_seeds(params, v)) for v in params["variants"])
     seeds = sorted({len(variant_seeds(params, v)) for v in params["variants"]})
-    print(f"{args.params}: valid; study {params['study']!r}, {len(params['variants'])} variant(s) x "
-          f"{'-'.join(map(str, seeds))} seed(s) = {n} training run(s)")
+    print(
+        f"{args.params}: valid; study {params['study']!r}, {len(params['variants'])} variant(s) x "
+        f"{'-'.join(map(str, seeds))} seed(s) = {n} training run(s)"
+    )
+    if args.cost:
+        from locvit.analysis.cost import cost_lines, study_cost
+
+        print("\n".join(cost_lines(study_cost(params, train_images=args.train_images))))
 
 
 def cmd_prepare(args) -> None:
@@ -66,9 +73,9 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from locvit.tracking.run import system_metrics_interval
     from locvit.train import stop
     from locvit.train.distributed import distributed
-    from locvit.tracking.run import system_metrics_interval
     from locvit.train.loop import train_run
 
     stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
@@ -77,8 +84,13 @@ def cmd_train(args) -> None:
         cfgs = [validate_run_config(config_file(f, "--run-config")) for f in args.run_config]
         out_dirs = args.out_dir or []
         if len(out_dirs) != len(cfgs):
-            raise ConfigError([f"--out-dir: {len(out_dirs)} folder(s) for {len(cfgs)} run config(s); give one per "
-                               "run, in the same order"], "--run-config")
+            raise ConfigError(
+                [
+                    f"--out-dir: {len(out_dirs)} folder(s) for {len(cfgs)} run config(s); give one per "
+                    "run, in the same order"
+                ],
+                "--run-config",
+            )
         if args.search_spec:
             from locvit.analysis.search import search_run_config
 
@@ -92,40 +104,66 @@ def cmd_train(args) -> None:
     interval = system_metrics_interval(args.system_metrics_s, None if args.run_config else params)
     with distributed():  # one process, or the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK)
         for cfg, out_dir in jobs:
-            train_run(cfg, args.train_data, args.val_data, args.manifest, out_dir, args.tracking_db,
-                      show_progress=args.progress, threads=args.threads, keep_finished=args.keep_finished,
-                      system_metrics_s=interval)
+            train_run(
+                cfg,
+                args.train_data,
+                args.val_data,
+                args.manifest,
+                out_dir,
+                args.tracking_db,
+                show_progress=args.progress,
+                threads=args.threads,
+                keep_finished=args.keep_finished,
+                system_metrics_s=interval,
+            )
 
 
 def cmd_evaluate(args) -> None:
     from locvit.train.evaluate import evaluate_checkpoints
 
-    for result in evaluate_checkpoints(args.checkpoint, args.out, args.data, args.manifest, args.tracking_db,
-                                       threads=args.threads):
-        print(f"{result['variant']} seed {result['seed']}: test top-1 {100 * result['test_top1']:.2f}% "
-              f"on {result['n']} images")
+    for result in evaluate_checkpoints(
+        args.checkpoint, args.out, args.data, args.manifest, args.tracking_db, threads=args.threads
+    ):
+        print(
+            f"{result['variant']} seed {result['seed']}: test top-1 {100 * result['test_top1']:.2f}% "
+            f"on {result['n']} images"
+        )
 
 
 def cmd_analyse(args) -> None:
     from locvit.analysis.analyse import analyse_checkpoints
 
     cfg = validate_section("analysis", config_file(args.analysis_config, "--analysis-config"), "--analysis-config")
-    for record in analyse_checkpoints(args.checkpoint, args.json, args.npz, args.data, args.manifest, cfg["images"],
-                                      tuple(cfg["als_kernel"]), args.profile, threads=args.threads):
-        print(f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
-              f"ALS on {len(record['als_layers'])}")
+    for record in analyse_checkpoints(
+        args.checkpoint,
+        args.json,
+        args.npz,
+        args.data,
+        args.manifest,
+        cfg["images"],
+        tuple(cfg["als_kernel"]),
+        args.profile,
+        threads=args.threads,
+    ):
+        print(
+            f"{record['variant']} seed {record['seed']}: {len(record['layers'])} attention layer(s), "
+            f"ALS on {len(record['als_layers'])}"
+        )
 
 
 def cmd_throughput(args) -> None:
     from locvit.analysis.throughput import measure_throughput
     from locvit.job_configs import throughput_config
 
-    rows = measure_throughput(job_config(args, "--throughput-config", throughput_config), args.out,
-                              threads=args.threads)
+    rows = measure_throughput(
+        job_config(args, "--throughput-config", throughput_config), args.out, threads=args.threads
+    )
     for row in rows.values():
         ratio = "" if row["ratio_vs_baseline"] is None else f", {row['ratio_vs_baseline']:.3f} x the baseline"
-        print(f"{row['variant']}: {row['img_s_median']:.1f} img/s (rounds {row['img_s_low']:.1f} to "
-              f"{row['img_s_high']:.1f}){ratio}")
+        print(
+            f"{row['variant']}: {row['img_s_median']:.1f} img/s (rounds {row['img_s_low']:.1f} to "
+            f"{row['img_s_high']:.1f}){ratio}"
+        )
     print(f"throughput of {len(rows)} variant(s), {next(iter(rows.values()))['device']}: {args.out}")
 
 
@@ -134,9 +172,14 @@ def cmd_search_spec(args) -> None:
     from locvit.io import write_json
 
     search = validate_section("mask_search", config_file(args.search_config, "--search-config"), "--search-config")
-    previous = read_json(args.previous_spec, "search spec", "Re-run the previous round.") if args.previous_spec else None
-    als = read_json(args.previous_analysis, "analysis file", "Re-run the previous round's analyse step.")["als"] \
-        if args.previous_analysis else None
+    previous = (
+        read_json(args.previous_spec, "search spec", "Re-run the previous round.") if args.previous_spec else None
+    )
+    als = (
+        read_json(args.previous_analysis, "analysis file", "Re-run the previous round's analyse step.")["als"]
+        if args.previous_analysis
+        else None
+    )
     spec = next_spec(args.round, previous, als, search["all_above"], search["remove_below"])
     write_json(args.out, spec)
     print(f"round {args.round}: masked_heads {spec['masked_heads']}")
@@ -152,12 +195,16 @@ def cmd_search_table(args) -> None:
 
     cfg = job_config(args, "--search-table-config", search_table_config)
     fix = "Re-run the mask search (snakemake --cores all search)."
-    rows = search_table([read_json(f, "search spec", fix) for f in args.specs],
-                        [read_json(f, "analysis file", fix) for f in args.analyses],
-                        [read_json(f, "evaluation file", fix) for f in args.evals])
+    rows = search_table(
+        [read_json(f, "search spec", fix) for f in args.specs],
+        [read_json(f, "analysis file", fix) for f in args.analyses],
+        [read_json(f, "evaluation file", fix) for f in args.evals],
+    )
     write_text(args.md, table_markdown(rows, cfg))
-    write_json(args.json, {"rounds": rows, "searched_masked_heads": read_json(args.specs[-1], "search spec", fix)
-                           ["masked_heads"]})
+    write_json(
+        args.json,
+        {"rounds": rows, "searched_masked_heads": read_json(args.specs[-1], "search spec", fix)["masked_heads"]},
+    )
     print(f"mask search table: {args.md}")
 
 
@@ -166,12 +213,23 @@ def cmd_report(args) -> None:
     from locvit.report.build import build_report
 
     cfg = job_config(args, "--report-config", report_config)
-    extra = [(JobConfig(report_config(load_params(p, check_models=False)), f"report config of {p}"), d)
-             for p, d in zip(args.extra_params, args.extra_study_dir)]
-    report = build_report(cfg, args.study_dir, args.out_dir, log_to_mlflow=args.mlflow, extra_studies=extra,
-                          tracking_db=args.tracking_db, params_file=args.params if args.params.is_file() else None)
-    print(f"results table: {args.out_dir / REPORT_FILES['md']}; {len(report['tables']) - 1} paper table(s), "
-          f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / REPORT_FILES['index']}")
+    extra = [
+        (JobConfig(report_config(load_params(p, check_models=False)), f"report config of {p}"), d)
+        for p, d in zip(args.extra_params, args.extra_study_dir)
+    ]
+    report = build_report(
+        cfg,
+        args.study_dir,
+        args.out_dir,
+        log_to_mlflow=args.mlflow,
+        extra_studies=extra,
+        tracking_db=args.tracking_db,
+        params_file=args.params if args.params.is_file() else None,
+    )
+    print(
+        f"results table: {args.out_dir / REPORT_FILES['md']}; {len(report['tables']) - 1} paper table(s), "
+        f"{len(report['figures'])} figure(s); all on one page: {args.out_dir / REPORT_FILES['index']}"
+    )
     for name, why in report["skipped"].items():
         print(f"  not written: {name}: {why}")
     tree = report["mlflow"].get("tree", {})
@@ -192,11 +250,16 @@ def cmd_sync_tracking(args) -> None:
         print(f"locvit sync-tracking: error: {err}; nothing uploaded", file=sys.stderr)
         raise SystemExit(1) from err
     done = len(outcome["uploaded"]) + len(outcome["evaluation"])
-    print(f"{uri}: {len(outcome['uploaded'])} run(s) uploaded, {len(outcome['evaluation'])} test result(s) added, "
-          f"{len(outcome['up_to_date'])} already complete" + ("" if done else "; nothing to upload"))
+    print(
+        f"{uri}: {len(outcome['uploaded'])} run(s) uploaded, {len(outcome['evaluation'])} test result(s) added, "
+        f"{len(outcome['up_to_date'])} already complete" + ("" if done else "; nothing to upload")
+    )
     if outcome["failed"]:
-        print(f"locvit sync-tracking: error: {len(outcome['failed'])} run(s) not uploaded (see above): "
-              f"{', '.join(outcome['failed'])}", file=sys.stderr)
+        print(
+            f"locvit sync-tracking: error: {len(outcome['failed'])} run(s) not uploaded (see above): "
+            f"{', '.join(outcome['failed'])}",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
 
 
@@ -214,14 +277,17 @@ def cmd_results(args) -> None:
     if args.markdown:
         print(as_markdown(lines), end="")
         return
-    print(f"Results of study {params['study']!r}: test top-1 over seeds (mean ± std, 95 % interval with the test set's "
-          "error), the difference to the reference with its interval, the smallest difference the study could "
-          "detect (MDE, 80 % power) and the verdict (docs/statistics.md)")
+    print(
+        f"Results of study {params['study']!r}: test top-1 over seeds (mean ± std, 95 % interval with the test set's "
+        "error), the difference to the reference with its interval, the smallest difference the study could "
+        "detect (MDE, 80 % power) and the verdict (docs/statistics.md)"
+    )
     print(as_text(lines), end="")
     print("\n".join(line for line in table.read_text().splitlines() if line.startswith("- ")))
     print(f"Results table: {table} (also .csv and .tex beside it, per-seed values in results_seeds.csv)")
-    print(f"Every table and figure: {table.parent / REPORT_FILES['index']}; one HTML page: snakemake --report "
-          "report.html")
+    print(
+        f"Every table and figure: {table.parent / REPORT_FILES['index']}; one HTML page: snakemake --report report.html"
+    )
 
 
 def cmd_mlflow_ui(args) -> None:
@@ -260,8 +326,9 @@ def cmd_launch(args) -> None:
 def cmd_targets(args) -> None:
     from locvit.versioning import stage_targets
 
-    print(" ".join(str(t) for t in stage_targets(load_params(args.params, check_models=False), args.stage,
-                                                 args.variant)))
+    print(
+        " ".join(str(t) for t in stage_targets(load_params(args.params, check_models=False), args.stage, args.variant))
+    )
 
 
 def cmd_job_configs(args) -> None:
@@ -270,8 +337,10 @@ def cmd_job_configs(args) -> None:
     params = load_params(args.params, check_models=False)
     written = write_job_configs(params)
     shown = ", ".join(map(str, written[:5])) + (f", ... ({len(written) - 5} more)" if len(written) > 5 else "")
-    print(f"{len(job_configs(params))} job config(s) of study {params['study']!r} under "
-          f"{StudyLayout.of(params).configs}; {len(written)} changed: {shown or 'none'}")
+    print(
+        f"{len(job_configs(params))} job config(s) of study {params['study']!r} under "
+        f"{StudyLayout.of(params).configs}; {len(written)} changed: {shown or 'none'}"
+    )
 
 
 def cmd_dvc_yaml(args) -> None:
@@ -303,45 +372,89 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, fn, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--params", type=Path, default=Path("params.yaml"), help="the study config (default params.yaml)")
+        p.add_argument(
+            "--params", type=Path, default=Path("params.yaml"), help="the study config (default params.yaml)"
+        )
         p.set_defaults(fn=fn)
         return p
 
-    add("validate", cmd_validate, "check params.yaml and say how many runs it defines")
+    p = add("validate", cmd_validate, "check params.yaml and say how many runs it defines and what they cost")
+    p.add_argument(
+        "--cost",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print each variant's runs, epochs, images seen, training FLOPs and GPU-hours (default: on)",
+    )
+    p.add_argument(
+        "--train-images",
+        type=int,
+        metavar="N",
+        help="the training split's size where the source counts it only when prepared (an image folder: "
+        "ImageNet's is 1,281,167 less data.val_fraction's share)",
+    )
 
     p = add("prepare", cmd_prepare, "split the dataset and write one FFCV file per split plus a manifest")
-    p.add_argument("--data-config", type=Path,
-                   help="a JSON file holding the data section at its training fraction (instead of --params)")
+    p.add_argument(
+        "--data-config",
+        type=Path,
+        help="a JSON file holding the data section at its training fraction (instead of --params)",
+    )
     for split in ("train", "val", "test"):
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
 
-    p = add("train", cmd_train, "train runs one after another in one process (--run-config: one or a list; "
-                                "--variant: every seed of a variant); resumes an interrupted run, skips a finished "
-                                "one; under torchrun, one process per GPU")
+    p = add(
+        "train",
+        cmd_train,
+        "train runs one after another in one process (--run-config: one or a list; "
+        "--variant: every seed of a variant); resumes an interrupted run, skips a finished "
+        "one; under torchrun, one process per GPU",
+    )
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--run-config", type=Path, nargs="+",
-                   help="JSON files, each a run's resolved config (written by Snakemake, locvit.job_configs)")
+    g.add_argument(
+        "--run-config",
+        type=Path,
+        nargs="+",
+        help="JSON files, each a run's resolved config (written by Snakemake, locvit.job_configs)",
+    )
     g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")
     p.add_argument("--train-data", type=Path, required=True)
     p.add_argument("--val-data", type=Path, required=True)
     p.add_argument("--manifest", type=Path, required=True)
-    p.add_argument("--search-spec", type=Path,
-                   help="with --run-config: a mask-search round's spec.json; trains the run with its masks")
-    p.add_argument("--out-dir", type=Path, nargs="+",
-                   help="with --run-config: where each run's last.pt, best.pt and metrics.json go (one per config)")
+    p.add_argument(
+        "--search-spec",
+        type=Path,
+        help="with --run-config: a mask-search round's spec.json; trains the run with its masks",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        nargs="+",
+        help="with --run-config: where each run's last.pt, best.pt and metrics.json go (one per config)",
+    )
     p.add_argument("--runs-dir", type=Path, help="with --variant: parent of the seed<k> folders")
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show a progress bar (default: when stderr is a terminal)")
-    p.add_argument("--keep-finished", action="store_true",
-                   help="a finished run (last.pt says so) whose metrics.json is gone is restored, not retrained "
-                        "(a job of several runs that Snakemake re-runs; delete last.pt to retrain one)")
-    p.add_argument("--system-metrics-s", type=float, default=None,
-                   help="seconds between samples of MLflow's system metrics, 0 for none (default: "
-                        "$LOCVIT_SYSTEM_METRICS_S, which the workflow sets from tracking.system_metrics_s; else with "
-                        "--params its tracking.system_metrics_s; else none)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+    p.add_argument(
+        "--keep-finished",
+        action="store_true",
+        help="a finished run (last.pt says so) whose metrics.json is gone is restored, not retrained "
+        "(a job of several runs that Snakemake re-runs; delete last.pt to retrain one)",
+    )
+    p.add_argument(
+        "--system-metrics-s",
+        type=float,
+        default=None,
+        help="seconds between samples of MLflow's system metrics, 0 for none (default: "
+        "$LOCVIT_SYSTEM_METRICS_S, which the workflow sets from tracking.system_metrics_s; else with "
+        "--params its tracking.system_metrics_s; else none)",
+    )
 
     p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoints to score")
@@ -361,10 +474,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", type=Path, required=True)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
-    p = add("throughput", cmd_throughput, "inference images/s of every variant of --params, measured side by side in "
-                                          "one process in alternating rounds (random weights)")
-    p.add_argument("--throughput-config", type=Path,
-                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params")
+    p = add(
+        "throughput",
+        cmd_throughput,
+        "inference images/s of every variant of --params, measured side by side in "
+        "one process in alternating rounds (random weights)",
+    )
+    p.add_argument(
+        "--throughput-config",
+        type=Path,
+        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params",
+    )
     p.add_argument("--out", type=Path, required=True, help="output CSV (results/<study>/report/throughput.csv)")
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
@@ -376,8 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
 
     p = add("search-table", cmd_search_table, "the mask search's table: each round's masks, ALS and accuracy")
-    p.add_argument("--search-table-config", type=Path,
-                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params")
+    p.add_argument(
+        "--search-table-config",
+        type=Path,
+        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params",
+    )
     p.add_argument("--specs", type=Path, nargs="+", required=True)
     p.add_argument("--analyses", type=Path, nargs="+", required=True)
     p.add_argument("--evals", type=Path, nargs="+", required=True)
@@ -385,25 +508,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, required=True)
 
     p = add("report", cmd_report, "write the results table, the papers' tables and the figures of a study")
-    p.add_argument("--report-config", type=Path,
-                   help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params. "
-                        "With it, --params is not read: the file is logged to the study's MLflow run as it is")
+    p.add_argument(
+        "--report-config",
+        type=Path,
+        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params. "
+        "With it, --params is not read: the file is logged to the study's MLflow run as it is",
+    )
     p.add_argument("--study-dir", type=Path, required=True, help="results/<study>: its eval/, runs/, analysis/, maps/")
     p.add_argument("--out-dir", type=Path, required=True, help="where the report goes (results/<study>/report)")
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
-    p.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=True,
-                   help="log each variant's figures to its MLflow runs and link the runs in the tables")
-    p.add_argument("--extra-params", type=Path, nargs="*", default=[],
-                   help="params of other studies (e.g. other data.train_fraction) for the accuracy-vs-fraction figure")
-    p.add_argument("--extra-study-dir", type=Path, nargs="*", default=[], help="their results/<study> folders, in order")
+    p.add_argument(
+        "--mlflow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log each variant's figures to its MLflow runs and link the runs in the tables",
+    )
+    p.add_argument(
+        "--extra-params",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="params of other studies (e.g. other data.train_fraction) for the accuracy-vs-fraction figure",
+    )
+    p.add_argument(
+        "--extra-study-dir", type=Path, nargs="*", default=[], help="their results/<study> folders, in order"
+    )
 
-    p = add("sync-tracking", cmd_sync_tracking, "upload to MLflow the runs whose training could not be tracked "
-                                                "(metrics.json says so, or the backend lacks their run); idempotent")
-    p.add_argument("--runs-dir", type=Path, required=True,
-                   help="searched at any depth for run folders (results/<study>/runs, or one run's folder)")
+    p = add(
+        "sync-tracking",
+        cmd_sync_tracking,
+        "upload to MLflow the runs whose training could not be tracked "
+        "(metrics.json says so, or the backend lacks their run); idempotent",
+    )
+    p.add_argument(
+        "--runs-dir",
+        type=Path,
+        required=True,
+        help="searched at any depth for run folders (results/<study>/runs, or one run's folder)",
+    )
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
-    p.add_argument("--eval-dir", type=Path,
-                   help="test results, <eval-dir>/<variant>/seed<k>.json (default: eval/ beside --runs-dir)")
+    p.add_argument(
+        "--eval-dir",
+        type=Path,
+        help="test results, <eval-dir>/<variant>/seed<k>.json (default: eval/ beside --runs-dir)",
+    )
 
     p = add("results", cmd_results, "print the study's results table and where it is")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown only")
@@ -411,21 +559,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("mlflow-ui", cmd_mlflow_ui, "open the MLflow UI on a study's runs (its results/<study>/mlflow.db)")
     p.add_argument("--study-dir", type=Path, help="results/<study> holding mlflow.db (default: the study of --params)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind (default 127.0.0.1, this machine only; the UI has no login)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; the UI has no login)",
+    )
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
     p.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
 
-    p = add("mlflow-server", cmd_mlflow_server, "serve a study's tracking database to jobs on many nodes "
-            "(MLflow's tracking server; a login from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)")
+    p = add(
+        "mlflow-server",
+        cmd_mlflow_server,
+        "serve a study's tracking database to jobs on many nodes "
+        "(MLflow's tracking server; a login from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)",
+    )
     p.add_argument("--study-dir", type=Path, help="results/<study> holding mlflow.db (default: the study of --params)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind (default 127.0.0.1, this machine only; any other needs the login)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; any other needs the login)",
+    )
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
     p.add_argument("--workers", type=int, default=4, help="server processes (default 4)")
 
-    p = add("launch", cmd_launch, "inside a SLURM job: run `locvit <command>` as one torchrun per node, joined by "
-            "c10d rendezvous on the job's first node (the train rule's launcher for resources.nodes > 1)")
+    p = add(
+        "launch",
+        cmd_launch,
+        "inside a SLURM job: run `locvit <command>` as one torchrun per node, joined by "
+        "c10d rendezvous on the job's first node (the train rule's launcher for resources.nodes > 1)",
+    )
     p.add_argument("--nodes", type=int, required=True, help="nodes (SLURM tasks, one torchrun each)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node: one process each (0: one CPU process)")
     p.add_argument("--agent", action="store_true", help="one node's torchrun (what the job's srun starts on each node)")
@@ -437,15 +599,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("stage", help="prepare, train, evaluate, analyse or report")
     p.add_argument("variant", nargs="?", help="the variant, for train, evaluate and analyse")
 
-    add("job-configs", cmd_job_configs, "write each job's resolved part of --params to its file under "
-                                        "results/<study>/config/, where it changed (what Snakemake does at every start)")
+    add(
+        "job-configs",
+        cmd_job_configs,
+        "write each job's resolved part of --params to its file under "
+        "results/<study>/config/, where it changed (what Snakemake does at every start)",
+    )
 
-    p = add("dvc-yaml", cmd_dvc_yaml, "write dvc.yaml: its paths from locvit.layout, each stage's code from the "
-                                      "imports of its commands (after a change to either)")
+    p = add(
+        "dvc-yaml",
+        cmd_dvc_yaml,
+        "write dvc.yaml: its paths from locvit.layout, each stage's code from the "
+        "imports of its commands (after a change to either)",
+    )
     p.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="where to write it (default dvc.yaml)")
 
-    add("pull", cmd_pull, "dvc pull the study's files, then give them Snakemake's order of times "
-                          "(snakemake --touch): afterwards snakemake has nothing to do")
+    add(
+        "pull",
+        cmd_pull,
+        "dvc pull the study's files, then give them Snakemake's order of times "
+        "(snakemake --touch): afterwards snakemake has nothing to do",
+    )
     return parser
 
 
@@ -474,8 +648,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"locvit {args.command}: error: {err}", file=sys.stderr)
         return 1
     except Stopped as err:
-        print(f"locvit {args.command}: {err}; run it again to resume (exit status {EXIT_STOPPED})",
-              file=sys.stderr, flush=True)
+        print(
+            f"locvit {args.command}: {err}; run it again to resume (exit status {EXIT_STOPPED})",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_STOPPED
     except Exception as err:  # a bug, or a failure below locvit: its traceback follows, from Python
         print(bug_report_line(args.command, err), file=sys.stderr, flush=True)
@@ -487,9 +664,11 @@ def bug_report_line(command: str, err: BaseException) -> str:
     """The line printed above an unexpected exception's traceback: what it is and where to report it."""
     from locvit import __version__
 
-    return (f"locvit {command}: unexpected {type(err).__name__}, a bug in locvit or a failure below it (numpy, "
-            f"torch, timm, FFCV, MLflow, the file system); its traceback follows. Please report it on {ISSUES} with "
-            f"the command, this output and locvit {__version__}")
+    return (
+        f"locvit {command}: unexpected {type(err).__name__}, a bug in locvit or a failure below it (numpy, "
+        f"torch, timm, FFCV, MLflow, the file system); its traceback follows. Please report it on {ISSUES} with "
+        f"the command, this output and locvit {__version__}"
+    )
 
 
 if __name__ == "__main__":
