@@ -99,7 +99,8 @@ test-fast: install
 # The floor lane: the fast lane in a second environment (.venv-floor, CPython 3.12 as on the GPU node) holding the
 # oldest versions pyproject.toml's ranges allow (constraints-floor.txt: torch 2.11 and the other floors).
 FLOOR_VENV := .venv-floor
-FLOOR_PYTHON ?= $(shell command -v python3.12 || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)
+FLOOR_PYTHON ?= $(shell for p in $$(command -v python3.12) $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+  "$$p" -c '' 2>/dev/null && echo "$$p" && break; done)
 
 $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 	@$(MAKE) --no-print-directory system-deps
