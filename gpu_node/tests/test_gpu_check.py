@@ -262,7 +262,7 @@ def test_a_visit_at_its_budgets_fits_its_deadline_and_each_timeout_leaves_the_la
     assert visit.timeout_for(100, later=350, left=500) == 150  # what the later groups leave
     assert visit.timeout_for(100, later=450, left=500) == 100  # its own budget before the later ones' spare
     assert visit.timeout_for(100, later=450, left=60) == 60  # never past the deadline
-    assert "<!-- table: budgets gpu_node/visit.py -->" in (REPO / "docs" / "benchmarks.md").read_text()
+    assert "<!-- table: budgets gpu_node/visit.py -->" in (REPO / "docs" / "gpu.md").read_text()
 
 
 @pytest.mark.e2e
