@@ -190,7 +190,7 @@ def smoke(device: torch.device, s: dict) -> dict:
 
     import locvit.models  # noqa: F401  (registers locvit's families)
     from locvit.precision import amp_dtype, set_backends
-    from locvit.train.engine import Compute, StepRecipe, channels_last, train_one_epoch, update_ema
+    from locvit.train.engine import Compute, EpochStart, StepRecipe, channels_last, train_one_epoch, update_ema
 
     out = {"gemm": gemm_peak(device, s["quick"]), "ffcv": ffcv_status()}
     if s["compile"]:
@@ -216,7 +216,7 @@ def smoke(device: torch.device, s: dict) -> dict:
             [(x, y)],
             optimizer,
             lambda _: 1e-3,
-            start=_epoch_start(step),
+            start=EpochStart(step=step),
             recipe=StepRecipe(clip_grad=1.0, read_every=50),
             compute=compute,
             on_step=lambda k, ok: update_ema(ema, model, k, ok),
@@ -279,12 +279,6 @@ def mixed_tf32_apis(device: torch.device) -> dict:
         torch.backends.cudnn.allow_tf32 = True  # torch's default
         torch._dynamo.reset()
     return found
-
-
-def _epoch_start(step: int):
-    from locvit.train.engine import EpochStart
-
-    return EpochStart(step=step)
 
 
 def cuda_test_files(tests: Path = REPO / "tests") -> list[Path]:

@@ -19,7 +19,6 @@ are refused (tests/test_user_code.py: the digests and the refusal without proces
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import math
 import re
@@ -107,8 +106,13 @@ register_family(Family("toy", "ToyWindow", ToyViT, "every head inside a 3x3 wind
 @pytest.fixture
 def linear_family(monkeypatch):
     """tests/plugins/linear_family.py imported as a study's ``model_modules`` entry would be."""
-    monkeypatch.syspath_prepend(str(PLUGINS))
-    return importlib.import_module("linear_family")
+    import sys
+
+    from locvit.models import import_modules
+
+    monkeypatch.chdir(PLUGINS)  # a study's own family beside its params: found in the working directory
+    import_modules(["linear_family"])
+    return sys.modules["linear_family"]
 
 
 def test_a_family_with_a_kind_of_map_of_its_own_needs_no_edit_in_src(linear_family):
