@@ -54,3 +54,6 @@ def test_validate_prints_the_cost_table_unless_asked_not_to(repo, capsys):
     assert out[-2].startswith("total") and "assumed 30% of 989 TFLOP/s" in out[-1]
     main(["validate", "--params", str(repo / "presets" / "lsa_cifar.yaml"), "--no-cost"])
     assert len(capsys.readouterr().out.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        main(["validate", "--train-images", "-5"])
+    assert "'-5' is not a whole number of images, 1 or more" in capsys.readouterr().err

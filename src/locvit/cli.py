@@ -366,6 +366,12 @@ TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_
 THREADS_HELP = "torch CPU threads (default: torch's choice)"
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of images, 1 or more")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="locvit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -387,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--train-images",
-        type=int,
+        type=_positive_int,
         metavar="N",
         help="the training split's size where the source counts it only when prepared (an image folder: "
         "ImageNet's is 1,281,167 less data.val_fraction's share)",
