@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_dataloader import RAW, BetonImages, GeneratedSource, Steps, torch_loader
 
+from benchmarks.bench_dataloader import RAW, BetonImages, GeneratedSource, Steps, torch_loader
 from benchmarks.common import SHAPES, alternate, median, write_result
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT's

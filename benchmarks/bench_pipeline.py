@@ -29,8 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_tracking import sampler_cost
-
+from benchmarks.bench_tracking import sampler_cost
 from benchmarks.common import alternate, median, write_result
 from doctools.publish import publish
 
