@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from locvit.machine import describe
+from locvit.device import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict:
-    """The machine every result file names: :func:`locvit.machine.describe` (the CPU, the instruction set
+    """The machine every result file names: :func:`locvit.device.describe` (the CPU, the instruction set
     torch's kernels use, torch's build, the GPU with its CUDA, cuDNN and triton)."""
     return describe()
 

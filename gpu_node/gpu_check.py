@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig  # noqa: F401  (locvit.toolchain's probe reads it; tests hide Python.h through it)
+import sysconfig  # noqa: F401  (locvit.device's toolchain probe reads it; tests hide Python.h through it)
 import tarfile
 import tempfile
 import time
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from benchmarks import common
 from gpu_node import wheelhouse  # what the node must provide
 from gpu_node.visit import BUDGETS, PLANS
-from locvit import toolchain  # the compiler and Python headers Triton builds with
+from locvit.device import missing_pieces, probe_compiler, probe_python_headers  # what Triton builds with
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELHOUSE = REPO / "wheelhouse"
@@ -182,14 +182,14 @@ def gemm_peak(device: torch.device, quick: bool) -> dict:
 def smoke(device: torch.device, s: dict) -> dict:
     """The training path in the first minute: the measured matmul peak, ``import ffcv``, and locvit's own
     training step (:func:`locvit.train.engine.train_one_epoch` with the run's precision after
-    :func:`locvit.precision.set_backends`, channels_last, AdamW fused on CUDA with its found_inf, gradient
+    :func:`locvit.device.set_backends`, channels_last, AdamW fused on CUDA with its found_inf, gradient
     clipping and the EMA) on a small model for ``smoke_steps`` steps of one fixed batch, compiled where a run
     compiles (CUDA): the loss must fall and stay finite."""
     import timm
     from timm.utils import ModelEmaV3
 
     import locvit.models  # noqa: F401  (registers locvit's families)
-    from locvit.precision import amp_dtype, set_backends
+    from locvit.device import amp_dtype, set_backends
     from locvit.train.engine import Compute, EpochStart, StepRecipe, channels_last, train_one_epoch, update_ema
 
     out = {"gemm": gemm_peak(device, s["quick"]), "ffcv": ffcv_status()}
@@ -938,7 +938,7 @@ def deterministic_cost(device: torch.device, s: dict) -> dict:
     timed with torch's default kernels and with deterministic ones, alternately, after both have warmed up."""
     import timm
 
-    from locvit.precision import set_backends
+    from locvit.device import set_backends
 
     size, batch = s["deterministic_size"], s["deterministic_batch"]
     torch.manual_seed(0)
@@ -1039,9 +1039,9 @@ def node_report(needs: dict[str, str] | None = None) -> dict:
     maps each piece (:data:`NODE_PIECES`) that is missing or too old to what to install."""
     needs = needs or node_needs()
     older = lambda have, need: have is None or wheelhouse.version_tuple(have) < wheelhouse.version_tuple(need)  # noqa: E731
-    cc, headers = toolchain.probe_compiler(), toolchain.probe_python_headers()
+    cc, headers = probe_compiler(), probe_python_headers()
     glibc, cxx, timm_version = probe_glibc(), probe_libstdcxx(), probe_timm()
-    missing = toolchain.missing_pieces(cc, headers)  # the compiler and headers Triton builds with
+    missing = missing_pieces(cc, headers)  # the compiler and headers Triton builds with
     if older(glibc, needs["glibc"]):
         missing["glibc"] = (
             f"glibc {glibc or 'not found'}; the wheelhouse's ffcv and its libraries need glibc >= "

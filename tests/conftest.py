@@ -178,16 +178,16 @@ def pytest_unconfigure(config):
 def pytest_sessionstart(session):
     """The probes a process makes once and remembers, made before the first test (as a run makes them before its
     first step), so that no test "starts" them by running first: the C toolchain (``cc --version``,
-    :mod:`locvit.toolchain`), the commit a run records (``git rev-parse``, ``git status``), the processor's
-    name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
+    :func:`locvit.device.missing_toolchain`), the commit a run records (``git rev-parse``, ``git status``), the
+    processor's name (``uname -p``, Python's platform module, for profiles and MLflow's system tags) and GitPython's
     ``git version`` (on its import, when MLflow first reads a run's git commit). A test that probes afresh
     starts a process of its own. On a GPU node that lacks MLflow and GitPython (a GPU visit, gpu_node/visit.py, runs the
     CUDA-marked tests there) those two probes are skipped: no test there can make them either."""
     import platform
 
-    from locvit import toolchain
+    from locvit import device
 
-    toolchain.missing()
+    device.missing_toolchain()
     platform.processor()
     try:
         import git  # noqa: F401  GitPython, MLflow's

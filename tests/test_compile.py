@@ -1,4 +1,4 @@
-"""What ``torch.compile`` meets: the TF32 switches a bf16 run sets (:mod:`locvit.precision`) leave torch's
+"""What ``torch.compile`` meets: the TF32 switches a bf16 run sets (:func:`locvit.device.set_backends`) leave torch's
 getters readable, and a compiled restrict MaiT on FlexAttention is one graph from its first call, with
 ``restrict_kernel: auto`` taking FlexAttention only from :data:`locvit.models.mait.FLEX_MIN_TOKENS` tokens.
 
@@ -14,8 +14,8 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import locvit.models  # noqa: F401  (registers MaiT)
+from locvit.device import set_backends
 from locvit.models import mait
-from locvit.precision import set_backends
 
 CUDA = torch.device("cuda")  # set_backends only reads its type: no CUDA is touched (asserted below)
 

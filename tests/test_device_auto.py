@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from locvit import models
+from locvit import device
 
 SMI = """#!/bin/sh
 if [ "$1" = "-L" ]; then
@@ -29,13 +29,13 @@ def stand_in_smi(tmp_path, monkeypatch):
 @pytest.mark.e2e  # runs the stand-in nvidia-smi
 @pytest.mark.skipif(torch.cuda.is_available(), reason="torch uses this machine's GPU: auto picks it")
 def test_auto_stops_where_nvidia_smi_sees_a_gpu_torch_cannot_use(stand_in_smi):
-    assert models.nvidia_smi() == {
+    assert device.nvidia_smi() == {
         "gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)"],
         "driver": "470.256.02",
         "cuda": "11.4",
     }
-    with pytest.raises(models.CudaUnusable) as stop:
-        models.device_for("auto")
+    with pytest.raises(device.CudaUnusable) as stop:
+        device.device_for("auto")
     message = str(stop.value)
     for says in (
         "nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H100",
@@ -45,10 +45,10 @@ def test_auto_stops_where_nvidia_smi_sees_a_gpu_torch_cannot_use(stand_in_smi):
         "train.device: cpu",
     ):
         assert says in message, message
-    assert models.device_for("cpu") == torch.device("cpu")  # asked for by name: no question
+    assert device.device_for("cpu") == torch.device("cpu")  # asked for by name: no question
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="torch uses this machine's GPU: auto picks it")
 def test_auto_is_the_cpu_without_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, as on a machine without a GPU
-    assert models.nvidia_smi() is None and models.device_for("auto") == torch.device("cpu")
+    assert device.nvidia_smi() is None and device.device_for("auto") == torch.device("cpu")

@@ -48,7 +48,7 @@ def run(*argv: str, script: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
-    from locvit.toolchain import ToolchainError
+    from locvit.device import ToolchainError
     from locvit.tracking.backend import TrackingAuthError, TrackingUnreachable
     from locvit.train.engine import NonFiniteLoss
     from locvit.train.launch import LaunchError

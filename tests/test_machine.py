@@ -1,4 +1,4 @@
-"""Where the numbers come from: locvit.machine names the CPU, the instruction set torch's kernels use,
+"""Where the numbers come from: locvit.device names the CPU, the instruction set torch's kernels use,
 torch's build and the GPU, and every run record and benchmark file carries it."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from locvit import machine
+from locvit import device
 
 
 def test_describe_names_the_cpu_its_instruction_set_and_torchs_build():
-    d = machine.describe("cpu")
-    assert d["cpu"] == machine.cpu_model() and d["cpu"]
+    d = device.describe("cpu")
+    assert d["cpu"] == device.cpu_model() and d["cpu"]
     assert d["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert (d["torch"], d["torch_git"], d["torch_cuda"]) == (
         torch.__version__,
@@ -25,13 +25,13 @@ def test_describe_names_the_cpu_its_instruction_set_and_torchs_build():
     )
     assert d["gpu"] is None and json.loads(json.dumps(d)) == d  # a CPU device names no GPU; JSON as it is
     if not torch.cuda.is_available():
-        assert machine.describe()["gpu"] is None and machine.gpu() is None
+        assert device.describe()["gpu"] is None and device.gpu() is None
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_describe_names_the_device_cuda_cudnn_and_triton():
-    g = machine.describe("cuda:0")["gpu"]
+    g = device.describe("cuda:0")["gpu"]
     assert g["name"] == torch.cuda.get_device_name(0) and g["cuda"] == torch.version.cuda
     assert g["cudnn"] == torch.backends.cudnn.version() and g["triton"]
 
@@ -39,7 +39,7 @@ def test_on_a_gpu_describe_names_the_device_cuda_cudnn_and_triton():
 @pytest.mark.e2e
 def test_the_record_follows_the_capability_torch_was_capped_to():
     """ATEN_CPU_CAPABILITY=default: torch's generic kernels, and the record says so."""
-    code = "import json; from locvit import machine; print(json.dumps(machine.describe('cpu')))"
+    code = "import json; from locvit import device; print(json.dumps(device.describe('cpu')))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -68,15 +68,15 @@ def test_a_training_runs_mlflow_tags_name_the_machine(tmp_path):
         "cpu",
         10,
         1,
-        machine=machine.describe("cpu"),
+        machine=device.describe("cpu"),
     )
     tags = tracker.tags
     assert tags["machine.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert tags["machine.cpu"] == machine.cpu_model() and tags["machine.torch"] == torch.__version__
+    assert tags["machine.cpu"] == device.cpu_model() and tags["machine.torch"] == torch.__version__
     assert not any(k.startswith("machine.gpu") for k in tags)  # none on a CPU run
 
 
 def test_every_benchmark_file_names_the_machine():
     from benchmarks import common
 
-    assert common.machine() == machine.describe()
+    assert common.machine() == device.describe()

@@ -1,4 +1,4 @@
-"""The compiled paths on a node without a C compiler or Python's headers (:mod:`locvit.toolchain`):
+"""The compiled paths on a node without a C compiler or Python's headers (:mod:`locvit.device`):
 MaiT's restrict_kernel auto falls back to dense with one warning, an explicit flex and
 train.compile: true stop with what to install, and a node that has both sees no change."""
 
@@ -11,10 +11,10 @@ import pytest
 import timm
 import torch
 
-from locvit import toolchain
+from locvit import device
+from locvit.device import ToolchainError
 from locvit.models import mait
 from locvit.run_config import run_config
-from locvit.toolchain import ToolchainError
 from locvit.train import loop
 
 MAIT = dict(
@@ -33,9 +33,7 @@ MAIT = dict(
 def fresh_probe(monkeypatch):
     """The per-process probe and MaiT's once-per-process warning, fresh for the test (the session's probe,
     made before the first test, is back afterwards)."""
-    monkeypatch.setattr(
-        toolchain, "_missing_once", functools.lru_cache(maxsize=None)(toolchain._missing_once.__wrapped__)
-    )
+    monkeypatch.setattr(device, "_missing_once", functools.lru_cache(maxsize=None)(device._missing_once.__wrapped__))
     monkeypatch.setattr(mait, "_WARNED_NO_TOOLCHAIN", False)
 
 
@@ -44,7 +42,7 @@ def no_toolchain(fresh_probe, monkeypatch, tmp_path):
     """A node stand-in with neither a C compiler ($CC, cc, gcc on PATH) nor Python.h."""
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(toolchain.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    monkeypatch.setattr(device.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
 
 
 @pytest.fixture
@@ -66,22 +64,20 @@ def _pair(kernel: str):
 
 
 def test_the_probe_names_what_is_missing_and_what_to_install(no_toolchain):
-    found = toolchain.missing()
+    found = device.missing_toolchain()
     assert list(found) == ["compiler", "python-headers"]
     assert "apt-get install gcc" in found["compiler"] and "conda install" in found["compiler"]
     assert "Python.h" in found["python-headers"] and "-dev" in found["python-headers"]
-    assert toolchain.missing_pieces(toolchain.probe_compiler(), {"include": "/x", "python_h": True}).keys() == {
-        "compiler"
-    }
+    assert device.missing_pieces(device.probe_compiler(), {"include": "/x", "python_h": True}).keys() == {"compiler"}
 
 
 @pytest.mark.e2e  # the probe runs `cc --version`
 def test_the_probe_runs_once_per_process(fresh_probe, monkeypatch, tmp_path):
-    assert toolchain.missing() == {}  # this machine has both
+    assert device.missing_toolchain() == {}  # this machine has both
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
-    assert toolchain.missing() == {}  # cached: the node does not change under a run
-    assert list(toolchain.missing_pieces()) == ["compiler"]  # probing afresh sees it
+    assert device.missing_toolchain() == {}  # cached: the node does not change under a run
+    assert list(device.missing_pieces()) == ["compiler"]  # probing afresh sees it
 
 
 def test_restrict_auto_falls_back_to_dense_with_one_warning(no_toolchain, compiled_flex, caplog):

@@ -13,6 +13,7 @@ from locvit.checkpoint import load_checkpoint, save_checkpoint
 from locvit.config import ConfigError, validate_params
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
+from locvit.device import amp_dtype
 from locvit.run_config import run_config
 from locvit.train.engine import (
     Compute,
@@ -25,7 +26,7 @@ from locvit.train.engine import (
     train_one_epoch,
 )
 from locvit.train.generators import seed_everything
-from locvit.train.loop import amp_dtype, param_groups
+from locvit.train.loop import param_groups
 
 
 def ready(loader, mean, std, compute: Compute = Compute()) -> TrainFeed:

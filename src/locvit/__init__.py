@@ -7,9 +7,8 @@ The layers the imports keep (:data:`LAYERS`), lowest first; a module imports mod
 layer or of a lower one, never of a higher one, and no two packages import each other
 (``tests/test_imports.py`` reads the import graph, :func:`locvit.versioning.import_graph`):
 
-1. the core: ``errors``, ``io``, ``logs``, ``layout``, ``toolchain``, ``neighbourhood``,
-   ``model_modules``, ``checkpoint``, ``throughput_file``, ``machine``, ``precision``: no torch model, no
-   config;
+1. the core: ``errors``, ``io``, ``logs``, ``layout``, ``device``, ``neighbourhood``,
+   ``model_modules``, ``checkpoint``, ``throughput_file``: no torch model, no config;
 2. the data and the models: ``data``, ``models``;
 3. the config: ``model_checks``, ``config``, ``run_config``, ``job_configs``, ``versioning``;
 4. ``tracking`` (MLflow);
@@ -31,13 +30,11 @@ LAYERS = (
         "io",
         "logs",
         "layout",
-        "toolchain",
+        "device",
         "neighbourhood",
         "model_modules",
         "checkpoint",
         "throughput_file",
-        "machine",
-        "precision",
     ),
     ("data", "models"),
     ("model_checks", "config", "run_config", "job_configs", "versioning"),

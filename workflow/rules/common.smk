@@ -11,6 +11,7 @@ from locvit.run_config import seed_sets, train_resources, variant_fraction, vari
 from locvit.job_configs import changed_job_configs, write_job_configs, write_plan_copies
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, STUDY_PARAMS_ENV, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
+from locvit import device
 from locvit.train import gpus, launch
 from locvit import versioning
 
@@ -239,9 +240,9 @@ def local_main_run():
     return workflow.is_main_process and workflow.resource_settings.nodes is None
 
 
-# This machine's sizes (locvit.train.gpus.machine), said once; in a local run the `gpu` resource is limited to
+# This machine's sizes (locvit.device.machine), said once; in a local run the `gpu` resource is limited to
 # its GPUs (unless --resources gpu=N says otherwise): one training job per GPU at a time.
-MACHINE = gpus.machine() if local_main_run() else None
+MACHINE = device.machine() if local_main_run() else None
 # There a training job takes GPUs no other job holds (locvit.train.gpus: the rules' `claim` param, the same
 # text in every run; this variable turns it on).
 os.environ.pop(gpus.CLAIM_ENV, None)
@@ -258,7 +259,7 @@ if MACHINE:
 
 def job_resources(wildcards):
     sizes = train_resources(P, job_variant(wildcards))
-    return launch.slurm_resources(sizes) if cluster_run() else gpus.local_resources(sizes, MACHINE or gpus.machine())
+    return launch.slurm_resources(sizes) if cluster_run() else gpus.local_resources(sizes, MACHINE or device.machine())
 
 
 def train_resource(key):

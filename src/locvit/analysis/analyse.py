@@ -54,6 +54,7 @@ from locvit.data.prepare import load_manifest
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import family_of, map_kind
+from locvit.device import device_for
 from locvit.neighbourhood import neighbourhood_mask
 
 
@@ -171,7 +172,7 @@ def analyse_checkpoints(
     records = []
     for i, (state, json_path, npz_path) in enumerate(zip(states, out_json, out_npz)):
         cfg = state["config"]
-        device = models.device_for(cfg["train"]["device"])
+        device = device_for(cfg["train"]["device"])
         model = models.load(state, device)
         x = to_model_input(torch.from_numpy(batch).permute(0, 3, 1, 2).to(device), *models.normalisation(model))
         _, maps = collect_attention(model, x)

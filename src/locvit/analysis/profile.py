@@ -16,7 +16,7 @@ import contextlib
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from locvit import machine
+from locvit.device import cpu_model
 from locvit.models.family import summary
 
 
@@ -49,12 +49,11 @@ def gmacs(model: torch.nn.Module, image_size: int) -> float:
 
 def device_name(device: torch.device) -> str:
     """The device as a measurement names it: the GPU's name, or the CPU's model, the instruction set torch's
-    kernels use and torch's threads (:mod:`locvit.machine`)."""
+    kernels use and torch's threads (:func:`locvit.device.describe`)."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return (
-        f"{device.type} ({machine.cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
-        f"{torch.get_num_threads()} threads)"
+        f"{device.type} ({cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
     )
 
 

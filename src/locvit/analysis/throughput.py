@@ -14,7 +14,7 @@ The choices:
   config (:func:`locvit.job_configs.throughput_config`: model, keyword arguments at the study's
   image size and class count, its run's device, precision and memory format) by
   :func:`locvit.models.create`, and timed under its run's precision (``train.amp``: bf16 autocast,
-  TF32 on CUDA; :mod:`locvit.precision`) and memory format (``train.channels_last``), cuDNN's
+  TF32 on CUDA; :func:`locvit.device.set_backends`) and memory format (``train.channels_last``), cuDNN's
   autotuner on (the batch's shape is fixed).
 * **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
   times every variant once. The order is rotated by one place every round, so no variant
@@ -44,7 +44,7 @@ import torch
 
 from locvit import models
 from locvit.analysis.profile import device_name
-from locvit.precision import amp_dtype, set_backends
+from locvit.device import amp_dtype, device_for, set_backends
 from locvit.throughput_file import COLUMNS, read_throughput, write_throughput  # noqa: F401  (the file's format)
 
 WARMUP = 2  # untimed batches per variant and round
@@ -84,7 +84,7 @@ def _build(config: dict) -> dict[str, Built]:
     batch = config["analysis"]["profile_batch"]
     built, inputs = {}, {}
     for variant, cfg in config["models"].items():
-        device = models.device_for(cfg["device"])
+        device = device_for(cfg["device"])
         size = int(cfg["model_kwargs"]["img_size"])
         if (device, size) not in inputs:  # one batch per device and size: every variant sees the same images
             gen = torch.Generator().manual_seed(0)

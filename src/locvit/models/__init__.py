@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from locvit.errors import LocvitError
 from locvit.models import (
     baselines,  # noqa: F401  (registers nest_tiny_cifar)
     ibit,  # noqa: F401  (registers ibit_* entrypoints)
@@ -77,67 +76,12 @@ def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | N
     """The model a checkpoint (a path, or the state :func:`locvit.checkpoint.load_checkpoint` read)
     was trained as, with its weights, in eval mode, on ``device`` (default: its run's ``train.device``)."""
     from locvit.checkpoint import load_checkpoint
+    from locvit.device import device_for
 
     state = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     model = create(state["config"])
     model.load_state_dict(state["model"])
     return model.to(device_for(state["config"]["train"]["device"]) if device is None else device).eval()
-
-
-def device_for(name: str, local_rank: int = 0) -> torch.device:
-    """The device of ``train.device`` (``auto``: CUDA when there is one); ``local_rank`` picks the GPU.
-
-    ``auto`` on a machine whose ``nvidia-smi`` lists GPUs that torch cannot use (a driver too old for this
-    torch's CUDA, a CPU-only torch) stops with :class:`CudaUnusable` saying what to install, instead of
-    training on the CPU without a word."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    if name == "auto":
-        if not torch.cuda.is_available() and (smi := nvidia_smi()) is not None:
-            raise CudaUnusable(smi)
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
-
-
-class CudaUnusable(LocvitError):
-    """``train.device: auto`` where nvidia-smi sees GPUs and torch cannot use them."""
-
-    def __init__(self, smi: dict):
-        try:
-            torch.cuda.init()
-            why = ""
-        except Exception as err:  # torch's own reason: no driver found, a driver too old, a CPU-only build
-            why = f" ({str(err).strip().splitlines()[0]})"
-        built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA: a CPU-only build"
-        super().__init__(
-            f"train.device: auto: nvidia-smi lists {len(smi['gpus'])} GPU(s) ({smi['gpus'][0]}) with driver "
-            f"{smi['driver'] or '?'} (CUDA {smi['cuda'] or '?'} at most), but torch {torch.__version__} ({built}) "
-            f"cannot use them{why}. Install a torch built for a CUDA this driver supports (pytorch.org/get-started: "
-            f"pip install torch --index-url https://download.pytorch.org/whl/cuXYZ, XYZ at most the driver's CUDA), "
-            f"or a newer NVIDIA driver; train.device: cpu trains on the CPU on purpose"
-        )
-
-
-def nvidia_smi() -> dict | None:
-    """What ``nvidia-smi`` reports: ``gpus`` (its ``-L`` lines), ``driver`` and ``cuda`` (the newest CUDA the
-    driver supports); None where there is no nvidia-smi, it fails or lists no GPU."""
-    import re
-    import shutil
-    import subprocess
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        listed = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
-        header = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    gpus = [line.strip() for line in listed.stdout.splitlines() if line.startswith("GPU ")]
-    if listed.returncode != 0 or not gpus:
-        return None
-    driver, cuda = (re.search(rf"{key} Version:\s*(\S+)", header) for key in ("Driver", "CUDA"))
-    return {"gpus": gpus, "driver": driver and driver.group(1), "cuda": cuda and cuda.group(1)}
 
 
 def normalisation(model: torch.nn.Module) -> tuple[tuple, tuple]:

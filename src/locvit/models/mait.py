@@ -48,7 +48,7 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.cait import Cait, TalkingHeadAttn
 from timm.models.vision_transformer import VisionTransformer, _cfg
 
-from locvit import toolchain
+from locvit.device import describe_missing, missing_toolchain, require_toolchain
 from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
 from locvit.models.family import (
@@ -260,7 +260,7 @@ class MaskedAttention(Attention):
         self._restrict_cache: torch.Tensor | None = None  # built on the first eager use (not in the state dict)
         self.restrict_kernel = "auto"  # MaiT's option (see MaiT): flex on CUDA for long sequences, else dense
         self._block_mask = None  # (device, FlexAttention's BlockMask) of the eager calls, built on the first
-        # What the node lacks to compile FlexAttention (locvit.toolchain.missing), probed before any forward so
+        # What the node lacks to compile FlexAttention (locvit.device.missing_toolchain), probed before any forward so
         # that a torch.compile'd forward reads a constant here; None: probe at the first compiled call.
         self.toolchain_missing: dict[str, str] | None = None
 
@@ -482,15 +482,15 @@ def _flex_wanted(restrict_kernel: str, device: torch.device, tokens: int) -> boo
 
 
 def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> bool:
-    """Whether this node can build compiled FlexAttention (:mod:`locvit.toolchain`). When it cannot,
+    """Whether this node can build compiled FlexAttention (:func:`locvit.device.missing_toolchain`). When it cannot,
     ``auto`` falls back to the dense restrict kernel (the same result) with one warning per process saying
-    what to install, and an explicit ``flex`` raises :class:`locvit.toolchain.ToolchainError`."""
+    what to install, and an explicit ``flex`` raises :class:`locvit.device.ToolchainError`."""
     global _WARNED_NO_TOOLCHAIN
-    missing = toolchain.missing() if missing is None else missing
+    missing = missing_toolchain() if missing is None else missing
     if not missing:
         return True
     if restrict_kernel == "flex":
-        toolchain.require(
+        require_toolchain(
             "MaiT's restrict_kernel: flex (FlexAttention, compiled on CUDA)",
             "set restrict_kernel: auto (falls back to dense here) or dense",
         )
@@ -499,7 +499,7 @@ def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> boo
         log.warning(
             "MaiT's restrict_kernel: auto runs restrict heads dense (the same result, slower from about "
             "1,000 tokens): compiled FlexAttention needs a C compiler and Python's headers to build "
-            f"Triton's launchers, and this node lacks them: {toolchain.describe(missing)}"
+            f"Triton's launchers, and this node lacks them: {describe_missing(missing)}"
         )
     return False
 
@@ -575,9 +575,9 @@ class MaiT(VisionTransformer):
             elsewhere), ``flex`` (FlexAttention at any length) or ``dense``.
             FlexAttention has no attention dropout: with ``attn_drop_rate`` > 0 training uses dense;
             off CUDA it runs (eager, forward only) in eval mode, training uses dense. On CUDA it is
-            compiled, which needs a C compiler and Python's headers (:mod:`locvit.toolchain`): without
+            compiled, which needs a C compiler and Python's headers (:mod:`locvit.device`): without
             them ``auto`` falls back to dense with one warning per process naming what to install,
-            and ``flex`` raises :class:`locvit.toolchain.ToolchainError` at the first forward.
+            and ``flex`` raises :class:`locvit.device.ToolchainError` at the first forward.
         drop_path_schedule: ``linear`` (timm's and DeiT's: 0 in the first block up to
             ``drop_path_rate`` in the last) or ``constant`` (``drop_path_rate`` in every block,
             as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
@@ -604,7 +604,7 @@ class MaiT(VisionTransformer):
             for block in self.blocks:  # every block's both branches at the full rate
                 block.drop_path1, block.drop_path2 = DropPath(rate), DropPath(rate)
         self.drop_path_schedule = drop_path_schedule
-        missing = toolchain.missing() if mask_mode == "restrict" and restrict_kernel != "dense" else None
+        missing = missing_toolchain() if mask_mode == "restrict" and restrict_kernel != "dense" else None
         for block in self.blocks:
             block.attn.restrict_kernel = restrict_kernel
             block.attn.toolchain_missing = missing

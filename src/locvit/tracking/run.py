@@ -174,7 +174,7 @@ class TrainingTracker:
         the run reads (``train``, ``val``), logged as the run's dataset inputs. ``system_metrics_s``:
         seconds between samples of MLflow's system metrics (CPU, memory, disk, network; GPU where
         ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``). ``machine``:
-        :func:`locvit.machine.describe` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
+        :func:`locvit.device.describe` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
         ``machine.cpu_capability``, ``machine.torch``, ``machine.gpu.name``, ...).
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))

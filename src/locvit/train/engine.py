@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from locvit.data.feed import bounded
 from locvit.data.ffcv_io import to_model_input
+from locvit.device import amp_dtype
 from locvit.errors import LocvitError
-from locvit.precision import amp_dtype
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def set_deterministic(enabled: bool) -> None:
     An op with no deterministic kernel then raises torch's own error naming it. ``False`` turns
     off what ``True`` turned on, so a run without the key after one with it in the same process
     (the mask search's rounds, a notebook) gets torch's fast kernels again; cuDNN's benchmark is
-    :func:`locvit.precision.set_backends`' to set. On CPU the kernels are deterministic already, so
+    :func:`locvit.device.set_backends`' to set. On CPU the kernels are deterministic already, so
     runs repeat without this.
     """
     if enabled:

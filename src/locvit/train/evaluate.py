@@ -1,7 +1,7 @@
 """Score trained checkpoints on a split and record the results in their MLflow runs.
 
 Each checkpoint is scored under its run's precision (``train.amp``: bf16 autocast and TF32 on
-CUDA; :mod:`locvit.precision`) and memory format (``train.channels_last``), as its run validated.
+CUDA; :func:`locvit.device.set_backends`) and memory format (``train.channels_last``), as its run validated.
 
 Several checkpoints (the seeds of one variant) are scored by one process with one
 FFCV loader: building a loader JIT-compiles its pipeline, which costs far more than
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from locvit import machine, models
+from locvit import models
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
+from locvit.device import describe, device_for, set_backends
 from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
-from locvit.precision import set_backends
 from locvit.tracking import log_evaluation
 from locvit.train.engine import Compute, channels_last, evaluate
 
@@ -43,7 +43,7 @@ def evaluate_checkpoints(
     results, loader = [], None
     for checkpoint, state, out in zip(checkpoints, states, outs):
         cfg = state["config"]
-        device = models.device_for(cfg["train"]["device"])
+        device = device_for(cfg["train"]["device"])
         if loader is None:
             loader = make_loader(
                 data,
@@ -83,7 +83,7 @@ def evaluate_checkpoints(
             # the split scored, in the order scored (the FFCV file's order, read sequentially): the report pairs
             # two variants' per-image results only when this is equal (locvit.report.study.Acc.against)
             f"{split}_hash": manifest["splits"][split]["content_sha256"],
-            "machine": machine.describe(device),
+            "machine": describe(device),
         }
         write_json(out, result)  # first: the result stands whatever the tracking backend does
         log_evaluation(

@@ -1,6 +1,6 @@
 """A local run's sizes, and each local training job's own GPUs.
 
-A run without the cluster profile sizes its training jobs by this machine (:func:`machine`: CPUs
+A run without the cluster profile sizes its training jobs by this machine (:func:`locvit.device.machine`: CPUs
 from ``os.cpu_count``, memory from psutil, GPUs from ``torch.cuda.device_count``), and Snakemake
 runs as many of them at once as the machine has GPUs (a ``gpu`` resource limited to that count;
 workflow/rules/common.smk). Snakemake does not say which GPU a job gets, so there a training
@@ -16,7 +16,6 @@ training job the same on a laptop, a GPU machine and a cluster.
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from locvit.device import visible
 from locvit.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -36,26 +36,6 @@ CLAIM_ENV = "LOCVIT_CLAIM_GPUS"
 #: What a training rule's command starts with: ``python -m locvit.train.gpus --`` where :data:`CLAIM_ENV` is
 #: set, nothing elsewhere (bash's ``${VAR:+...}``).
 CLAIM = f'${{{CLAIM_ENV}:+"$LOCVIT_PYTHON" -m locvit.train.gpus --}}'
-
-
-#: A GPU driver's files: without any, the machine has no GPU for torch, which is then not imported (seconds).
-GPU_DRIVERS = ("/proc/driver/nvidia/gpus", "/dev/kfd")
-
-
-@functools.lru_cache(maxsize=1)  # once per process: the Snakefile asks for every training job
-def machine() -> dict[str, int]:
-    """This machine's CPUs, memory (MB) and the GPUs this process sees (``torch.cuda.device_count``)."""
-    import psutil
-
-    return {"cpus": os.cpu_count() or 1, "mem_mb": psutil.virtual_memory().total // 2**20, "gpus": gpu_count()}
-
-
-def gpu_count() -> int:
-    if not any(Path(p).exists() for p in GPU_DRIVERS) or os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
-        return 0
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def local_resources(sizes: dict, here: dict[str, int]) -> dict[str, int | str | None]:
@@ -73,16 +53,6 @@ def local_resources(sizes: dict, here: dict[str, int]) -> dict[str, int | str | 
         "mem_mb": min(sizes["mem_mb"], here["mem_mb"]),
         "runtime": None,
     }
-
-
-def visible(env: dict[str, str] | None = None) -> list[str]:
-    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else all that torch counts."""
-    env = os.environ if env is None else env
-    if env.get("CUDA_VISIBLE_DEVICES") is not None:
-        return [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def lock_dir() -> Path:

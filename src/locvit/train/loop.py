@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from locvit import machine, models, toolchain
+from locvit import models
 from locvit.checkpoint import weights_digest
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
+from locvit.device import describe, device_for, require_toolchain, set_backends
 from locvit.errors import InputError
 from locvit.io import remove_temporaries, write_json
 from locvit.layout import RunFiles
-from locvit.precision import amp_dtype, set_backends  # noqa: F401  (amp_dtype: tests import it from here)
 from locvit.run_config import peak_lr
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
@@ -147,12 +147,12 @@ def build_run(
     num_classes: int,
 ) -> tuple[Run, TrainState]:
     recipe = cfg["train"]
-    device = models.device_for(recipe["device"], dist.local_rank)
+    device = device_for(recipe["device"], dist.local_rank)
     batch = per_process_batch(recipe, dist.world_size)
     if recipe["compile"]:
         # torch.compile's default backend, inductor, builds C++ kernels on the CPU and Triton's launchers on
         # CUDA with a C compiler: without one, say so now, not at the first step.
-        toolchain.require(
+        require_toolchain(
             f"train.compile: true (torch.compile's inductor on {device.type})", "set train.compile: false"
         )
     model = models.create(cfg).to(device)
@@ -461,7 +461,7 @@ def finish(run: Run, state: TrainState) -> dict:
         "run_key": run.key,
         "world_size": run.dist.world_size,
         "rank_weights_sha256": digests,  # one per process: the replicas ended bitwise equal
-        "machine": machine.describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
+        "machine": describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
     }
     if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
         tracker = run.tracker
@@ -509,7 +509,7 @@ def open_tracking(
         slurm_job_ids=(plan.state or {}).get("slurm_job_ids", []),
         data=data,
         system_metrics_s=system_metrics_s,
-        machine=machine.describe(run.device),
+        machine=describe(run.device),
     )
     tracker.open(state.history, plan.stale_run_id, on_created=created)
     return tracker
