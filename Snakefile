@@ -3,7 +3,7 @@ every variant's throughput measured side by side after all training, plus MaiT's
 the study has a mask_search section.
 
 The study config is params.yaml (another file: --config params=path/to/study.yaml).
-It is validated against locvit's schema (src/locvit/schemas/params.schema.yaml) before any job runs.
+It is validated against locvit's schema (src/locvit/config/params.schema.yaml) before any job runs.
 """
 
 from snakemake.utils import min_version

@@ -96,7 +96,7 @@ def seed_runs(client, study: str) -> list:
 
 
 def config_file(cfg: dict, path) -> str:
-    """``cfg`` written as a job's JSON config file (what Snakemake hands a job, locvit.job_configs)."""
+    """``cfg`` written as a job's JSON config file (what Snakemake hands a job, locvit.config.jobs)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(cfg))
     return str(path)

@@ -1,7 +1,7 @@
 """Any timm classification model that builds at the data's image size is a variant.
 
 The pipeline's builder (:func:`locvit.models.create`) gives ``img_size`` only to the models that take it, and
-``locvit validate``'s build check (:func:`locvit.model_checks.check_model`) builds through it; one entrypoint of
+``locvit validate``'s build check (:func:`locvit.config.models.check_model`) builds through it; one entrypoint of
 each of these timm modules builds at 32 px and runs forward: resnet, regnet, convnext, efficientnet,
 swin_transformer, twins, pvt_v2, vision_transformer. End to end, a tiny study with a ResNet, a Swin, a
 WRN-16-2, a PVT v1 and a family declared outside src/ with a kind of map of its own (linear attention) beside
@@ -22,8 +22,8 @@ import yaml
 from helpers import copy_workflow, snakemake
 
 from locvit import models
+from locvit.config.models import check_model
 from locvit.layout import StudyLayout
-from locvit.model_checks import check_model
 
 PLUGINS = Path(__file__).parent / "plugins"
 

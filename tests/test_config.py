@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from locvit.config import ConfigError, load_params, validate_params
-from locvit.run_config import run_config
+from locvit.config.run import run_config
 
 
 def _error(params) -> str:
@@ -152,7 +152,7 @@ def test_cli_rejects_a_bad_config_and_writes_nothing(tmp_path, raw_tiny, capsys)
 
 def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypatch):
     """check_model remembers a passing build (timm's import is most of `snakemake -n`); failures stay fresh."""
-    import locvit.model_checks as model_checks
+    import locvit.config.models as model_checks
 
     monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path))
     builds = []
@@ -200,7 +200,7 @@ def test_seed_budget_gives_smaller_fractions_more_seeds(raw_tiny):
     """round(full_runs / f) seeds, at least the study's, at most max_seeds; the extra ones count up from the
     largest; a variant's own seeds stay; variants with the same seeds form one group (one Snakemake rule)."""
     from locvit.config import budget_seeds
-    from locvit.run_config import seed_sets, variant_seeds
+    from locvit.config.run import seed_sets, variant_seeds
 
     assert budget_seeds([0, 1, 2], 0.1, {"full_runs": 1, "max_seeds": 10}) == list(range(10))
     assert budget_seeds([0, 1, 2], 0.25, {"full_runs": 1, "max_seeds": 10}) == [0, 1, 2, 3]
@@ -240,7 +240,7 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
     import textwrap
 
     from locvit import models  # noqa: F401  registers locvit's families
-    from locvit.model_checks import claiming_family
+    from locvit.config.models import claiming_family
     from locvit.models.family import family_claiming
 
     monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -275,7 +275,7 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
 def test_a_study_is_held_within_its_limits(raw_tiny):
     """Seeds per variant (seed_budget's included) and runs in all, each refused with the number it would make
     and the key that raises it; a raised limit lets the study through, and the limits reach no job."""
-    from locvit.job_configs import job_configs
+    from locvit.config.jobs import job_configs
 
     raw_tiny["seeds"] = list(range(50_000))
     with pytest.raises(ConfigError) as refused:
@@ -306,7 +306,7 @@ def test_a_study_is_held_within_its_limits(raw_tiny):
 
 def test_the_limits_hold_every_shipped_study(repo):
     from locvit.config import load_schema
-    from locvit.run_config import variant_seeds
+    from locvit.config.run import variant_seeds
 
     limits = load_schema()["properties"]["limits"]["properties"]
     for path in [repo / "params.yaml", *sorted((repo / "presets").glob("*.yaml"))]:

@@ -21,8 +21,8 @@ import torch
 import locvit.models  # noqa: F401  registers locvit's families
 from locvit import cli, io
 from locvit.checkpoint import load_checkpoint, save_checkpoint
+from locvit.config.run import run_config
 from locvit.data.prepare import load_manifest
-from locvit.run_config import run_config
 
 FLIPS = 60  # random single-bit flips per file
 

@@ -14,7 +14,7 @@ from helpers import BIN, config_file, copy_workflow, env_with_venv, seed_runs
 
 from locvit import models
 from locvit.checkpoint import load_checkpoint, weights_digest
-from locvit.run_config import peak_lr, run_config
+from locvit.config.run import peak_lr, run_config
 from locvit.train.distributed import Dist, shard_size
 from locvit.train.loop import per_process_batch
 

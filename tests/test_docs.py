@@ -108,7 +108,7 @@ def test_the_system_metrics_cost_claim_is_the_files():
     import yaml
 
     cost = json.loads((REPO / "benchmarks" / "results" / "tracking_cost.json").read_text())
-    schema = yaml.safe_load((REPO / "src" / "locvit" / "schemas" / "params.schema.yaml").read_text())
+    schema = yaml.safe_load((REPO / "src" / "locvit" / "config" / "params.schema.yaml").read_text())
     default = schema["properties"]["tracking"]["properties"]["system_metrics_s"]["default"]
     assert cost["default_interval_s"] == default and cost["samples_logged"] >= 10
     assert cost["share_of_one_core_at_default"] == pytest.approx(cost["cpu_ms_per_sample"] / 1000 / default, rel=1e-2)

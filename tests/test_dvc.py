@@ -261,7 +261,7 @@ CHANGES = [
 @pytest.mark.parametrize("change,jobs", CHANGES, ids=["train.lr", "data.split_seed", "baseline"])
 def test_a_change_is_seen_in_a_pulled_clone_as_in_the_original(studied, pulled_clone, change, jobs):
     """The clone has none of Snakemake's records of past params (.snakemake/ is not pushed): each job's
-    config file (locvit.job_configs), rewritten when its part of params.yaml changes, is what both see.
+    config file (locvit.config.jobs), rewritten when its part of params.yaml changes, is what both see.
     Changing the param back and `snakemake --touch` (which accepts the files as they are) restore both."""
     path, key, value = change
     for work in (studied, pulled_clone):

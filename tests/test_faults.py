@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import config_file, env_with_venv, seed_runs, train_cmd
 
-from locvit.run_config import run_config
+from locvit.config.run import run_config
 
 pytestmark = pytest.mark.e2e
 

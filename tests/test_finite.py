@@ -14,8 +14,8 @@ import math
 import pytest
 
 from locvit.config import ConfigError, load_schema, non_finite, validate_params, validate_section
-from locvit.job_configs import encode
-from locvit.run_config import run_config, validate_run_config
+from locvit.config.jobs import encode
+from locvit.config.run import run_config, validate_run_config
 
 #: A path step that stands for any name (a variant's): the first one the tiny preset has there.
 ANY = "*"

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from locvit.config import ConfigError, budget_seeds, fraction_recipe, load_params, seed_cost, validate_params
-from locvit.job_configs import job_configs
+from locvit.config.jobs import job_configs
+from locvit.config.run import run_config, validate_run_config, variant_fraction, variant_seeds
 from locvit.layout import StudyLayout
-from locvit.run_config import run_config, validate_run_config, variant_fraction, variant_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"epochs": 25, "warmup_epochs": 3, "batch_size": 16}

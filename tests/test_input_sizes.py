@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from locvit.config.run import run_config
 from locvit.errors import InputError, LocvitError
-from locvit.run_config import run_config
 from locvit.train.engine import NoOptimiserStep, train_one_epoch
 
 

@@ -62,7 +62,7 @@ def installed(tmp_path_factory) -> Path:
         tmp,
     )
     wheel = next((tmp / "dist").glob("locvit-*.whl"))
-    assert "locvit/schemas/params.schema.yaml" in zipfile.ZipFile(wheel).namelist()
+    assert "locvit/config/params.schema.yaml" in zipfile.ZipFile(wheel).namelist()
 
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp)
@@ -84,7 +84,7 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path
 
 
 def test_validate_and_train_one_epoch_from_outside_the_checkout(installed, tmp_path, prepared, tiny_params):
-    from locvit.run_config import run_config
+    from locvit.config.run import run_config
 
     work = tmp_path / "elsewhere"
     work.mkdir()

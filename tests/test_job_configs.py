@@ -1,4 +1,4 @@
-"""Every job reads exactly its job config (locvit.job_configs): the report, the throughput job and the mask
+"""Every job reads exactly its job config (locvit.config.jobs): the report, the throughput job and the mask
 search's table run on the config `locvit job-configs` writes for them, read as a locvit.io.JobConfig, so a key
 a job reads that its config lacks fails here; and given their config file they read no params file."""
 
@@ -13,9 +13,7 @@ import yaml
 from helpers import copy_workflow, snakemake
 
 from locvit.config import load_schema, validate_params
-from locvit.errors import InputError
-from locvit.io import JobConfig
-from locvit.job_configs import (
+from locvit.config.jobs import (
     changed_job_configs,
     job_configs,
     report_config,
@@ -24,6 +22,8 @@ from locvit.job_configs import (
     write_job_configs,
     write_plan_copies,
 )
+from locvit.errors import InputError
+from locvit.io import JobConfig
 from locvit.layout import StudyLayout
 
 
@@ -160,7 +160,7 @@ def test_given_their_config_files_the_jobs_read_no_params_file(tmp_path, tiny_pa
 def test_the_reports_tables_keep_the_order_of_params(tiny_params, tmp_path):
     """The config file's keys are sorted (its content is what re-runs a job); its ``order`` keeps params.yaml's
     order of the variants, which the report's tables follow (the baseline need not sort first)."""
-    from locvit.job_configs import encode
+    from locvit.config.jobs import encode
     from locvit.report.study import load_study
 
     names = list(tiny_params["variants"])

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from locvit.config import validate_params
+from locvit.config.jobs import report_config
 from locvit.io import JobConfig, pack_bits
-from locvit.job_configs import report_config
 from locvit.report import stats
 from locvit.report.study import load_study, split_difference
 from locvit.report.tables import results_table

@@ -91,7 +91,7 @@ def test_every_output_is_there(study, params, layout):
 def test_mlflow_has_one_complete_run_per_variant_and_seed(study, params, layout):
     import mlflow
 
-    from locvit.run_config import run_config
+    from locvit.config.run import run_config
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{layout.tracking_db}")
     exp = client.get_experiment_by_name("tiny")
@@ -178,9 +178,9 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
 
     import mlflow
 
-    from locvit.job_configs import report_config
+    from locvit.config.jobs import report_config
+    from locvit.config.run import run_config
     from locvit.report.build import build_report
-    from locvit.run_config import run_config
 
     db = tmp_path / "mlflow.db"  # a copy: the browser tests read the study's own
     shutil.copy(layout.tracking_db, db)
@@ -357,7 +357,7 @@ def test_cluster_profile_dry_run(repo, tmp_path):
 def test_every_preset_dry_runs_on_the_cluster_profile(repo, tmp_path, preset):
     """Each paper study stays valid: its whole DAG plans on the SLURM profile."""
     from locvit.config import load_params
-    from locvit.run_config import variant_seeds
+    from locvit.config.run import variant_seeds
 
     params = load_params(repo / "presets" / preset)
     work = copy_workflow(tmp_path)
@@ -389,7 +389,7 @@ def test_training_jobs_per_run_or_per_variant(repo, tmp_path, raw_tiny):
 
 def test_a_data_efficiency_study_plans_one_data_folder_per_fraction(repo, tmp_path):
     from locvit.config import load_params
-    from locvit.run_config import run_config
+    from locvit.config.run import run_config
 
     params = load_params(repo / "presets" / "data_efficiency.yaml")
     work = copy_workflow(tmp_path)

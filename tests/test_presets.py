@@ -21,8 +21,8 @@ import locvit.models  # noqa: F401  (registers locvit's families)
 from locvit import models
 from locvit.analysis.attention import collect_attention
 from locvit.config import load_params
+from locvit.config.run import run_config
 from locvit.data.augment import make_mixup
-from locvit.run_config import run_config
 from locvit.train.engine import Compute, EpochStart, StepRecipe, train_one_epoch
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from helpers import cifar10_archive, fake_imagefolder
 from locvit import models
 from locvit.checkpoint import load_checkpoint
 from locvit.config import validate_params
+from locvit.config.run import run_config
 from locvit.data import sources
 from locvit.data.prepare import prepare
-from locvit.run_config import run_config
 from locvit.train.loop import train_run
 
 # Each trains a run that logs its model to MLflow, whose git context runs git (git check-ignore).

@@ -21,8 +21,8 @@ import pytest
 from scipy import stats as sps
 
 from locvit.config import validate_params
+from locvit.config.jobs import report_config
 from locvit.io import JobConfig, pack_bits
-from locvit.job_configs import report_config
 from locvit.report import stats
 from locvit.report.build import build_report
 

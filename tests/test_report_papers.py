@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from locvit.config import validate_params
+from locvit.config.jobs import report_config
 from locvit.io import JobConfig
-from locvit.job_configs import report_config
 from locvit.report.build import build_report
 from locvit.report.reported import reported
 
@@ -399,9 +399,9 @@ def test_every_row_of_the_table_presets_is_its_papers_row(repo, preset, paper, n
     """The presets that reproduce a table are valid as `locvit validate` checks them (every model built at the
     data's size on the meta device) and each variant finds its paper row (the report shows it beside)."""
     from locvit.config import load_params
-    from locvit.job_configs import REPORT_RECIPE_KEYS
+    from locvit.config.jobs import REPORT_RECIPE_KEYS
+    from locvit.config.run import run_config
     from locvit.report.reported import paper_row
-    from locvit.run_config import run_config
 
     params = load_params(repo / "presets" / f"{preset}.yaml")
     unmatched = set()

@@ -22,8 +22,8 @@ import yaml
 from helpers import BIN, copy_workflow, env_with_venv
 
 from locvit.config import load_params
+from locvit.config.run import train_resources
 from locvit.errors import InputError
-from locvit.run_config import train_resources
 from locvit.train import gpus
 
 SIZES = {

@@ -20,7 +20,7 @@ import torch
 from helpers import env_with_venv, seed_runs, train_cmd
 
 from locvit.checkpoint import load_checkpoint, save_checkpoint
-from locvit.run_config import run_config
+from locvit.config.run import run_config
 from locvit.train.resume import plan_run
 from locvit.train.stop import EXIT_STOPPED
 

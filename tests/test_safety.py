@@ -43,7 +43,7 @@ def test_hostile_strings_reach_every_job_quoted(tmp_path):
         words = shlex.split(command)  # what the shell hands the program, redirections aside
         assert not any("PWNED" in w and not w.startswith(("{", "[")) for w in words), command
         for flag in ("--data-config", "--run-config"):
-            if flag in words:  # the job's config files (locvit.job_configs), one per run for training
+            if flag in words:  # the job's config files (locvit.config.jobs), one per run for training
                 files = words[words.index(flag) + 1 :]
                 for file in files[: next((i for i, w in enumerate(files) if w.startswith("--")), len(files))]:
                     cfg = json.loads((work / file).read_text())

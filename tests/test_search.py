@@ -90,7 +90,7 @@ def test_a_bad_search_config_names_the_key(tmp_path, capsys):
 
 
 def test_a_round_trains_the_base_variant_with_its_masks(tiny_params):
-    from locvit.run_config import run_config
+    from locvit.config.run import run_config
 
     base = run_config(tiny_params, "mait_b", 0)
     cfg = search_run_config(base, {"round": 1, "masked_heads": [[0, 1], []]})

@@ -18,8 +18,8 @@ from helpers import REPO
 
 from locvit.analysis.throughput import COLUMNS, measure_throughput, read_throughput
 from locvit.config import ConfigError, validate_params
+from locvit.config.jobs import throughput_config
 from locvit.io import JobConfig
-from locvit.job_configs import throughput_config
 
 # The demo's sizes: patch 4 at 32x32 (8x8 grid + class token = 65 tokens), 48-d, 4 layers, 3 heads.
 DEMO = {"patch_size": 4, "embed_dim": 48, "depth": 4, "num_heads": 3}

@@ -12,9 +12,9 @@ import timm
 import torch
 
 from locvit import device
+from locvit.config.run import run_config
 from locvit.device import ToolchainError
 from locvit.models import mait
-from locvit.run_config import run_config
 from locvit.train import loop
 
 MAIT = dict(

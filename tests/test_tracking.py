@@ -27,7 +27,7 @@ import pytest
 from helpers import BIN, create_and_die, env_with_venv, free_port, train_cmd
 
 from locvit import cli, tracking
-from locvit.run_config import run_config
+from locvit.config.run import run_config
 from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 

@@ -22,7 +22,7 @@ import pytest
 import requests
 from helpers import env_with_venv, free_port, train_cmd
 
-from locvit.run_config import run_config
+from locvit.config.run import run_config
 from locvit.tracking import TrackingAuthError, check_reachable
 from locvit.tracking.server import server_command
 

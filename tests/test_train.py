@@ -11,10 +11,10 @@ import torch
 from locvit import models
 from locvit.checkpoint import load_checkpoint, save_checkpoint
 from locvit.config import ConfigError, validate_params
+from locvit.config.run import run_config
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
 from locvit.device import amp_dtype
-from locvit.run_config import run_config
 from locvit.train.engine import (
     Compute,
     EpochStart,

@@ -10,7 +10,8 @@ layer or of a lower one, never of a higher one, and no two packages import each 
 1. the core: ``errors``, ``io``, ``logs``, ``layout``, ``device``, ``neighbourhood``,
    ``model_modules``, ``checkpoint``, ``throughput_file``: no torch model, no config;
 2. the data and the models: ``data``, ``models``;
-3. the config: ``model_checks``, ``config``, ``run_config``, ``job_configs``, ``versioning``;
+3. the config: ``config`` (params.yaml, its schema, the run and job configs, the model checks),
+   ``versioning``;
 4. ``tracking`` (MLflow);
 5. ``train`` (training and evaluation);
 6. ``analysis`` (attention analyses, profiles, throughput, the mask search's rounds);
@@ -37,7 +38,7 @@ LAYERS = (
         "throughput_file",
     ),
     ("data", "models"),
-    ("model_checks", "config", "run_config", "job_configs", "versioning"),
+    ("config", "versioning"),
     ("tracking",),
     ("train",),
     ("analysis",),

@@ -4,7 +4,7 @@ Snakemake rules and DVC stages call these with explicit input and output paths.
 Two ways to say what to run:
 
 * Snakemake validates ``params.yaml`` once and hands each job exactly its part of
-  it, a JSON file (``--data-config`` / ``--run-config``, :mod:`locvit.job_configs`)
+  it, a JSON file (``--data-config`` / ``--run-config``, :mod:`locvit.config.jobs`)
   rewritten only when that part changes, so editing one variant re-runs only that variant.
 * People give ``--params params.yaml`` (with ``train --variant``); the file is
   validated before anything is written.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from locvit import logs
 from locvit.config import ConfigError, load_params, validate_section
+from locvit.config.run import run_config, validate_run_config, variant_seeds
 from locvit.errors import EXIT_STOPPED, InputError, LocvitError, MissingFileError, Stopped
 from locvit.io import JobConfig, read_json
 from locvit.layout import REPORT_FILES, StudyLayout, per_seed
-from locvit.run_config import run_config, validate_run_config, variant_seeds
 
 
 def config_file(path: Path, option: str):
@@ -38,7 +38,7 @@ def config_file(path: Path, option: str):
 
 def job_config(args, option: str, build):
     """A job's config: the file ``option`` names (Snakemake's), else built from ``--params`` by ``build`` (one
-    of :mod:`locvit.job_configs`' functions), read as a :class:`locvit.io.JobConfig`: the job reads nothing
+    of :mod:`locvit.config.jobs`' functions), read as a :class:`locvit.io.JobConfig`: the job reads nothing
     else of the study's params, and a key it reads that the config lacks is an error naming it."""
     path = getattr(args, option.lstrip("-").replace("-", "_"))
     if path:
@@ -153,7 +153,7 @@ def cmd_analyse(args) -> None:
 
 def cmd_throughput(args) -> None:
     from locvit.analysis.throughput import measure_throughput
-    from locvit.job_configs import throughput_config
+    from locvit.config.jobs import throughput_config
 
     rows = measure_throughput(
         job_config(args, "--throughput-config", throughput_config), args.out, threads=args.threads
@@ -189,8 +189,8 @@ def cmd_search_spec(args) -> None:
 
 def cmd_search_table(args) -> None:
     from locvit.analysis.search import search_table
+    from locvit.config.jobs import search_table_config
     from locvit.io import write_json, write_text
-    from locvit.job_configs import search_table_config
     from locvit.report.search import table_markdown
 
     cfg = job_config(args, "--search-table-config", search_table_config)
@@ -209,7 +209,7 @@ def cmd_search_table(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from locvit.job_configs import report_config
+    from locvit.config.jobs import report_config
     from locvit.report.build import build_report
 
     cfg = job_config(args, "--report-config", report_config)
@@ -332,7 +332,7 @@ def cmd_targets(args) -> None:
 
 
 def cmd_job_configs(args) -> None:
-    from locvit.job_configs import job_configs, write_job_configs
+    from locvit.config.jobs import job_configs, write_job_configs
 
     params = load_params(args.params, check_models=False)
     written = write_job_configs(params)
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-config",
         type=Path,
         nargs="+",
-        help="JSON files, each a run's resolved config (written by Snakemake, locvit.job_configs)",
+        help="JSON files, each a run's resolved config (written by Snakemake, locvit.config.jobs)",
     )
     g.add_argument("--variant", help="train every seed of this variant of --params into --runs-dir/seed<k>")
     p.add_argument("--train-data", type=Path, required=True)
@@ -489,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--throughput-config",
         type=Path,
-        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params",
+        help="the job's JSON config (locvit.config.jobs; Snakemake's); without it, built from --params",
     )
     p.add_argument("--out", type=Path, required=True, help="output CSV (results/<study>/report/throughput.csv)")
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--search-table-config",
         type=Path,
-        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params",
+        help="the job's JSON config (locvit.config.jobs; Snakemake's); without it, built from --params",
     )
     p.add_argument("--specs", type=Path, nargs="+", required=True)
     p.add_argument("--analyses", type=Path, nargs="+", required=True)
@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-config",
         type=Path,
-        help="the job's JSON config (locvit.job_configs; Snakemake's); without it, built from --params. "
+        help="the job's JSON config (locvit.config.jobs; Snakemake's); without it, built from --params. "
         "With it, --params is not read: the file is logged to the study's MLflow run as it is",
     )
     p.add_argument("--study-dir", type=Path, required=True, help="results/<study>: its eval/, runs/, analysis/, maps/")

@@ -115,7 +115,7 @@ def read_json(path: str | os.PathLike, what: str = "file", fix: str = "") -> Any
 
 
 class JobConfig(dict):
-    """A job's config (:mod:`locvit.job_configs`) that raises, naming the key, when the job reads a key it lacks.
+    """A job's config (:mod:`locvit.config.jobs`) that raises, naming the key, when the job reads a key it lacks.
 
     A job config holds every key its job reads (a ``get`` with a default is a read too): a job that reads
     one more than its config holds is a config gone out of step with its job, an error rather than a

@@ -10,7 +10,7 @@ Everything of a study sits under ``<results_dir>/<study>/`` (both keys of params
     analysis/<variant>/profile.json    the variant's params, GMACs, architecture
     maps/<variant>/seed<k>.npz         the arrays the attention figures are drawn from
     search/round<r>/                   one round of the mask search (spec, checkpoint, analysis)
-    config/                            each job's part of params.yaml, resolved (locvit.job_configs)
+    config/                            each job's part of params.yaml, resolved (locvit.config.jobs)
     report/                            tables, figures, summary.json, index.md, throughput.csv
     logs/                              one log per Snakemake job
     mlflow.db, mlartifacts/            the default MLflow backend and its artifact store
@@ -207,7 +207,7 @@ class StudyLayout:
     def search_table(self, ext: str) -> Path:
         return self.report / SEARCH_TABLE[ext]
 
-    # each job's config (locvit.job_configs) --------------------------------------------------
+    # each job's config (locvit.config.jobs) --------------------------------------------------
 
     @property
     def configs(self) -> Path:

@@ -2,7 +2,7 @@
 
 A study keeps its own family beside ``params.yaml`` (``my_family.py``), and its jobs run in
 that folder, so the working directory goes first on ``sys.path`` while such a module is looked
-up (:func:`locvit.model_checks.check_model`'s cache key) or imported (:func:`locvit.models.import_modules`),
+up (:func:`locvit.config.models.check_model`'s cache key) or imported (:func:`locvit.models.import_modules`),
 and comes off again after: nothing else is resolved against it.
 
 Such a module is code of the study's, so its content is provenance like locvit's own

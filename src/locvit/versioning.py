@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
+from locvit.config.run import variant_seeds
 from locvit.errors import InputError, allowed
 from locvit.layout import REPORT_FILES, StudyLayout
 from locvit.model_modules import module_digests
-from locvit.run_config import variant_seeds
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
 #: The one study dvc.yaml describes: its templating reads params.yaml.
@@ -139,7 +139,7 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
 
 #: The package data each module reads (paths inside the package): a stage whose commands import the module
 #: depends on them as on its code.
-PACKAGE_DATA = {"locvit.config": ("schemas/params.schema.yaml",)}
+PACKAGE_DATA = {"locvit.config": ("config/params.schema.yaml",)}
 
 
 #: The commands that build models (:func:`locvit.models.create`, on the meta device for the report's family
@@ -197,7 +197,7 @@ DVC_YAML_HEAD = """\
 # Snakemake keeps its record of what ran whether you run `snakemake` or `dvc repro`, and a
 # `snakemake ... all` of params.yaml ends with `dvc commit -f` (the Snakefile's onsuccess):
 # `dvc status` is clean after either. `dvc repro train@<variant>` trains every seed of one variant.
-# The configs stage writes each job's part of params.yaml to a file (locvit.job_configs); every other
+# The configs stage writes each job's part of params.yaml to a file (locvit.config.jobs); every other
 # stage depends on its own, so a params change re-runs exactly the stages its part reaches.
 """
 

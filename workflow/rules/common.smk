@@ -7,8 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from locvit.run_config import seed_sets, train_resources, variant_fraction, variant_seeds
-from locvit.job_configs import changed_job_configs, write_job_configs, write_plan_copies
+from locvit.config.run import seed_sets, train_resources, variant_fraction, variant_seeds
+from locvit.config.jobs import changed_job_configs, write_job_configs, write_plan_copies
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, STUDY_PARAMS_ENV, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
 from locvit import device
@@ -32,7 +32,7 @@ REPORT_DIR = str(LAYOUT.report)
 REPORT = {role: LAYOUT.report_file(role) for role in (*REPORT_FILES, *REPORT_FOLDERS)}  # results.md, ...
 THROUGHPUT_FILE = str(LAYOUT.throughput_file)  # every variant's images/s, measured side by side (CSV)
 LOG_DIR = str(LAYOUT.logs)
-# Each job's part of params.yaml, resolved into a file it takes as input (locvit.job_configs): a params change
+# Each job's part of params.yaml, resolved into a file it takes as input (locvit.config.jobs): a params change
 # re-runs the jobs whose file changed, in a fresh clone too. The files missing or out of date are found here,
 # reading only, and written when Snakemake first asks for a job's inputs, when it knows whether it runs: a run
 # writes them in place; a plan (-n; --summary, --dag) writes copies under PLAN_DIR, in Snakemake's own folder,
@@ -209,7 +209,7 @@ def search_round_files(role):
 
 
 # What a training job asks for: under the cluster profile, its variant's resources in params
-# (locvit.run_config.train_resources) as the SLURM executor's resources (locvit.train.launch.slurm_resources);
+# (locvit.config.run.train_resources) as the SLURM executor's resources (locvit.train.launch.slurm_resources);
 # in a local run, the same cut to this machine's CPUs, memory and GPUs (locvit.train.gpus.local_resources),
 # with as many training jobs at once as it has GPUs. None leaves one unset.
 def job_variant(wildcards):
@@ -313,7 +313,7 @@ def job_seeds(wildcards):
 
 
 def run_configs(wildcards):
-    """The config files of the job's runs (locvit.job_configs): a changed variant re-trains only itself."""
+    """The config files of the job's runs (locvit.config.jobs): a changed variant re-trains only itself."""
     return [config_path(path) for path in expand(RUN_CONFIG, variant=wildcards.variant, seed=job_seeds(wildcards))]
 
 

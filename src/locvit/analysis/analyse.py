@@ -51,10 +51,10 @@ from locvit.analysis.profile import profile
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import read_all, to_model_input
 from locvit.data.prepare import load_manifest
+from locvit.device import device_for
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
 from locvit.models.family import family_of, map_kind
-from locvit.device import device_for
 from locvit.neighbourhood import neighbourhood_mask
 
 

@@ -15,9 +15,9 @@ import torch
 
 from locvit import models
 from locvit.analysis.profile import gmacs
+from locvit.config.run import run_config, variant_seeds
 from locvit.data.sources import get_source
 from locvit.data.splits import split_indices
-from locvit.run_config import run_config, variant_seeds
 
 #: An H100's dense bf16 peak from its data sheet (TFLOP/s), and the share of it assumed where none was measured.
 PEAK_TFLOPS, ASSUMED_MFU = 989.0, 0.3

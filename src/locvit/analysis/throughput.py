@@ -11,7 +11,7 @@ The choices:
 
 * **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
   weights, so the job needs no checkpoint. Each variant is built from its entry in the job's
-  config (:func:`locvit.job_configs.throughput_config`: model, keyword arguments at the study's
+  config (:func:`locvit.config.jobs.throughput_config`: model, keyword arguments at the study's
   image size and class count, its run's device, precision and memory format) by
   :func:`locvit.models.create`, and timed under its run's precision (``train.amp``: bf16 autocast,
   TF32 on CUDA; :func:`locvit.device.set_backends`) and memory format (``train.channels_last``), cuDNN's
@@ -114,7 +114,7 @@ def _rounds(built: dict[str, Built], rounds: int, repeats: int) -> dict[str, lis
 
 
 def measure_throughput(config: dict, out: str | Path, threads: int | None = None) -> dict[str, dict]:
-    """Measure every variant of the throughput job's config (:func:`locvit.job_configs.throughput_config`)
+    """Measure every variant of the throughput job's config (:func:`locvit.config.jobs.throughput_config`)
     in one process and write the CSV ``out``.
 
     ``threads``: torch's CPU threads while it measures (give it every core the job holds).

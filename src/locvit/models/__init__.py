@@ -51,7 +51,7 @@ def import_modules(modules) -> None:
 
 
 def create(cfg: dict) -> torch.nn.Module:
-    """The model of a run config (:func:`locvit.run_config.run_config`): ``model`` built with ``model_kwargs``,
+    """The model of a run config (:func:`locvit.config.run.run_config`): ``model`` built with ``model_kwargs``,
     after importing the config's ``model_modules`` (families outside locvit).
 
     ``img_size`` (the data's image size, which the pipeline always puts in ``model_kwargs``) goes only to

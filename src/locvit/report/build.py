@@ -54,7 +54,7 @@ def build_report(
     """Write the study's report; return what report.json records.
 
     Args:
-        config: the report's job config (:func:`locvit.job_configs.report_config`), the one part of the
+        config: the report's job config (:func:`locvit.config.jobs.report_config`), the one part of the
             study's params it reads.
         study_dir: the study's folder (``<results_dir>/<study>``, :mod:`locvit.layout`).
         out_dir: where the report goes (``results/<study>/report/``).

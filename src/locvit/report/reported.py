@@ -40,7 +40,7 @@ QUANTITIES = (
     ("throughput", "throughput (img/s)", ".1f"),
 )
 #: Recipe conditions a row may set: key -> what it means of the variant's recipe (``Variant.recipe``,
-#: job_configs.REPORT_RECIPE_KEYS). ``cutmix: true``: the row is of a model trained with CutMix (alpha > 0).
+#: locvit.config.jobs.REPORT_RECIPE_KEYS). ``cutmix: true``: the row is of a model trained with CutMix (alpha > 0).
 RECIPE_FIELDS = {"cutmix": lambda recipe: recipe["cutmix"] > 0}
 FIELDS = (
     {"paper", "table", "row", "dataset", "model", "kwargs", "layers"} | {q[0] for q in QUANTITIES} | set(RECIPE_FIELDS)

@@ -12,7 +12,7 @@ from locvit.report.render import Table, to_markdown
 
 def table_markdown(rows: list[dict], config: dict) -> str:
     """The rounds (:func:`locvit.analysis.search.search_table`) as a table: one row per round, one seed each.
-    ``config``: the job's (:func:`locvit.job_configs.search_table_config`)."""
+    ``config``: the job's (:func:`locvit.config.jobs.search_table_config`)."""
     search = config["mask_search"]
     table = Table(
         "mask_search",

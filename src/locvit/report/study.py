@@ -1,6 +1,6 @@
 """What the report reads from one finished study, keyed by its job config's variants and seeds.
 
-The report job's config (:func:`locvit.job_configs.report_config`, its part of params.yaml
+The report job's config (:func:`locvit.config.jobs.report_config`, its part of params.yaml
 resolved) names the study, its baseline and margin, and per variant its model, seeds and
 fraction; the report reads nothing else of params.yaml.
 
@@ -182,7 +182,7 @@ class Variant:
     name: str
     model: str
     description: str
-    recipe: dict  # the training recipe's keys the tables show (job_configs.REPORT_RECIPE_KEYS)
+    recipe: dict  # the training recipe's keys the tables show (locvit.config.jobs.REPORT_RECIPE_KEYS)
     seeds: list[int]
     fraction: float = 1.0  # the fraction of the training split it trained on
     base: str = ""  # the variant it is a training-fraction copy of (itself when not)
@@ -297,7 +297,7 @@ class Study:
     """A finished study's files, and its comparisons (:attr:`comparisons`): each (variant, reference) is
     computed once and belongs to one Holm family, the comparisons against that reference."""
 
-    config: dict  # the report's job config (locvit.job_configs.report_config)
+    config: dict  # the report's job config (locvit.config.jobs.report_config)
     dir: Path
     variants: dict[str, Variant]
     throughput: dict[str, dict] | None = None  # report/throughput.csv by variant (the throughput job), if written
@@ -450,7 +450,7 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
 
 def load_study(config: dict, study_dir: str | Path) -> Study:
     """Read every result file of the config's variants and seeds that exists (``config``: the report's job
-    config, :func:`locvit.job_configs.report_config`)."""
+    config, :func:`locvit.config.jobs.report_config`)."""
     study_dir = Path(study_dir)
     layout = StudyLayout(study_dir)
     variants = {}

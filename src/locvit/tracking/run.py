@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from locvit.config.run import flatten, peak_lr
 from locvit.errors import InputError
 from locvit.layout import RunFiles
-from locvit.run_config import flatten, peak_lr
 from locvit.tracking.backend import (
     bounded_http,
     check_reachable,
@@ -165,7 +165,7 @@ class TrainingTracker:
         system_metrics_s: float = 0.0,
         machine: dict | None = None,
     ) -> TrainingTracker:
-        """The tracker of a training run (a :func:`locvit.run_config.run_config`) on its prepared data.
+        """The tracker of a training run (a :func:`locvit.config.run.run_config`) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
         config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from locvit.config.run import flatten, peak_lr
 from locvit.io import read_json, write_json
 from locvit.layout import ROUND_FILES, RunFiles, StudyLayout, per_seed
-from locvit.run_config import flatten, peak_lr
 from locvit.tracking.backend import (
     bounded_http,
     check_reachable,

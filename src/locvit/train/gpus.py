@@ -40,7 +40,7 @@ CLAIM = f'${{{CLAIM_ENV}:+"$LOCVIT_PYTHON" -m locvit.train.gpus --}}'
 
 def local_resources(sizes: dict, here: dict[str, int]) -> dict[str, int | str | None]:
     """A training job's resources in a local run (the keys of :func:`locvit.train.launch.slurm_resources`):
-    the variant's ``resources`` (locvit.run_config.train_resources) cut to what ``here`` has, on one
+    the variant's ``resources`` (locvit.config.run.train_resources) cut to what ``here`` has, on one
     machine (several nodes' GPUs become this machine's), with no time limit."""
     return {
         "nodes": None,

@@ -90,7 +90,7 @@ SLURM_KEYS = ("nodes", "gpu", "gres", "mpi", "tasks", "tasks_per_gpu", "cpus_per
 
 
 def slurm_resources(sizes: dict) -> dict[str, int | str | None]:
-    """A training job's SLURM executor resources from a variant's ``resources`` (locvit.run_config.train_resources).
+    """A training job's SLURM executor resources from a variant's ``resources`` (locvit.config.run.train_resources).
 
     One node: ``nodes`` 1 (else SLURM may spread ``--gpus`` over nodes) and ``gpu`` (sbatch
     ``--gpus``). N > 1 nodes: ``nodes``, one task per node (``tasks``), the GPUs per node through

@@ -25,6 +25,7 @@ import torch
 
 from locvit import models
 from locvit.checkpoint import weights_digest
+from locvit.config.run import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
@@ -33,7 +34,6 @@ from locvit.device import describe, device_for, require_toolchain, set_backends
 from locvit.errors import InputError
 from locvit.io import remove_temporaries, write_json
 from locvit.layout import RunFiles
-from locvit.run_config import peak_lr
 from locvit.tracking import TrainingTracker, confirm_finished
 from locvit.train import distributed
 from locvit.train.distributed import Dist
@@ -267,7 +267,7 @@ def train_run(
     keep_finished: bool = False,
     system_metrics_s: float = 0.0,
 ) -> dict:
-    """Train ``cfg`` (a :func:`locvit.run_config.run_config`); write last.pt, best.pt, metrics.json (rank 0).
+    """Train ``cfg`` (a :func:`locvit.config.run.run_config`); write last.pt, best.pt, metrics.json (rank 0).
 
     Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
     ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).

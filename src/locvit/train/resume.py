@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from locvit.checkpoint import model_code
+from locvit.config.run import flatten
 from locvit.layout import RunFiles
-from locvit.run_config import flatten
 from locvit.train.state import read_last
 
 

@@ -1,14 +1,14 @@
 """The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
-``src/locvit/schemas/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
+``src/locvit/config/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
 description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
 and out-of-range values with a message that names the key and what is allowed,
 refuses NaN and infinity in every number (JSON Schema's bounds let them through), fills
 defaults (the default ``baseline`` from the family protocol), expands ``train_fractions``
 and ``seed_budget`` into variants and seeds, holds the study within its ``limits``, then
 checks what a schema cannot: a coherent recipe, and every variant's model
-(:func:`locvit.model_checks.check_model`). Nothing runs and nothing is written before
-this passes. A validated study's runs and their configs: :mod:`locvit.run_config`.
+(:func:`locvit.config.models.check_model`). Nothing runs and nothing is written before
+this passes. A validated study's runs and their configs: :mod:`locvit.config.run`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 import jsonschema
 import yaml
 
+from locvit.config.models import check_model, claiming_family
 from locvit.errors import LocvitError
-from locvit.model_checks import check_model, claiming_family
 
 #: The schema of params.yaml: package data, inside the installed package as in a checkout.
-SCHEMA = resources.files("locvit") / "schemas" / "params.schema.yaml"
+SCHEMA = resources.files("locvit") / "config" / "params.schema.yaml"
 # Keys the pipeline sets itself from the data section; a variant may not override them.
 PIPELINE_KWARGS = ("img_size", "num_classes")
 
@@ -214,7 +214,7 @@ def _budget_seeds(params: dict) -> None:
 
 def _check_limits(params: dict, own_seeds: set[str]) -> list[str]:
     """The study stays within ``limits``: seeds per variant (seed_budget's included) and runs in all, each
-    counted as :func:`locvit.run_config.variant_seeds` counts them. ``own_seeds``: the variants that set
+    counted as :func:`locvit.config.run.variant_seeds` counts them. ``own_seeds``: the variants that set
     their own ``seeds`` (the others' come from ``seeds`` or seed_budget)."""
     limits, problems = params["limits"], []
     most = load_schema()["properties"]["limits"]["properties"]  # how far each limit may be raised

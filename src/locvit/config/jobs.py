@@ -23,9 +23,9 @@ import json
 import shutil
 from pathlib import Path
 
+from locvit.config.run import run_config, variant_fraction, variant_seeds
 from locvit.io import write_text
 from locvit.layout import StudyLayout
-from locvit.run_config import run_config, variant_fraction, variant_seeds
 
 #: The analysis section's keys that only the throughput job reads; the others are the analyse jobs'.
 THROUGHPUT_KEYS = ("profile_batch", "profile_repeats", "throughput_rounds")
