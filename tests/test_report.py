@@ -481,7 +481,7 @@ def test_results_csv_contract_with_statistics_against_the_baseline(built):
         values = [100 * t for t in TOP1[name] if t is not None]
         wins = sum((x > y) + (x == y) / 2 for x in values for y in base) / (len(values) * len(base))
         assert float(row["p_improvement"]) == pytest.approx(wins)
-        assert 0 <= float(row["p_improvement_ci95_low"]) <= wins <= float(row["p_improvement_ci95_high"]) <= 1
+        assert row["p_improvement_ci95_low"] == row["p_improvement_ci95_high"] == ""  # under 10 seeds a side
         assert row["holm_family"] == "against deit" and row["within_margin"] in ("yes", "no")
     for row in rows.values():  # no accuracy interval leaves [0, 100]
         if row["test_top1_ci95_low"]:
@@ -777,18 +777,17 @@ def test_mlflow_links_and_artifacts(tmp_path, monkeypatch, caplog):
 
 def test_variant_runs_carry_the_comparison(tmp_path, monkeypatch):
     """publish_tree logs a variant's results.csv row to its MLflow run: every numeric column arrives as a
-    metric (the probability of improvement with its interval, the 90 % interval, the smallest margin), the
-    Holm family and within-margin flag as tags."""
+    metric (the probability of improvement, the 90 % interval, the smallest margin; P(improvement) has no
+    interval at these few seeds, so none is logged), the Holm family and within-margin flag as tags."""
     params, client, exp, run_ids = _tracked_deit_and_mait(tmp_path, monkeypatch)
     make_study(tmp_path, params, run_ids=run_ids, analysed={})
     report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True, ui_base="http://ui:5000")
     row = {r["variant"]: r for r in read_csv(tmp_path / "report" / "results.csv")}["mait_3x3"]
     assert "variant_runs" in report["mlflow"]["tree"], report["mlflow"]["tree"]
     run = client.get_run(report["mlflow"]["tree"]["variant_runs"]["mait_3x3"])
+    assert "p_improvement_ci95_low" not in run.data.metrics and row["p_improvement_ci95_low"] == ""
     for key in (
         "p_improvement",
-        "p_improvement_ci95_low",
-        "p_improvement_ci95_high",
         "delta_ci90_low",
         "delta_ci90_high",
         "equivalence_margin_min",

@@ -12,6 +12,7 @@ from statsmodels.stats.weightstats import ttost_ind
 
 from locvit.report.stats import (
     ALPHA,
+    IMPROVEMENT_MIN_SEEDS,
     Part,
     binomial_part,
     compare,
@@ -19,6 +20,7 @@ from locvit.report.stats import (
     describe,
     holm,
     mde,
+    probability_of_improvement,
     satterthwaite,
     verdict,
 )
@@ -125,12 +127,11 @@ def test_every_seed_right_on_every_image():
 def test_equal_errors_on_every_seed():
     """Three errors on each of 3 seeds of 360 images, against a variant right on every image.
 
-    On other images each seed (9 images at 2/3): the seeds' spread is 0 by chance, but the interaction
-    is not. ANOVA of a: total SS = 1071 - 1071^2/1080 = 8.925, images' SS = 3 (355 - 1071^2/3240) = 2.925,
-    seeds' SS = 0, so MS_inter = 6 / 718. The decomposition's sum (image part 0.975/359/360 less
-    MS_inter/1080) falls below the interaction part MS_inter / (N n) that every mean carries, so the
-    variance is that part, with its (N - 1)(n - 1) = 718 df: 9 images favour b, none a (a sign test's
-    p is 2^-8), and the verdict is worse.
+    On other images each seed (9 images at 2/3): the seeds' spread is 0 by chance, and the paired image
+    component S2_d - MS_inter / 3 = (0.975 / 359) - (6 / 718) / 3 is negative, so it is truncated at zero:
+    nothing is left, and the error is the agreement floor of 9 images in 360 on which the two differ (normal).
+    A 0.83-point difference is then undecided: three seeds that agree by chance are not taken as certainty
+    (an interval with the interaction's 718 df would call it worse at p < 0.01).
     On the same 3 images every seed: the seeds carry no noise; only the images' sampling remains, the
     paired image part var(d) / N with N - 1 df: 3 images against b, p = 0.08, undecided."""
     perfect = np.ones((360, 3), dtype=bool)
@@ -139,17 +140,32 @@ def test_equal_errors_on_every_seed():
         spread[3 * s : 3 * s + 3, s] = False
     a = [100 * 357 / 360] * 3
     c = compare(a, [100.0] * 3, 1.0, 360, (spread, perfect))
-    ms = 6 / 718
-    assert c.se**2 == pytest.approx(1e4 * ms / 1080) and c.df == pytest.approx(718)
+    z2 = Z975**2
+    p = (9 + z2 / 2) / (360 + z2)
+    assert c.se**2 == pytest.approx(1e4 * p * (1 - p) / (360 + z2)) and c.df == math.inf
     assert c.delta == pytest.approx(-100 * 3 / 360)
-    assert c.p == pytest.approx(2 * sps.t.sf(abs(c.delta) / c.se, 718)) and c.p < 0.01
-    assert verdict(c.delta, c.p, c.p_equivalent) == "worse"
+    assert c.p > 0.05 and verdict(c.delta, c.p, c.p_equivalent) == "undecided"
     same = perfect.copy()
     same[:3, :] = False
     c = compare(a, [100.0] * 3, 1.0, 360, (same, perfect))
     var_d = (3 - 360 * (1 / 120) ** 2) / 359  # d = -1 on 3 images, 0 on 357
     assert c.se**2 == pytest.approx(1e4 * var_d / 360) and c.df == pytest.approx(359)
     assert 0.05 < c.p < 0.1 and verdict(c.delta, c.p, c.p_equivalent) == "undecided"
+
+
+def test_probability_of_improvement_has_no_interval_at_three_seeds():
+    """At 3 seeds a side the bootstrap has 3^3 x 3^3 = 729 equally likely resamples; when one side wins all
+    nine pairs every resample does too, and a percentile "interval" is the point 1. Below
+    IMPROVEMENT_MIN_SEEDS a side: the share U / (n_a n_b) and no interval."""
+    p, low, high = probability_of_improvement([97.0, 98.0, 99.0], [90.0, 91.0, 92.0])
+    assert (p, low, high) == (1.0, None, None)
+    p, low, high = probability_of_improvement([97.0, 91.0, 99.0], [90.0, 91.0, 98.0])
+    assert p == pytest.approx((2 + 1.5 + 3) / 9) and low is None and high is None  # 97: 2 wins; 91: 1 and a tie
+    c = compare([97.0, 98.0, 99.0], [90.0, 91.0, 92.0], 1.0)
+    assert c.p_improvement == 1.0 and c.p_improvement_low is None
+    many = np.arange(IMPROVEMENT_MIN_SEEDS, dtype=float)
+    p, low, high = probability_of_improvement(many + 0.5, many)
+    assert low < p < high  # from 10 seeds a side: rliable's bootstrap interval, a range
 
 
 def test_compare_without_test_set_is_welchs_test():
@@ -183,21 +199,23 @@ def test_crossed_by_hand():
     # df = (1/16)^2 / (((5/48)^2 + (1/24)^2) / 3) = 27/29.
     a = np.array([[1, 1], [1, 1], [1, 1], [0, 0]], dtype=bool)
     b = np.array([[0, 0], [1, 1], [1, 0], [0, 1]], dtype=bool)
-    delta, var, df = crossed(a, b)
+    delta, var, df, truncated = crossed(a, b)
     assert (delta, var, df) == (pytest.approx(25.0), pytest.approx(1e4 / 16), pytest.approx(27 / 29))
-    # below the interaction parts: a = (1,1), (1,1), (1,0), (0,0): MS_inter 1/8; b = (1,1), (1,0), (0,1), (0,0):
-    # MS_inter 1/3; the sum 1/64 + 0 + (1/16)/4 - (1/8)/8 - (1/3)/8 < 0 is raised to (1/8)/8 + (1/3)/8 = 11/192
-    # with df (11/192)^2 / (((1/64)^2 + (1/24)^2) / 3) = 363/73.
+    assert not truncated
+    # a negative image component is truncated at zero: a = (1,1), (1,1), (1,0), (0,0): seed means .75, .5
+    # (S2 1/32), MS_inter 1/8; b = (1,1), (1,0), (0,1), (0,0): seed means .5, .5, MS_inter 1/3; d = (0, .5, 0, 0),
+    # S2_d = 1/16 < (1/8) / 2 + (1/3) / 2. What remains is the seed terms (1/32) / 2 + 0 with a's 1 df: the
+    # interaction's (N - 1)(n - 1) = 3 df never enter.
     a = np.array([[1, 1], [1, 1], [1, 0], [0, 0]], dtype=bool)
     b = np.array([[1, 1], [1, 0], [0, 1], [0, 0]], dtype=bool)
-    delta, var, df = crossed(a, b)
-    assert (delta, var, df) == (pytest.approx(12.5), pytest.approx(1e4 * 11 / 192), pytest.approx(363 / 73))
+    delta, var, df, truncated = crossed(a, b)
+    assert (delta, var, df) == (pytest.approx(12.5), pytest.approx(1e4 / 64), pytest.approx(1.0)) and truncated
     # one variant: S2_seeds / n + (S2_images - MS_inter / n) / N = (1/32) / 2 + (11/48 - 1/16) / 4 = 11/192
-    mean, var, _ = crossed(a)
-    assert (mean, var) == (pytest.approx(62.5), pytest.approx(1e4 * 11 / 192))
+    mean, var, _, truncated = crossed(a)
+    assert (mean, var) == (pytest.approx(62.5), pytest.approx(1e4 * 11 / 192)) and not truncated
     # vectorised over leading axes: the same numbers per replicate
-    delta, var, df = crossed(np.stack([a, a]), np.stack([b, b]))
-    assert delta.shape == var.shape == df.shape == (2,) and var[1] == pytest.approx(1e4 * 11 / 192)
+    delta, var, df, truncated = crossed(np.stack([a, a]), np.stack([b, b]))
+    assert delta.shape == var.shape == df.shape == truncated.shape == (2,) and var[1] == pytest.approx(1e4 / 64)
 
 
 def test_pairing_on_shared_images_narrows_the_difference():
@@ -298,83 +316,19 @@ def test_power_where_scipys_lower_tail_is_nan():
     assert all(math.isfinite(power(nc, 2.43245, 0.05 / 7)) for nc in (7, 7.5, 8, 12, 20, 40))
 
 
-# The crossed logistic model of the coverage test: P(right) = expit(mu_v + a_i + e_vi + u_vs + w_vis), with a
-# per-image difficulty a shared by both variants, a per-variant image effect e (the variants differ image by
-# image), a per-seed offset u and the image x seed interaction w, all normal with these standard deviations.
-SIGMA = {"image": 1.5, "variant_image": 0.7, "seed": 0.2, "interaction": 0.7}
-GRID = [
-    (seeds, images, accuracy) for seeds in (3, 5, 10) for images in (360, 10_000) for accuracy in (0.70, 0.95, 0.99)
-]
-REPLICATES = 2000
+@pytest.mark.e2e  # about 5 minutes on the shared 2-core machine: out of the fast lane
+def test_intervals_cover_on_a_crossed_model():
+    """benchmarks/coverage.py's grid (seeds x test images x accuracy, 2000 replicates each, fixed seed): the
+    95 % interval of a difference covers the true difference 94-97.5 % of the time, also among the replicates
+    whose image component was truncated at zero (>= 93 % where that happens at least 100 times); the t-test's
+    type-I error at 5 % stays at or below 6.5 %; a variant's interval covers >= 92 % (93 % less the Monte
+    Carlo error of 2000 replicates; benchmarks/results/coverage.json holds each cell's figure). The
+    failed-run cell is reported there, not asserted."""
+    from benchmarks.coverage import run_grid
 
-
-def expected_accuracy(mu: float) -> float:
-    """E over images and seeds of expit(mu + Z s), s^2 the sum of the model's variances (Gauss-Hermite)."""
-    from scipy.special import expit
-
-    x, w = np.polynomial.hermite_e.hermegauss(80)
-    s = math.sqrt(sum(v * v for v in SIGMA.values()))
-    return float((w * expit(mu + s * x)).sum() / w.sum())
-
-
-def location_for(accuracy: float) -> float:
-    from scipy.optimize import brentq
-
-    return brentq(lambda mu: expected_accuracy(mu) - accuracy, -30, 30)
-
-
-def simulate(seeds: int, images: int, accuracy: float, rng) -> dict[str, float]:
-    """Coverage of the 95 % interval of a difference of two variants whose true accuracies differ (b makes
-    70 % of a's errors) and type-I error at 5 % of two with equal true accuracies, over REPLICATES draws of
-    images and seeds each, the estimator (stats.crossed) applied to arrays of replicates."""
-    from scipy.special import expit
-
-    mu_a, mu_alt = location_for(accuracy), location_for(1 - 0.7 * (1 - accuracy))
-    truth = 100 * (expected_accuracy(mu_a) - expected_accuracy(mu_alt))
-    covered = rejected = 0
-    chunk = max(1, 2_000_000 // (images * seeds))
-    for start in range(0, REPLICATES, chunk):
-        r = min(chunk, REPLICATES - start)
-        difficulty = rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["image"]
-
-        def logits():
-            return (
-                difficulty
-                + rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["variant_image"]
-                + rng.standard_normal((r, 1, seeds), dtype=np.float32) * SIGMA["seed"]
-                + rng.standard_normal((r, images, seeds), dtype=np.float32) * SIGMA["interaction"]
-            )
-
-        a = rng.random((r, images, seeds), dtype=np.float32) < expit(mu_a + logits())
-        b_logit, u = logits(), rng.random((r, images, seeds), dtype=np.float32)
-        for mu_b, truth_b in ((mu_a, 0.0), (mu_alt, truth)):  # the same draws: b equal to a, then better
-            delta, var, df = crossed(a, u < expit(mu_b + b_logit))
-            t = np.abs(delta - truth_b) / np.sqrt(var)
-            p = 2 * sps.t.sf(t, df)
-            if truth_b:
-                covered += int((p >= 0.05).sum())
-            else:
-                rejected += int((p < 0.05).sum())
-    return {"coverage": covered / REPLICATES, "type_i": rejected / REPLICATES}
-
-
-# Cells measured below the type-I target with the fixed seed below (coverage, type-I error). At 3-5 seeds the
-# seeds' part has 2-4 degrees of freedom and Satterthwaite's df for their sum lies below a pooled test's
-# (2n - 2): Welch's test is slightly conservative there (in the seed-dominated 10,000-image cells the interval
-# is Welch's over seeds). The shortfall is about one binomial SE of 2000 replicates (0.5 points): the test
-# checks that exactly these cells miss the target, by less than half a point, so that a change either way shows.
-BELOW_TARGET = {(3, 10_000, 0.95): (0.966, 0.0345), (5, 360, 0.99): (0.964, 0.0345)}
-
-
-@pytest.mark.e2e  # 4-7 minutes on the shared 2-core machine: out of the fast lane
-def test_interval_of_a_difference_covers_on_a_crossed_model():
-    """Per cell of seeds x test images x accuracy, 2000 replicates (fixed seed): the 95 % interval of the
-    difference covers the true difference (of the two variants' expected accuracies over the image population
-    and the seeds) 94-97 % of the time, and the test's type-I error at 5 % lies in 3.5-6.5 %; the cells of
-    BELOW_TARGET are named there with what they measure."""
-    rng = np.random.default_rng(20)
-    results = {cell: simulate(*cell, rng) for cell in GRID}
-    assert all(0.94 <= r["coverage"] <= 0.97 for r in results.values()), results
-    bad = {cell: r for cell, r in results.items() if not 0.035 <= r["type_i"] <= 0.065}
-    assert set(bad) == set(BELOW_TARGET), results
-    assert all(0.030 <= results[cell]["type_i"] < 0.035 for cell in BELOW_TARGET), results
+    cells = [c for c in run_grid() if not c["failed_runs"]]
+    assert all(0.94 <= c["coverage"] <= 0.975 for c in cells), cells
+    assert all(c["coverage_truncated"] >= 0.93 for c in cells if c["truncated"] >= 100), cells
+    assert any(c["truncated"] >= 100 for c in cells), "the truncation never fires: the conditional check is void"
+    assert all(c["type_i"] <= 0.065 for c in cells), cells
+    assert all(c["variant_coverage"] >= 0.92 for c in cells), cells

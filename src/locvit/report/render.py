@@ -76,9 +76,11 @@ def verdicts_note(families: dict[str, int], margin: float | None) -> str:
         f"as 90 %: an equivalent row's lies inside {within}), else undecided; "
         f"'(within {within})' marks a difference shown that is also inside the margin. MDE: the smallest "
         "difference the comparison could detect with 80 % power at Holm's strictest level; min. margin: the "
-        "smallest margin it could show equivalence within; P(>ref): the share of seed pairs in which the "
-        "variant beats the reference (ties ½) with its bootstrap 95 % interval. Holm families (the comparisons "
-        f"against one reference, over the whole study): {groups}."
+        "smallest margin it could show equivalence within, at the estimated standard error; P(>ref): the share "
+        "of seed pairs in which the variant beats the reference (ties ½), with its bootstrap 95 % interval from "
+        f"{stats.IMPROVEMENT_MIN_SEEDS} seeds a side (below that a bootstrap over so few pairs gives no honest "
+        "interval, so none is shown). MDE over 100 points: no difference is detectable. Holm families (the "
+        f"comparisons against one reference, over the whole study): {groups}."
     )
 
 
@@ -207,6 +209,11 @@ def _number(x: float | None, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def mde_text(mde: float | None) -> str:
+    """The MDE in points; above 100 points no difference of accuracies is detectable."""
+    return "none detectable" if mde is not None and mde > 100 else _number(mde)
+
+
 def improvement_text(acc: Acc) -> str:
     """``0.89 [0.56, 1.00]``: the probability of improvement and its bootstrap interval."""
     t = acc.test
@@ -233,7 +240,7 @@ def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
         delta_ci_text(acc),
         delta_ci90_text(acc),
         _p(acc.p_holm),
-        _number(acc.mde),
+        mde_text(acc.mde),
         _number(acc.equivalence_bound),
         improvement_text(acc),
         verdict_text(acc),

@@ -8,9 +8,9 @@ Casella and McCulloch, *Variance Components*, 1992, ch. 4; Owen, "The pigeonhole
 Ann. Appl. Stat. 2007): an image part sigma2_image / N, a seed part sigma2_seed / n and an
 interaction part sigma2_inter / (N n), each counted once. :func:`crossed` estimates them with
 the ANOVA mean squares (unbiased, no normality needed) and gives the degrees of freedom of their
-sum by Satterthwaite's rule, which allows the negative coefficient of the interaction's mean
-square; tests/test_stats.py measures the coverage of the resulting interval of a difference on a
-simulated crossed logistic model.
+sum by Satterthwaite's rule over the terms that remain once a negative image component is truncated at
+zero; benchmarks/coverage.py measures the coverage of the resulting intervals on a simulated crossed
+logistic model.
 
 Without per-image results (an evaluation file of an older locvit) a variant's test-set part is the
 binomial error of its pooled accuracy (Agresti-Coull's), which also holds the interaction the
@@ -54,6 +54,7 @@ POWER = 0.80  # the power of the minimum detectable effect
 VERDICTS = ("baseline", "better", "worse", "equivalent", "undecided")
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0  # the probability of improvement's interval repeats bitwise
+IMPROVEMENT_MIN_SEEDS = 10  # seeds a side below which P(improvement) has no interval (probability_of_improvement)
 
 
 @dataclass(frozen=True)
@@ -113,56 +114,46 @@ def _mean_squares(hits: np.ndarray):
     return seeds, images, seeds.var(-1, ddof=1), inter
 
 
-def _sum(terms, floor) -> tuple[np.ndarray, np.ndarray]:
-    """The variance ``sum(c)`` of (value, df) terms and its Satterthwaite df; where it falls below the
-    interaction parts ``floor`` (which every mean carries), those instead. Arrays in, arrays out."""
+def _satterthwaite(terms) -> tuple[np.ndarray, np.ndarray]:
+    """The variance ``sum(v)`` of (value, df) terms and its Satterthwaite df (inf where no term varies). Arrays."""
     var = sum(v for v, _ in terms)
-    low = sum(v for v, _ in floor)
-    under = var < low
-    var = np.where(under, low, var)
-    den = np.where(under, sum(v**2 / d for v, d in floor), sum(v**2 / d for v, d in terms))
+    den = sum(v**2 / d for v, d in terms)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(den > 0, var**2 / np.where(den > 0, den, 1.0), np.inf)
     return var, df
 
 
-def crossed(hits_a: np.ndarray, hits_b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean (or difference of means) in points, its variance in points^2 and degrees of freedom, from
-    ``(..., images, seeds)`` 0/1 hits (leading axes: independent replicates, e.g. of a simulation).
+def crossed(
+    hits_a: np.ndarray, hits_b: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean (or difference of means) in points, its variance in points^2, its degrees of freedom and whether
+    the image component was truncated, from ``(..., images, seeds)`` 0/1 hits (leading axes: independent
+    replicates, e.g. of a simulation).
 
-    One variant: ``S2_seeds / n + (S2_images - MS_inter / n) / N``. A difference of two variants scored
-    on the same images, with independent seeds: ``S2_seeds_a / n_a + S2_seeds_b / n_b + (S2_d - MS_a / n_a
-    - MS_b / n_b) / N``, where ``S2_d`` is the sample variance over images of the difference of the two
-    variants' per-image hit rates. Each seed term holds sigma2_seed / n and the interaction
-    sigma2_inter / (N n); the image term holds the image part, whose own share of the interaction the
-    mean squares take out again. A sum below the interaction parts alone (possible by chance, or when
-    every seed scores the same) is raised to them."""
+    One variant: ``S2_seeds / n + max(0, S2_images - MS_inter / n) / N``. A difference of two variants scored
+    on the same images, with independent seeds: ``S2_seeds_a / n_a + S2_seeds_b / n_b + max(0, S2_d - MS_a /
+    n_a - MS_b / n_b) / N``, ``S2_d`` the variance over images of the difference of the per-image hit rates.
+    A seed term estimates the seed component and its share of the interaction, never negative; the image
+    component is the ANOVA estimate, truncated at zero (the positive-part estimator), and the df are
+    Satterthwaite's over the terms that remain, so a truncated estimate keeps only the seeds' df."""
     sa, ra, s2a, ia = _mean_squares(hits_a)
     n_img, na = np.shape(hits_a)[-2:]
     if hits_b is None:
-        terms = [
-            (s2a / na, na - 1),
-            (ra.var(-1, ddof=1) / n_img, n_img - 1),
-            (-ia / (n_img * na), (n_img - 1) * (na - 1)),
-        ]
-        floor = [(ia / (n_img * na), (n_img - 1) * (na - 1))]
-        var, df = _sum(terms, floor)
-        return 100 * sa.mean(-1), 1e4 * var, df
-    sb, rb, s2b, ib = _mean_squares(hits_b)
-    nb = np.shape(hits_b)[-1]
-    if np.shape(hits_b)[-2] != n_img:
-        raise ValueError(f"paired hits need the same images: {n_img} and {np.shape(hits_b)[-2]}")
-    s2d = (ra - rb).var(-1, ddof=1)
-    terms = [
-        (s2a / na, na - 1),
-        (s2b / nb, nb - 1),
-        (s2d / n_img, n_img - 1),
-        (-ia / (n_img * na), (n_img - 1) * (na - 1)),
-        (-ib / (n_img * nb), (n_img - 1) * (nb - 1)),
+        spread, seed_terms, inter = ra.var(-1, ddof=1), [(s2a / na, na - 1)], [(ia, na)]
+        mean = 100 * sa.mean(-1)
+    else:
+        sb, rb, s2b, ib = _mean_squares(hits_b)
+        nb = np.shape(hits_b)[-1]
+        if np.shape(hits_b)[-2] != n_img:
+            raise ValueError(f"paired hits need the same images: {n_img} and {np.shape(hits_b)[-2]}")
+        spread, seed_terms = (ra - rb).var(-1, ddof=1), [(s2a / na, na - 1), (s2b / nb, nb - 1)]
+        inter, mean = [(ia, na), (ib, nb)], 100 * (sa.mean(-1) - sb.mean(-1))
+    kept = spread - sum(ms / n for ms, n in inter) > 0
+    image_terms = [(np.where(kept, spread / n_img, 0.0), n_img - 1)] + [
+        (np.where(kept, -ms / (n_img * n), 0.0), (n_img - 1) * (n - 1)) for ms, n in inter
     ]
-    floor = [(ia / (n_img * na), (n_img - 1) * (na - 1)), (ib / (n_img * nb), (n_img - 1) * (nb - 1))]
-    var, df = _sum(terms, floor)
-    return 100 * (sa.mean(-1) - sb.mean(-1)), 1e4 * var, df
+    var, df = _satterthwaite(seed_terms + image_terms)
+    return mean, 1e4 * var, df, ~kept
 
 
 def agreement_floor(disagree: int, n_images: int) -> float:
@@ -173,14 +164,29 @@ def agreement_floor(disagree: int, n_images: int) -> float:
     return 1e4 * p * (1 - p) / (n_images + z2)
 
 
-def wilson(mean: float, var: float, q: float, n: float) -> tuple[float, float]:
+def wilson(mean, var, q, n):
     """Wilson's score interval (in points) of a proportion ``mean`` (points) whose estimate has variance
-    ``var`` (points^2): at ``n`` effective images, quantile ``q``; inside [0, 100] by construction."""
-    p = mean / 100.0
+    ``var`` (points^2): at ``n`` effective images, quantile ``q``; inside [0, 100] by construction.
+    Numbers or numpy arrays."""
+    p = np.asarray(mean, dtype=float) / 100.0
     k = q * q / n
     centre = (p + k / 2) / (1 + k)
-    half = q / (1 + k) * math.sqrt(max(var, 0.0) / 1e4 + q * q / (4 * n * n))
-    return 100 * max(centre - half, 0.0), 100 * min(centre + half, 1.0)
+    half = q / (1 + k) * np.sqrt(np.maximum(var, 0.0) / 1e4 + q * q / (4 * n * n))
+    return 100 * np.maximum(centre - half, 0.0), 100 * np.minimum(centre + half, 1.0)
+
+
+def accuracy_interval(mean, var, df, n_images):
+    """The 95 % interval of an accuracy (points) with variance ``var`` and ``df``: Wilson's at the effective
+    number of images ``p(1 - p) / var`` with Student's quantile (Korn and Graubard, Survey Methodology 1998),
+    at the N images where the error is zero or p is 0 or 1. Numbers or numpy arrays (a simulation's)."""
+    p, var = np.asarray(mean, dtype=float) / 100.0, np.asarray(var, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        effective = np.where(
+            (var > 0) & (p > 0) & (p < 1),
+            1e4 * p * (1 - p) / np.where(var > 0, var, 1.0),
+            np.nan if n_images is None else n_images,
+        )
+    return wilson(mean, var, _t().ppf(0.5 + CONFIDENCE / 2, df), effective)
 
 
 @dataclass(frozen=True)
@@ -200,10 +206,8 @@ def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndar
     """n, mean, sample std (n - 1), and the 95 % interval of the mean.
 
     The error: with ``hits`` ((images, seeds) 0/1) the crossed estimate (:func:`crossed`); else the seeds'
-    part plus, with ``n_images``, the test set's binomial part; else the seeds' alone. The interval is
-    Wilson's at the effective number of images ``p(1 - p) / se^2`` with Student's quantile at
-    Satterthwaite's df (Korn and Graubard, Survey Methodology 1998), so it stays inside [0, 100]; when
-    the error is zero (every seed right on the same images) the effective number is the N images."""
+    part plus, with ``n_images``, the test set's binomial part; else the seeds' alone. The interval:
+    :func:`accuracy_interval`."""
     n = len(values)
     if n == 0:
         raise ValueError("describe() needs at least one value")
@@ -212,7 +216,7 @@ def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndar
         return Summary(1, mean, None, None, None)
     seeds = seed_part(values)
     if hits is not None:
-        _, var, df = crossed(hits)
+        _, var, df, _ = crossed(hits)
         var, df = float(var), float(df)
         n_images = hits.shape[0]
     else:
@@ -221,10 +225,8 @@ def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndar
     se, std = math.sqrt(var), math.sqrt(seeds.var * n)
     if var == 0 and not n_images:
         return Summary(n, mean, std, mean, mean, 0.0, df)
-    p = mean / 100.0
-    effective = n_images if var == 0 or p in (0.0, 1.0) else 1e4 * p * (1 - p) / var
-    low, high = wilson(mean, var, float(_t().ppf(0.5 + CONFIDENCE / 2, df)), effective)
-    return Summary(n, mean, std, low, high, se, df)
+    low, high = accuracy_interval(mean, var, df, n_images)
+    return Summary(n, mean, std, float(low), float(high), se, df)
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ def compare(
     if hits is not None and hits[0].shape[0] < 2:
         hits = None  # one image has no spread over images to estimate
     if hits is not None:
-        _, var, df = crossed(*hits)
+        _, var, df, _ = crossed(*hits)
         var, df = float(var), float(df)
         if var <= 0:
             disagree = int((hits[0].mean(1) != hits[1].mean(1)).sum())
@@ -309,15 +311,17 @@ def compare(
 
 def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None, float | None]:
     """P(X > Y) for a seed X of ``a`` and a seed Y of ``b`` over all pairs, ties counting 1/2 (rliable's
-    probability of improvement, Agarwal et al. 2021, for one task: the Mann-Whitney U over n_a n_b), with
-    its 95 % percentile bootstrap interval resampling each variant's seeds on their own (rliable's
-    stratified bootstrap; scipy's ``bootstrap``). rliable itself is not a dependency: its definition is
-    these two calls. The interval is None when a side has one seed."""
+    probability of improvement, Agarwal et al. 2021, for one task: scipy's Mann-Whitney U over n_a n_b),
+    with rliable's stratified percentile bootstrap interval from :data:`IMPROVEMENT_MIN_SEEDS` seeds a side.
+
+    Below that there is no interval (None): at 3 seeds a side the bootstrap has 729 equally likely
+    resamples, and when one side wins all nine pairs (1 in 10 with no difference at all) its "95 %"
+    interval is the single point 0 or 1; tests/test_stats.py measures its coverage."""
     from scipy.stats import bootstrap, mannwhitneyu
 
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     p = float(mannwhitneyu(a, b).statistic / (len(a) * len(b)))
-    if len(a) < 2 or len(b) < 2:
+    if min(len(a), len(b)) < IMPROVEMENT_MIN_SEEDS:
         return p, None, None
 
     def statistic(x, y, axis=-1):

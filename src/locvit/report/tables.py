@@ -152,9 +152,18 @@ def _verdict(acc: Acc, baseline: str) -> str:
         )
     return (
         f"{head}, undecided: neither a difference (Holm-adjusted p = {acc.p_holm:.3g}) nor equivalence within "
-        f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; this comparison could detect a "
-        f"difference of {acc.mde:.2f} points or more (80 % power) and show equivalence within ± "
-        f"{acc.equivalence_bound:.2f} points at best."
+        f"± {points(t.margin)} (p = {acc.p_equivalent_holm:.3g}) is shown; {_sensitivity(acc)}"
+    )
+
+
+def _sensitivity(acc: Acc) -> str:
+    """What an undecided comparison could have shown, at its estimated standard error."""
+    margin = f"show equivalence within ± {acc.equivalence_bound:.2f} points at best"
+    if acc.mde > 100:
+        return f"no difference is detectable with these runs (80 % power), and it could {margin}."
+    return (
+        f"at its estimated standard error this comparison could detect a difference of {acc.mde:.2f} points "
+        f"or more (80 % power) and {margin}."
     )
 
 

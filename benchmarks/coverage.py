@@ -1,0 +1,112 @@
+"""How often the report's intervals cover the truth, on a simulated crossed seeds x images model.
+
+    .venv/bin/python -m benchmarks.coverage      # about 5 minutes on 2 cores; writes results/coverage.json
+
+P(right) = expit(mu_v + a_i + e_vi + u_vs + w_vis): a per-image difficulty a shared by both variants, a
+per-variant image effect e, a per-seed offset u and the image x seed interaction w, all normal. In the
+failed-run cell a fifth of the runs lose 2 logits on every image. Per cell, REPLICATES draws of images and
+seeds; locvit.report.stats applied to arrays of replicates. tests/test_stats.py asserts the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as sps
+from scipy.special import expit
+
+from locvit.report.stats import accuracy_interval, agreement_floor, crossed
+
+SIGMA = {"image": 1.5, "variant_image": 0.7, "seed": 0.2, "interaction": 0.7}
+#: (seeds, test images, accuracy, share of failed runs)
+GRID = [(s, n, acc, 0.0) for s in (3, 5, 10) for n in (360, 10_000) for acc in (0.70, 0.95, 0.99)] + [
+    (3, 360, 0.95, 0.2)
+]
+REPLICATES = 2000
+FAILED_LOGITS = 2.0
+
+
+def expected_accuracy(mu: float, fail: float = 0.0) -> float:
+    """E over images and seeds of expit(mu + Z s), s^2 the sum of the model's variances (Gauss-Hermite)."""
+    x, w = np.polynomial.hermite_e.hermegauss(80)
+    s = math.sqrt(sum(v * v for v in SIGMA.values()))
+
+    def at(m: float) -> float:
+        return float((w * expit(m + s * x)).sum() / w.sum())
+
+    return (1 - fail) * at(mu) + fail * at(mu - FAILED_LOGITS)
+
+
+def location_for(accuracy: float) -> float:
+    from scipy.optimize import brentq
+
+    return brentq(lambda mu: expected_accuracy(mu) - accuracy, -30, 30)
+
+
+def simulate(seeds: int, images: int, accuracy: float, fail: float, rng) -> dict[str, float]:
+    """One cell: coverage of the 95 % interval of a difference (b makes 70 % of a's errors) overall and where
+    the image component was truncated, type-I error at 5 % (b equal to a), and coverage of a variant's
+    95 % interval (a's)."""
+    mu_a, mu_alt = location_for(accuracy), location_for(1 - 0.7 * (1 - accuracy))
+    truth_a = 100 * expected_accuracy(mu_a, fail)
+    truth = truth_a - 100 * expected_accuracy(mu_alt, fail)
+    n = {"covered": 0, "rejected": 0, "truncated": 0, "covered_truncated": 0, "variant_covered": 0}
+    chunk = max(1, 2_000_000 // (images * seeds))
+    for start in range(0, REPLICATES, chunk):
+        r = min(chunk, REPLICATES - start)
+        difficulty = rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["image"]
+
+        def logits():
+            out = (
+                difficulty
+                + rng.standard_normal((r, images, 1), dtype=np.float32) * SIGMA["variant_image"]
+                + rng.standard_normal((r, 1, seeds), dtype=np.float32) * SIGMA["seed"]
+                + rng.standard_normal((r, images, seeds), dtype=np.float32) * SIGMA["interaction"]
+            )
+            return out - FAILED_LOGITS * (rng.random((r, 1, seeds)) < fail) if fail else out
+
+        a = rng.random((r, images, seeds), dtype=np.float32) < expit(mu_a + logits())
+        mean, var, df, _ = crossed(a)
+        low, high = accuracy_interval(mean, var, df, images)
+        n["variant_covered"] += int(((low <= truth_a) & (truth_a <= high)).sum())
+        b_logit, u = logits(), rng.random((r, images, seeds), dtype=np.float32)
+        for mu_b, truth_b in ((mu_a, 0.0), (mu_alt, truth)):  # the same draws: b equal to a, then better
+            b = u < expit(mu_b + b_logit)
+            delta, var, df, truncated = crossed(a, b)
+            flat = var <= 0  # no spread at all: the report's agreement floor (stats.compare), normal
+            disagree = (a.mean(-1) != b.mean(-1)).sum(-1)
+            var, df = np.where(flat, agreement_floor(disagree, images), var), np.where(flat, np.inf, df)
+            p = 2 * sps.t.sf(np.abs(delta - truth_b) / np.sqrt(var), df)
+            if truth_b:
+                n["covered"] += int((p >= 0.05).sum())
+                n["truncated"] += int(truncated.sum())
+                n["covered_truncated"] += int(((p >= 0.05) & truncated).sum())
+            else:
+                n["rejected"] += int((p < 0.05).sum())
+    return {
+        "coverage": n["covered"] / REPLICATES,
+        "type_i": n["rejected"] / REPLICATES,
+        "truncated": n["truncated"],
+        "coverage_truncated": n["covered_truncated"] / n["truncated"] if n["truncated"] else None,
+        "variant_coverage": n["variant_covered"] / REPLICATES,
+    }
+
+
+def run_grid() -> list[dict]:
+    rng = np.random.default_rng(20)
+    return [
+        {"seeds": s, "images": n, "accuracy": acc, "failed_runs": fail, **simulate(s, n, acc, fail, rng)}
+        for s, n, acc, fail in GRID
+    ]
+
+
+def main() -> None:
+    from benchmarks.common import write_result
+
+    cells = run_grid()
+    print(f"wrote {write_result('coverage', {'replicates': REPLICATES, 'sigma': SIGMA, 'cells': cells})}")
+
+
+if __name__ == "__main__":
+    main()
