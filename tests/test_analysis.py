@@ -13,7 +13,7 @@ import torch.nn as nn
 from helpers import FAMILY_SHAPES
 
 import locvit.models  # noqa: F401
-from locvit.analysis.analyse import _extras, distances, locality
+from locvit.analysis.analyse import _extras, distances, locality, measures
 from locvit.analysis.attention import AttentionMap, collect_attention
 from locvit.analysis.metrics import (
     attention_locality_score,
@@ -187,7 +187,7 @@ def test_models_no_family_claims_are_read_generically():
     cnn = timm.create_model("resnet18", num_classes=2)
     logits, maps = collect_attention(cnn, torch.randn(1, 3, 32, 32))
     assert logits.shape == (1, 2) and maps == []
-    assert locality(maps, (3, 3)) == ([], [], None) and distances(maps, 32, 1) == []
+    assert locality(maps, (3, 3), 1) == ([], [], None) and distances(maps, 32, 1) == []
     assert summary(cnn)["family"] == "resnet" and summary(cnn)["depth"] == 0 and family_of(cnn).unread(cnn) == []
     model = _Unclaimed()
     images = torch.randn(2, 3, 16, 16)
@@ -196,7 +196,7 @@ def test_models_no_family_claims_are_read_generically():
     x = model.patch_embed(images)
     q, k, _ = model.attn.qkv(x).reshape(2, 16, 3, 3, 8).permute(2, 0, 3, 1, 4)
     torch.testing.assert_close(maps[0].probs, (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1))
-    als, layers, _ = locality(maps, (3, 3))
+    als, layers, _ = locality(maps, (3, 3), 2)
     assert layers == [0] and len(als[0]) == 3 and all(0 < a < 1 for a in als[0])
     assert all(0 < d < 16 for d in distances(maps, 16, 2)[0])
     assert family_of(model).unread(model) == ["Attention"]  # pvt_v2's, by class name
@@ -502,5 +502,54 @@ def test_the_distance_to_pooled_keys_is_to_their_cells_centres():
     )
     _, maps = collect_attention(model, torch.randn(2, 3, 32, 32))
     assert [m.kind for m in maps] == ["pooled_keys"] * 3 + ["softmax"]
-    als, _, _ = locality(maps, (3, 3))
+    als, _, _ = locality(maps, (3, 3), 2)
     assert als[:3] == [None] * 3 and all(d is not None and all(x > 0 for x in d) for d in distances(maps, 32, 2)[:3])
+
+
+# --- What a locality number measured: stages, one headline over the same layers, "by construction" -----------
+
+
+def test_a_pyramid_reports_each_stage_and_one_headline_over_the_same_layers():
+    """PVT v1 at 64 pixels: stages on 16, 8, 4 and 2 x 2 grids; stages 1-3 attend to pooled keys (a distance, no
+    ALS), stage 4 to its own 2 x 2 grid, which the 3 x 3 kernel covers: its ALS is 1 less the class token's share
+    by construction. The headline ALS and distance are both stage 4's, said so, and every stage has its own."""
+    torch.manual_seed(0)
+    model = timm.create_model("pvt_v1_tiny", img_size=64, depths=(1, 1, 1, 1), num_classes=2).eval()
+    _, maps = collect_attention(model, torch.randn(2, 3, 64, 64))
+    record = measures(maps, (3, 3), 64, 2)
+    assert [(s["layers"], s["grid"]) for s in record["stages"]] == [
+        ([0], [16, 16]),
+        ([1], [8, 8]),
+        ([2], [4, 4]),
+        ([3], [2, 2]),
+    ]
+    assert [s["als_mean"] is None for s in record["stages"]] == [True, True, True, False]
+    assert all(s["mad_mean"] > 0 for s in record["stages"])
+    assert record["als_by_construction"] == [None, None, None, True] and record["stages"][3]["als_by_construction"]
+    assert record["locality_layers"] == [3] and record["als_mean_by_construction"]
+    assert (record["als_mean"], record["mad_mean"]) == (
+        record["stages"][3]["als_mean"],
+        record["stages"][3]["mad_mean"],
+    )
+    assert record["not_run"]["rollout"] == "its layers see different grids (2x2, 4x4, 8x8, 16x16)"
+
+
+def test_a_window_inside_the_kernel_is_marked_and_a_wider_one_is_not():
+    """Swin with window 2: every window lies inside the 3 x 3 kernel, ALS 1.000 by construction at both stages;
+    with window 4 the first stage's windows reach past it and the headline is theirs alone. Layers of different
+    shapes get no cross-layer similarity, and the file says why."""
+    kw = dict(img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2), num_classes=2)
+    images = torch.randn(2, 3, 16, 16)
+    _, maps = collect_attention(timm.create_model("swin_tiny_patch4_window7_224", window_size=2, **kw), images)
+    record = measures(maps, (3, 3), 16, 2)
+    assert record["als_by_construction"] == [True] * 4 and record["locality_layers"] == [0, 1, 2, 3]
+    assert record["als_mean"] == pytest.approx(1.0) and record["als_mean_by_construction"]
+    assert [s["grid"] for s in record["stages"]] == [[4, 4], [2, 2]]
+    assert record["cross_layer_similarity"] is None
+    assert record["not_run"]["cross_layer_similarity"] == "its layers' maps differ in shape (2x2x4x4, 8x1x4x4)"
+    _, maps = collect_attention(timm.create_model("swin_tiny_patch4_window7_224", window_size=4, **kw), images)
+    record = measures(maps, (3, 3), 16, 2)
+    assert record["als_by_construction"] == [False, False, True, True] and record["locality_layers"] == [0, 1]
+    assert record["als_mean"] < 1 and not record["als_mean_by_construction"]
+    first = [d for heads in record["mad"][:2] for d in heads]
+    assert record["mad_mean"] == pytest.approx(sum(first) / len(first))

@@ -34,7 +34,7 @@ import torch
 import yaml
 from helpers import copy_workflow, env_with_venv, snakemake
 
-from locvit.analysis.analyse import distances, locality
+from locvit.analysis.analyse import covered, distances, locality, measures
 from locvit.analysis.attention import collect_attention
 from locvit.analysis.metrics import attention_rollout, rollout_applies
 from locvit.layout import StudyLayout
@@ -133,11 +133,53 @@ def test_a_family_with_a_kind_of_map_of_its_own_needs_no_edit_in_src(linear_fami
     _, _, v = block.attn.features(block.norm1(x))
     expected = block.attn.proj((maps[0].probs @ v).transpose(1, 2).reshape(2, 17, 32))
     torch.testing.assert_close(block.attn(block.norm1(x)), expected, atol=1e-5, rtol=1e-4)
-    als, layers, similarity = locality(maps, (3, 3))
+    als, layers, similarity = locality(maps, (3, 3), 2)
     assert layers == [0, 1] and all(0 < a < 1 for heads in als for a in heads) and similarity is not None
     assert all(0 < d < 16 for heads in distances(maps, 16, 2) for d in heads)
     assert rollout_applies(maps) and attention_rollout(maps).shape == (2, 4, 4)
     assert summary(model)["family"] == "linear"
+
+
+@pytest.fixture
+def grid_family(monkeypatch):
+    """tests/plugins/grid_family.py (MaxViT's grid attention) imported as a study's ``model_modules`` entry."""
+    import sys
+
+    from locvit.models import import_modules
+
+    monkeypatch.chdir(PLUGINS)
+    import_modules(["grid_family"])
+    return sys.modules["grid_family"]
+
+
+def test_a_dilated_kind_is_measured_where_its_keys_lie(grid_family):
+    """Grid attention on a 4 x 4 grid of 8-pixel patches, groups of 2 x 2 tokens 2 patches apart, attending
+    uniformly (qkv zeroed). By hand: the 3 x 3 kernel around a query holds no other token of its group, so
+    ALS = 1/4; its keys lie 0, 2, 2 and 2 sqrt(2) patches away, a mean of (1 + sqrt(2) / 2) x 8 px. Declared as
+    contiguous windows, the same maps would score ALS 1 and a distance of 2 x 2 neighbours."""
+    model = timm.create_model(
+        "grid_vit", img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3
+    ).eval()
+    attn = model.blocks[0].attn
+    tokens = attn.partition(torch.arange(16.0).view(1, 16, 1))[..., 0]  # (K, 4): each group's token indices
+    # the plugin's groups are where the kind says they are: group k's token (i, j) at (2 i + k // 2, 2 j + k % 2)
+    assert tokens.tolist() == [[(2 * i + k // 2) * 4 + 2 * j + k % 2 for i in (0, 1) for j in (0, 1)] for k in range(4)]
+    assert map_kind("grid").layout((2, 2), 4) == ((4, 4), 2)
+    torch.nn.init.zeros_(attn.qkv.weight)
+    torch.nn.init.zeros_(attn.qkv.bias)
+    _, maps = collect_attention(model, torch.randn(2, 3, 32, 32))
+    assert [m.kind for m in maps] == ["grid"] and maps[0].probs.shape == (2 * 4, 2, 4, 4)
+    als, layers, _ = locality(maps, (3, 3), 2)
+    assert layers == [0] and als == [pytest.approx([0.25, 0.25])]
+    assert distances(maps, 32, 2) == [pytest.approx([(1 + math.sqrt(2) / 2) * 8] * 2)]
+    assert covered(maps, (3, 3), 2) == [False]
+    assert locality(maps, (5, 5), 2)[0] == [pytest.approx([1.0, 1.0])] and covered(maps, (5, 5), 2) == [True]
+    record = measures(maps, (3, 3), 32, 2)
+    assert record["als_mean"] == pytest.approx(0.25) and record["locality_layers"] == [0]
+    assert record["not_run"] == {
+        "cross_layer_similarity": "1 layer(s) with maps over the patch grid",
+        "rollout": "no class token to follow",
+    }
 
 
 def test_a_kind_is_declared_once_and_an_undeclared_one_is_named(linear_family, monkeypatch):

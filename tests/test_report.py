@@ -805,3 +805,53 @@ def test_no_mlflow_needed_without_logging(tmp_path, monkeypatch):
     report = build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
     assert report["mlflow"] == {} and not (tmp_path / "mlflow.db").exists()
     assert "mait_table2" in report["tables"]
+
+
+def test_every_locality_cell_names_the_layers_it_measured(tmp_path):
+    """A ViT, a PVT and a Swin with window 2, analysed from real forwards. PVT's ALS and distance are both its
+    last stage's (the only one with an ALS), named, and its ALS is by construction (a 2x2 grid inside the 3x3
+    kernel); Swin's every window lies inside the kernel; the per-stage table has each pyramid's stages; the
+    analyses that could not run (similarity over layers of mixed shapes, rollout) are named below the table."""
+    import timm
+    import torch
+
+    import locvit.models  # noqa: F401
+    from locvit.analysis.analyse import measures
+    from locvit.analysis.attention import collect_attention
+
+    swin = {"embed_dim": 16, "depths": [2, 2], "num_heads": [1, 2], "window_size": 2}
+    variants = {
+        "deit": VARIANTS["deit"],
+        "pvt": {"model": "pvt_v1_tiny", "kwargs": {"depths": [1, 1, 1, 1]}},
+        "swin2": {"model": "swin_tiny_patch4_window7_224", "kwargs": swin},
+    }
+    params = make_params(variants)
+    make_study(tmp_path, params, top1={v: [0.7, 0.71] for v in variants}, analysed={})
+    for v, spec in params["variants"].items():
+        torch.manual_seed(0)
+        size = 64 if v == "pvt" else 32  # PVT's last stage a 2x2 grid
+        model = timm.create_model(spec["model"], img_size=size, num_classes=10, **spec["kwargs"]).eval()
+        _, maps = collect_attention(model, torch.randn(2, 3, size, size))
+        record = {
+            "als_kernel": [3, 3],
+            "layers": [{"name": m.name, "layer": m.layer, "kind": m.kind, "grid": list(m.grid)} for m in maps],
+            **measures(maps, (3, 3), size, 2),
+        }
+        for s in SEEDS:
+            write(tmp_path / "analysis" / v / f"seed{s}.json", {"variant": v, "seed": s, **record})
+    build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=False)
+    tables = tmp_path / "report" / "tables"
+    rows = {r["Variant"]: r for r in read_csv(tables / "locality.csv")}
+    assert rows["deit"]["Measured on"] == "all 4 layers" and "by construction" not in rows["deit"]["ALS (3x3)"]
+    assert rows["pvt"]["Measured on"] == "stage 4 of 4 (2x2 tokens)"
+    assert rows["pvt"]["ALS (3x3)"].endswith("(by construction)")
+    stages = {(r["Variant"], r["Stage"]): r for r in read_csv(tables / "locality_stages.csv")}
+    assert rows["pvt"]["Mean attention distance (px)"] == stages[("pvt", "4 of 4")]["Mean attention distance (px)"]
+    assert [r["ALS"] for k, r in stages.items() if k[0] == "pvt"][:3] == ["—"] * 3
+    assert rows["swin2"]["Measured on"] == "stages 1, 2 of 2, mean over their layers"
+    assert rows["swin2"]["ALS (3x3)"] == "1.000 ± 0.000 (by construction)"
+    assert ("deit", "1 of 1") not in stages
+    md = (tables / "locality.md").read_text()
+    assert "'By construction': the kernel covers every key of those layers' attention" in md
+    assert "swin2: no cross-layer similarity: its layers' maps differ in shape" in md
+    assert "pvt: no cross-layer similarity: 1 layer(s) with maps over the patch grid; no attention rollout: its " in md

@@ -7,9 +7,12 @@ them in evaluation) and writes
 * ``<seed>.json``: every attention layer (kind, heads, tokens, patch grid), the
   Attention Locality Score of every head of every layer that has a patch grid (MaiT
   Eq. 3, over the ``als_kernel`` neighbourhood, mean over the batch), the mean attention
-  distance in pixels of the same heads (ViT Fig. 7), their means over layers and heads
-  (``als_mean``, ``mad_mean``: DVC metrics), the cross-layer similarity of those layers
-  when they share one token count (MaiT App. A.3), and the family's ``values`` extras
+  distance in pixels of the same heads (ViT Fig. 7), both per stage (``stages``: the layers
+  on one full token grid, a pyramid's levels) and as one mean over the same layers for both
+  (``als_mean``, ``mad_mean``: DVC metrics; ``locality_layers``: the layers whose ALS the
+  kernel does not make 1 by construction, ``als_by_construction`` per layer), the cross-layer
+  similarity of those layers when they share one token count (MaiT App. A.3), what could not
+  run and why (``not_run``), and the family's ``values`` extras
   (:class:`locvit.models.family.Extra`: MaiT's soft-mask ``alphas``), each under its name;
 * ``<seed>.npz``: the batch (uint8, H x W x 3), the class-token attention rollout for
   models whose layers follow a class token over one grid, and the family's ``images``
@@ -45,7 +48,7 @@ from locvit.analysis.metrics import (
     cross_layer_similarity,
     mean_attention_distance,
     pooled_distance,
-    rollout_applies,
+    rollout_blocker,
 )
 from locvit.analysis.profile import profile
 from locvit.checkpoint import load_checkpoint
@@ -66,15 +69,30 @@ def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
     return mag / mag.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
-def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list | None]:
-    """ALS per layer and head (None for layers without a grid), those layers, their similarity."""
+def _layout(m, images: int) -> tuple[tuple[int, int], int]:
+    """A record's full token grid and the step between its group's neighbouring keys (:meth:`MapKind.layout`)."""
+    kind = map_kind(m.kind)
+    return kind.layout(tuple(m.grid), m.probs.shape[0] // images if kind.windows else 1)
+
+
+def _group_kernel(kernel: tuple[int, int], step: int) -> tuple[int, int]:
+    """The kernel in a group's own tokens: they lie ``step`` patches apart, so it reaches ``(k // 2) // step``
+    of them each way (all of its k for contiguous windows, only the query itself once the step passes k // 2)."""
+    return tuple(2 * ((k // 2) // step) + 1 for k in kernel)
+
+
+def locality(maps: list, kernel: tuple[int, int], images: int) -> tuple[list, list[int], list | None]:
+    """ALS per layer and head (None for layers without a grid), those layers, their similarity.
+
+    The neighbourhood is the kernel around each query on the layer's full grid, so a dilated kind's group
+    (:attr:`MapKind.dilated`) counts only the keys that lie inside it there."""
     als, layers, stack = [], [], []
     for m in maps:
         if not map_kind(m.kind).spatial:
             als.append(None)
             continue
         probs = _row_mass(m.probs, m.kind)  # (B, H, T, T)
-        mask = neighbourhood_mask(tuple(m.grid), kernel, m.num_prefix)
+        mask = neighbourhood_mask(tuple(m.grid), _group_kernel(kernel, _layout(m, images)[1]), m.num_prefix)
         als.append(attention_locality_score(probs, mask, m.num_prefix).mean(0).tolist())
         layers.append(m.layer)
         stack.append(probs)
@@ -85,16 +103,29 @@ def locality(maps: list, kernel: tuple[int, int]) -> tuple[list, list[int], list
     return als, layers, similarity
 
 
+def covered(maps: list, kernel: tuple[int, int], images: int) -> list:
+    """Per layer, whether the kernel around any query holds every key of its map (None: no ALS): ALS is then 1
+    (less any share of the class token) by construction, whatever the model learned (a window of 2 in 3 x 3)."""
+    out = []
+    for m in maps:
+        if not map_kind(m.kind).spatial:
+            out.append(None)
+            continue
+        step = _layout(m, images)[1]
+        out.append(all((side - 1) * step <= k // 2 for side, k in zip(m.grid, kernel)))
+    return out
+
+
 def distances(maps: list, image_size: int, images: int) -> list:
     """Mean attention distance in pixels per layer and head (None for layers without a patch grid).
 
     Maps over the grid whose keys are its tokens (:attr:`MapKind.spatial`) and maps whose keys lie on a
     pooled grid (``keys: pooled``: PVT, Twins; :func:`locvit.analysis.metrics.pooled_distance`) have one.
 
-    The pixels between neighbouring tokens are the image width over the layer's full grid:
-    the patch size for a ViT, more at a pyramid's later levels; a windowed kind's maps (NesT's
-    blocks, Swin's windows) hold ``images * K`` windows of one level, whose full grid is ``sqrt(K)``
-    windows wide.
+    The pixels between neighbouring tokens are the image width over the layer's full grid: the patch size
+    for a ViT, more at a pyramid's later levels; a windowed kind's maps (NesT's blocks, Swin's windows) hold
+    ``images * K`` groups of one level, whose full grid is ``sqrt(K)`` groups wide, and a dilated kind's
+    neighbouring keys lie ``sqrt(K)`` tokens apart on it (:meth:`MapKind.layout`).
     """
     out = []
     for m in maps:
@@ -107,17 +138,87 @@ def distances(maps: list, image_size: int, images: int) -> list:
         if not kind.spatial:
             out.append(None)
             continue
-        blocks = m.probs.shape[0] // images if kind.windows else 1  # NesT's blocks, Swin's windows per image
-        spacing = image_size / (m.grid[1] * blocks**0.5)
+        full, step = _layout(m, images)
+        spacing = image_size / full[1] * step  # pixels between a group's neighbouring keys
         out.append(
             mean_attention_distance(_row_mass(m.probs, m.kind), tuple(m.grid), m.num_prefix, spacing).mean(0).tolist()
         )
     return out
 
 
+def stages(maps: list, images: int) -> list[list[int]]:
+    """The layers of each stage, in forward order: a stage is the layers whose full token grid is one size
+    (one stage for a ViT; a pyramid's levels, PVT's and Swin's stages)."""
+    grids: dict[tuple[int, int], list[int]] = {}
+    for m in maps:
+        grids.setdefault(_layout(m, images)[0], []).append(m.layer)
+    return list(grids.values())
+
+
+def headline_layers(als: list, mad: list, trivial: list) -> list[int]:
+    """The layers whose ALS and distance a study's one number per run averages, the same for both: those with
+    an ALS that the kernel does not make 1 by construction; else those with an ALS (all by construction);
+    else those with a distance (keys on a pooled grid only)."""
+    measured = [i for i, a in enumerate(als) if a is not None and not trivial[i]]
+    return (
+        measured or [i for i, a in enumerate(als) if a is not None] or [i for i, d in enumerate(mad) if d is not None]
+    )
+
+
+def not_run(maps: list, similarity, als_layers: list[int]) -> dict[str, str]:
+    """The analyses over all layers that could not run on these maps, each with why (the report says so)."""
+    why = {}
+    if similarity is None and len(als_layers) > 1:
+        shapes = sorted({"x".join(map(str, maps[i].probs.shape)) for i in als_layers})
+        why["cross_layer_similarity"] = f"its layers' maps differ in shape ({', '.join(shapes)})"
+    elif similarity is None and maps:
+        why["cross_layer_similarity"] = f"{len(als_layers) or 'no'} layer(s) with maps over the patch grid"
+    blocker = rollout_blocker(maps)
+    if blocker and maps:
+        why["rollout"] = blocker
+    return why
+
+
+def measures(maps: list, kernel: tuple[int, int], image_size: int, images: int) -> dict:
+    """The locality entries of a seed's analysis file (module docstring): per layer, per stage, one headline
+    mean of ALS and distance over the same layers, the similarity, and what could not run."""
+    als, als_layers, similarity = locality(maps, kernel, images)
+    mad = distances(maps, image_size, images)
+    trivial = covered(maps, kernel, images)
+    headline = headline_layers(als, mad, trivial)
+    return {
+        "als": als,
+        "als_layers": als_layers,
+        "als_by_construction": trivial,
+        "mad": mad,
+        "stages": [
+            {
+                "layers": layers,
+                "grid": list(_layout(maps[layers[0]], images)[0]),
+                "als_mean": _mean([als[i] for i in layers]),
+                "mad_mean": _mean([mad[i] for i in layers]),
+                "als_by_construction": _by_construction(layers, als, trivial),
+            }
+            for layers in stages(maps, images)
+        ],
+        "locality_layers": headline,
+        "als_mean": _mean([als[i] for i in headline]),
+        "als_mean_by_construction": _by_construction(headline, als, trivial),
+        "mad_mean": _mean([mad[i] for i in headline]),
+        "cross_layer_similarity": similarity,
+        "not_run": not_run(maps, similarity, als_layers),
+    }
+
+
 def _mean(per_layer: list) -> float | None:
     values = [v for heads in per_layer if heads is not None for v in heads]
     return float(np.mean(values)) if values else None
+
+
+def _by_construction(layers: list[int], als: list, trivial: list) -> bool:
+    """Whether these layers have an ALS and every one of them is 1 by construction (:func:`covered`)."""
+    flags = [trivial[i] for i in layers if als[i] is not None]
+    return bool(flags) and all(flags)
 
 
 def _extras(model: torch.nn.Module) -> tuple[dict, dict[str, np.ndarray]]:
@@ -177,8 +278,6 @@ def analyse_checkpoints(
         x = to_model_input(torch.from_numpy(batch).permute(0, 3, 1, 2).to(device), *models.normalisation(model))
         _, maps = collect_attention(model, x)
         image_size = int(cfg["model_kwargs"]["img_size"])
-        als, als_layers, similarity = locality(maps, tuple(als_kernel))
-        mad = distances(maps, image_size, len(batch))
         values, extras = _extras(model)
         record = {
             "variant": cfg["variant"],
@@ -199,17 +298,12 @@ def analyse_checkpoints(
                 }
                 for m in maps
             ],
-            "als": als,
-            "als_layers": als_layers,
-            "als_mean": _mean(als),
-            "mad": mad,
-            "mad_mean": _mean(mad),
-            "cross_layer_similarity": similarity,
+            **measures(maps, tuple(als_kernel), image_size, len(batch)),
             "unread_attention": family_of(model).unread(model),
             **values,
         }
         arrays = {"images": batch, **extras}
-        if rollout_applies(maps):
+        if rollout_blocker(maps) is None:
             arrays["rollout"] = attention_rollout(maps).float().numpy()
         _save_npz(npz_path, arrays)
         write_json(json_path, record)

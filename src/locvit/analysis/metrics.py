@@ -31,6 +31,7 @@ __all__ = [
     "mean_attention_distance",
     "patch_distances",
     "pooled_distance",
+    "rollout_blocker",
 ]
 
 
@@ -144,16 +145,25 @@ def _layer_transition(record: AttentionMap, prefix: int, head_fusion: str) -> to
     return 0.5 * full + 0.5 * torch.eye(t)
 
 
+def rollout_blocker(maps: Sequence[AttentionMap]) -> str | None:
+    """Why rollout cannot follow these layers, in words; None where it can: a class token over one patch
+    grid, every map's keys the layer's own tokens, one map per image (not per window)."""
+    if not maps:
+        return "no attention layers"
+    if max(m.num_prefix for m in maps) == 0:
+        return "no class token to follow"
+    if len({m.grid for m in maps}) > 1:
+        grids = ", ".join("x".join(map(str, g)) for g in sorted({m.grid for m in maps}))
+        return f"its layers see different grids ({grids})"
+    odd = sorted({m.kind for m in maps if map_kind(m.kind).keys != "tokens" or map_kind(m.kind).windows})
+    if odd:
+        return f"its {', '.join(odd)} maps are not over the layer's own tokens, one per image"
+    return None
+
+
 def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
-    """Whether the layers follow a class token over one patch grid (what rollout needs): every map's keys
-    are the layer's own tokens, one map per image (not per window)."""
-    kinds = [map_kind(m.kind) for m in maps]
-    return (
-        bool(maps)
-        and max(m.num_prefix for m in maps) > 0
-        and len({m.grid for m in maps}) == 1
-        and all(k.keys == "tokens" and not k.windows for k in kinds)
-    )
+    """Whether the layers follow a class token over one patch grid (:func:`rollout_blocker`)."""
+    return rollout_blocker(maps) is None
 
 
 def attention_rollout(maps: Sequence[AttentionMap], head_fusion: str = "mean") -> torch.Tensor:

@@ -47,6 +47,10 @@ shift      (B,H,N,S)    no    sum 1  other   LSA's local block: each patch's wei
 block      (B*K,H,n,n)  yes   sum 1  tokens  NesT's blocks, Swin's and Twins' windows: attention inside each
                                              of the K windows of a level (index ``b * K + k``, k row-major);
                                              grid: one window's ``(s, s)``, n = s * s. P = 0.
+(dilated)  (B*K,H,n,n)  yes   sum 1  tokens  A windowed kind declared ``dilated``: each of the K groups holds
+                                             tokens strided across the grid (MaxViT's grid attention), group
+                                             k's token (i, j) at ``(i * g + k // g, j * g + k % g)``,
+                                             g = sqrt(K). No locvit family has one; a family declares it.
 pooled_    (B,H,N,M)    yes   sum 1  pooled  PVT's spatial-reduction attention and Twins' global sub-sampled
 keys                                         attention: queries on the layer's grid, keys and values on that
                                              grid pooled by a stride-R conv, (gh / R, gw / R), M = N / R^2.
@@ -80,8 +84,9 @@ class MapKind:
     layer's patch grid (the spatial analyses, ALS and distance, may apply); rows_sum_to_one: each row is
     a distribution over the keys (else the analyses take ``|A|`` normalised per row); keys: ``tokens``,
     the layer's own tokens (the queries' grid, prefix included), ``pooled``, a grid pooled from the
-    queries' one, or ``other`` (not tokens: LSA's shifted variants); windows: one map per window, the
-    batch dim being images x windows (NesT's blocks, Swin's windows).
+    queries' one, or ``other`` (not tokens: LSA's shifted variants); windows: one map per group of tokens,
+    the batch dim being images x groups (NesT's blocks, Swin's windows); dilated: with windows, each group's
+    tokens are strided across the grid, not next to each other (MaxViT's grid attention; :meth:`layout`).
     """
 
     name: str
@@ -89,11 +94,29 @@ class MapKind:
     rows_sum_to_one: bool
     keys: str = "tokens"
     windows: bool = False
+    dilated: bool = False
     description: str = ""
 
     def __post_init__(self):
         if self.keys not in KEYS:
             raise ValueError(f"MapKind {self.name!r}: keys {self.keys!r} is not one of {', '.join(KEYS)}")
+        if self.dilated and not self.windows:
+            raise ValueError(f"MapKind {self.name!r}: dilated groups are windows; declare windows=True too")
+
+    def layout(self, grid: tuple[int, int], groups: int) -> tuple[tuple[int, int], int]:
+        """The layer's full token grid, and the step on it between a group's neighbouring tokens.
+
+        grid: one map's ``(s, s)``; groups: its maps per image (K). A windowed kind's K windows tile a
+        ``g x g`` grid of windows (g = sqrt(K)), a window's tokens next to each other (step 1); a dilated
+        kind's K groups interleave, group k's token (i, j) at ``(i * g + k // g, j * g + k % g)`` (step g).
+        The key positions of a group are its grid's times the step: what ALS and distance measure.
+        """
+        if not self.windows:
+            return tuple(grid), 1
+        g = round(groups**0.5)
+        if g * g != groups:
+            raise ValueError(f"map kind {self.name!r}: {groups} groups per image do not tile a square grid")
+        return (grid[0] * g, grid[1] * g), g if self.dilated else 1
 
     @property
     def spatial(self) -> bool:

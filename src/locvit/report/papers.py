@@ -444,16 +444,55 @@ def data_efficiency(study: Study) -> Table | str:
     )
 
 
+def _spread(values: list[float], key: str) -> str:
+    """``mean ± sample std`` of a locality measure over seeds, ALS to 3 decimals and distance (px) to 2."""
+    mean = sum(values) / len(values)
+    std = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return f"{mean:.3f} ± {std:.3f}" if key == "als_mean" else f"{mean:.2f} ± {std:.2f}"
+
+
 def _over_seeds(v: Variant, key: str):
-    """``mean ± std`` over seeds of an analysis file's scalar (``als_mean``, ``mad_mean``), or Missing."""
+    """``mean ± std`` over seeds of an analysis file's scalar (``als_mean``, ``mad_mean``), or Missing; an ALS the
+    kernel makes 1 by construction says so."""
     values = [a[key] for a in v.analyses.values() if a.get(key) is not None]
     if not values:
         if v.analyses and not v.no_locality:  # analysed, with maps, none of which this measure applies to
             return "not applicable to its maps"
         return v.no_locality or Missing(f"{v.name} analysis")
-    mean = sum(values) / len(values)
-    std = (sum((x - mean) ** 2 for x in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-    return f"{mean:.3f} ± {std:.3f}" if key == "als_mean" else f"{mean:.2f} ± {std:.2f}"
+    trivial = key == "als_mean" and any(a.get("als_mean_by_construction") for a in v.analyses.values())
+    return _spread(values, key) + (" (by construction)" if trivial else "")
+
+
+def _first_analysis(v: Variant) -> dict | None:
+    return v.analyses[min(v.analyses)] if v.analyses else None
+
+
+def _scope(v: Variant) -> str:
+    """The layers a variant's ALS and distance cells average, in words: all of them, some, or a pyramid's stage."""
+    a = _first_analysis(v)
+    if not a or "locality_layers" not in a or not a["locality_layers"]:
+        return ""
+    chosen, stages = set(a["locality_layers"]), a["stages"]
+    hit = [k for k, stage in enumerate(stages) if chosen & set(stage["layers"])]
+    inside = sum(len(stages[k]["layers"]) for k in hit)
+    part = f", {len(chosen)} of their {inside} layers" if len(chosen) < inside else ""
+    if len(stages) == 1:
+        return f"all {inside} layers" if not part else f"{len(chosen)} of {inside} layers"
+    if len(hit) == 1:
+        grid = "x".join(map(str, stages[hit[0]]["grid"]))
+        return f"stage {hit[0] + 1} of {len(stages)} ({grid} tokens){part}"
+    return f"stages {', '.join(str(k + 1) for k in hit)} of {len(stages)}, mean over their layers{part}"
+
+
+def _not_run_notes(variants: list[Variant]) -> list[str]:
+    """A sentence per variant on the analyses over all layers that could not run on its maps, and why."""
+    names = {"cross_layer_similarity": "no cross-layer similarity", "rollout": "no attention rollout"}
+    notes = []
+    for v in variants:
+        why = (_first_analysis(v) or {}).get("not_run") or {}
+        if why:
+            notes.append(f"{v.name}: " + "; ".join(f"{names.get(k, k)}: {w}" for k, w in why.items()) + ".")
+    return notes
 
 
 def locality(study: Study) -> Table | str:
@@ -467,6 +506,7 @@ def locality(study: Study) -> Table | str:
             v.name,
             v.display,
             v.arch["prior"] if v.arch and "prior" in v.arch else Missing(f"{v.name} profile"),
+            _scope(v),
             _over_seeds(v, "als_mean"),
             _over_seeds(v, "mad_mean"),
             study.acc(v),
@@ -476,8 +516,11 @@ def locality(study: Study) -> Table | str:
     caption = (
         "How local each variant's attention is: the Attention Locality Score (MaiT Eq. 3, the share of "
         "a patch's attention inside its neighbourhood) and the mean attention distance in pixels (ViT Fig. 7), "
-        "both averaged over the layers with a patch grid and their heads; a variant without attention "
-        "layers (a CNN) says so."
+        "both averaged over the same layers and their heads, named under 'Measured on' (a pyramid's stage, or "
+        "the mean over stages); tables/locality_stages.md has every stage. 'By construction': the kernel "
+        "covers every key of those layers' attention (a window of 2 in a 3x3 kernel, a 2x2 last stage), so "
+        "their ALS is 1, less any share of a class token, whatever the model learned; such layers are measured "
+        "only where a variant has no others. A variant without attention layers (a CNN) says so."
     )
     return Table(
         "locality",
@@ -487,21 +530,51 @@ def locality(study: Study) -> Table | str:
             "Variant",
             "Family",
             "Locality prior",
+            "Measured on",
             f"ALS ({', '.join(kernels)})",
             "Mean attention distance (px)",
             "Top-1 (%)",
         ],
         rows,
         [
-            "ALS and distance: mean ± sample std over seeds of each run's mean over layers and heads, on the "
-            "analysis images.",
+            "ALS and distance: mean ± sample std over seeds of each run's mean over the layers named and their "
+            "heads, on the analysis images.",
+            *_not_run_notes(variants),
             f"{ACC_NOTE}.",
         ],
     )
 
 
+def locality_stages(study: Study) -> Table | str:
+    """ALS and distance of each stage of every variant whose attention layers lie on grids of several sizes."""
+    rows = []
+    for v in study.variants.values():
+        analyses = [a for a in v.analyses.values() if len(a.get("stages") or []) > 1]
+        for k, stage in enumerate(analyses[0]["stages"] if analyses else []):
+            cells = []
+            for key in ("als_mean", "mad_mean"):
+                values = [a["stages"][k][key] for a in analyses if a["stages"][k][key] is not None]
+                trivial = key == "als_mean" and analyses[0]["stages"][k]["als_by_construction"]
+                cells.append(_spread(values, key) + (" (by construction)" if trivial else "") if values else "—")
+            rows.append([v.name, f"{k + 1} of {len(analyses[0]['stages'])}", "x".join(map(str, stage["grid"]))])
+            rows[-1] += [", ".join(map(str, stage["layers"])), *cells]
+    if not rows:
+        return "needs a variant whose attention layers lie on token grids of several sizes (a pyramid)"
+    return Table(
+        "locality_stages",
+        "Locality per stage",
+        "ALS and mean attention distance of each stage of a pyramid (the layers on one token grid), mean ± sample "
+        "std over seeds; '—': no layer of the stage has that measure (keys on a pooled grid have a distance but "
+        "no ALS). 'By construction': the kernel covers every key of the stage's attention, so its ALS is 1, "
+        "less any share of a class token.",
+        ["Variant", "Stage", "Grid (tokens)", "Layers", "ALS", "Mean attention distance (px)"],
+        rows,
+    )
+
+
 PAPER_TABLES: dict[str, Callable[[Study], Table | str]] = {
     "locality": locality,
+    "locality_stages": locality_stages,
     "mait_table2": mait_table2,
     "mait_table3": mait_table3,
     "mait_table4": mait_table4,
