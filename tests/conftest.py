@@ -19,9 +19,9 @@ import pytest
 import yaml
 from helpers import CHROMIUM, CHROMIUM_ARGS, DURATIONS, REPO, locvit_families
 
-from locvit import logs
+from locvit.errors import configure_logging
 
-logs.configure()  # locvit's messages on stdout and stderr, as the CLI sends them
+configure_logging()  # locvit's messages on stdout and stderr, as the CLI sends them
 
 
 @pytest.fixture(autouse=True)

@@ -22,10 +22,9 @@ from locvit.analysis.metrics import (
     mean_attention_distance,
     pooled_distance,
 )
-from locvit.models.family import family_of, map_kind, summary
+from locvit.models.family import family_of, map_kind, neighbourhood_mask, summary
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
-from locvit.neighbourhood import neighbourhood_mask
 
 VIT = dict(FAMILY_SHAPES["deit"].kwargs, num_classes=5)  # a 4 x 4 grid of 8-pixel patches, 3 heads, 2 blocks
 # Every family at its small shape (tests/helpers.py: its kinds of attention record in forward order), and

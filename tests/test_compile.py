@@ -133,7 +133,7 @@ def test_the_block_sparse_buffers_are_create_block_masks():
     ``create_block_mask`` tensors: neighbourhoods on one to nine 128-blocks, a random control, every key kept."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from locvit.neighbourhood import neighbourhood_mask
+    from locvit.models.family import neighbourhood_mask
 
     grids = [neighbourhood_mask((g, g), (3, 3), 1) for g in (8, 14, 32)]
     for keep in grids + [mait.random_mask(grids[1], 1, seed=0), torch.ones(300, 300, dtype=torch.bool)]:

@@ -189,7 +189,7 @@ def test_every_module_has_a_layer_and_the_docstring_names_them():
 
 def test_imports_go_down_the_layers_and_packages_form_no_cycle():
     graph = import_graph()
-    assert "locvit.throughput_file" in graph["locvit.report.study"]  # the graph is read
+    assert "locvit.io" in graph["locvit.report.study"]  # the graph is read
     assert upward_imports(graph) == []
     assert cycles(package_graph(graph)) == []
 
@@ -229,13 +229,13 @@ def test_train_and_analysis_import_nothing_of_the_report():
 
 
 def test_the_report_reads_throughput_without_torch_or_the_models():
-    """The report reads report/throughput.csv through locvit.throughput_file, which imports (at any depth,
+    """The report reads report/throughput.csv through locvit.io, which imports (at any depth,
     lazily or not) no torch and nothing of locvit.models; nothing of the report imports the throughput job."""
     graph = import_graph()
     assert imports_torch("locvit.analysis.throughput")  # the check sees torch where it is
-    reader = closure(graph, "locvit.throughput_file")
+    reader = closure(graph, "locvit.io")
     assert not [m for m in reader if top(m) == "models" or imports_torch(m)], reader
-    assert "locvit.throughput_file" in graph["locvit.report.study"]
+    assert "locvit.io" in graph["locvit.report.study"]
     assert not [(m, d) for m, deps in graph.items() if top(m) == "report" for d in deps if top(d) == "analysis"]
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 import locvit.models  # noqa: F401
+from locvit.models.family import neighbourhood_mask
 from locvit.models.mait import MaiT, MaskedAttention, random_mask, scheme_heads
-from locvit.neighbourhood import neighbourhood_mask
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=48, depth=3, num_heads=3, num_classes=10)
 

@@ -23,8 +23,7 @@ import torch
 import yaml
 from helpers import BIN, copy_workflow, env_with_venv, free_port, seed_runs, snakemake, train_cmd
 
-from locvit.io import unpack_bits
-from locvit.throughput_file import read_throughput
+from locvit.io import read_throughput, unpack_bits
 from locvit.tracking.tree import PARENT, ROLE, find, study_tags, variant_tags
 
 pytestmark = pytest.mark.e2e

@@ -16,10 +16,10 @@ import torch
 import yaml
 from helpers import REPO
 
-from locvit.analysis.throughput import COLUMNS, measure_throughput, read_throughput
+from locvit.analysis.throughput import measure_throughput
 from locvit.config import ConfigError, validate_params
 from locvit.config.jobs import throughput_config
-from locvit.io import JobConfig
+from locvit.io import THROUGHPUT_COLUMNS, JobConfig, read_throughput
 
 # The demo's sizes: patch 4 at 32x32 (8x8 grid + class token = 65 tokens), 48-d, 4 layers, 3 heads.
 DEMO = {"patch_size": 4, "embed_dim": 48, "depth": 4, "num_heads": 3}
@@ -68,7 +68,7 @@ def test_the_csv_has_its_columns_in_order_and_reads_back(measured):
     rows, out = measured
     with open(out, newline="") as f:
         lines = list(csv.reader(f))
-    assert tuple(lines[0]) == COLUMNS
+    assert tuple(lines[0]) == THROUGHPUT_COLUMNS
     assert [line[0] for line in lines[1:]] == ["deit", "deit_twin", "mait_hard"]  # the study's order
     assert rows == read_throughput(out)
     assert rows["deit"]["ratio_vs_baseline"] == 1
@@ -117,10 +117,10 @@ def test_a_corrupt_file_is_named(tmp_path):
     bad.write_text("variant,img_s\ndeit,3\n")
     with pytest.raises(ValueError, match=f"throughput file {bad} is corrupt .*header"):
         read_throughput(bad)
-    bad.write_text(",".join(COLUMNS) + "\ndeit,12.5,10,x,1,5,cpu\n")
+    bad.write_text(",".join(THROUGHPUT_COLUMNS) + "\ndeit,12.5,10,x,1,5,cpu\n")
     with pytest.raises(ValueError, match=f"throughput file {bad} is corrupt .*line 2"):
         read_throughput(bad)
-    bad.write_text(",".join(COLUMNS) + "\ndeit,12.5,10\n")
+    bad.write_text(",".join(THROUGHPUT_COLUMNS) + "\ndeit,12.5,10\n")
     with pytest.raises(ValueError, match="line 2 has 3 fields"):
         read_throughput(bad)
 

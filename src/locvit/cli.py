@@ -21,10 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from locvit import logs
 from locvit.config import ConfigError, load_params, validate_section
 from locvit.config.run import run_config, validate_run_config, variant_seeds
-from locvit.errors import EXIT_STOPPED, InputError, LocvitError, MissingFileError, Stopped
+from locvit.errors import EXIT_STOPPED, InputError, LocvitError, MissingFileError, Stopped, configure_logging
 from locvit.io import JobConfig, read_json
 from locvit.layout import REPORT_FILES, StudyLayout, per_seed
 
@@ -637,7 +636,7 @@ NEEDED = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    logs.configure()  # every module's messages: stdout, warnings on stderr (locvit.logs)
+    configure_logging()  # every module's messages: stdout, warnings on stderr
     parser = build_parser()
     args = parser.parse_args(argv)
     for (command, mode), needed in NEEDED.items():

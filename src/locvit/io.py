@@ -1,15 +1,17 @@
-"""Small file helpers shared by every step: atomic writes and content hashes.
+"""Small file helpers shared by every step: atomic writes, content hashes, and the throughput CSV's format.
 
 Every file a step produces is written to a temporary name in the same folder and
 renamed into place, so a killed job never leaves a half-written output that a later
 step would trust; the step that owns those files removes such leftovers when it runs
 again (:func:`remove_temporaries`). The last step, :func:`rename_into_place`, is where the
-kill tests stop a process (written in full, not yet renamed).
+kill tests stop a process (written in full, not yet renamed). The throughput job's CSV is written and
+read here, below both the job (which measures with torch) and the report (which reads it without torch).
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 import glob
 import hashlib
@@ -17,6 +19,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +204,60 @@ def unpack_bits(text: str, n: int):
     if raw.size != (n + 7) // 8:
         raise ValueError(f"{raw.size} bytes of packed bits cannot hold {n} values (expected {(n + 7) // 8})")
     return np.unpackbits(raw, count=n).astype(bool)
+
+
+# The throughput job's CSV (report/throughput.csv) -----------------------------------------------------
+
+THROUGHPUT_COLUMNS = ("variant", "img_s_median", "img_s_low", "img_s_high", "ratio_vs_baseline", "rounds", "device")
+
+
+def _format_float(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def write_throughput(path: str | Path, rows: list[tuple]) -> None:
+    """Write the CSV atomically: one row per variant, ``(variant, median, low, high, ratio or None, rounds,
+    device)`` in :data:`THROUGHPUT_COLUMNS`' order."""
+    text = StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(THROUGHPUT_COLUMNS)
+    for variant, median, low, high, ratio, rounds, device in rows:
+        writer.writerow([variant, *map(_format_float, (median, low, high, ratio)), rounds, device])
+    write_text(path, text.getvalue())
+
+
+def read_throughput(path: str | Path) -> dict[str, dict]:
+    """The throughput CSV: variant -> row; images/s and the ratio as floats (the ratio None when empty),
+    ``rounds`` as int. A missing or corrupt file raises an error naming it."""
+    path = Path(path)
+    fix = "Delete it and run the throughput job again (snakemake --cores all all)."
+    if not path.is_file():
+        raise MissingFileError(f"throughput file {path} does not exist. {fix}")
+
+    def corrupt(why: str) -> InputError:
+        return InputError(f"throughput file {path} is corrupt ({why}). {fix}")
+
+    try:
+        lines = list(csv.reader(path.read_text().splitlines()))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise corrupt(str(err)) from err
+    if not lines or tuple(lines[0]) != THROUGHPUT_COLUMNS:
+        raise corrupt(f"its header is {lines[0] if lines else 'missing'}, expected {list(THROUGHPUT_COLUMNS)}")
+    if len(lines) == 1:
+        raise corrupt("it has no rows")
+    rows = {}
+    for n, line in enumerate(lines[1:], start=2):
+        if len(line) != len(THROUGHPUT_COLUMNS):
+            raise corrupt(f"line {n} has {len(line)} fields, expected {len(THROUGHPUT_COLUMNS)}")
+        row = dict(zip(THROUGHPUT_COLUMNS, line))
+        try:
+            for key in THROUGHPUT_COLUMNS[1:4]:
+                row[key] = float(row[key])
+            row["ratio_vs_baseline"] = float(row["ratio_vs_baseline"]) if row["ratio_vs_baseline"] else None
+            row["rounds"] = int(row["rounds"])
+        except ValueError as err:
+            raise corrupt(f"line {n}: {err}") from err
+        if row["variant"] in rows:
+            raise corrupt(f"line {n}: variant {row['variant']!r} appears twice")
+        rows[row["variant"]] = row
+    return rows

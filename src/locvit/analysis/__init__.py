@@ -4,7 +4,7 @@
 Record kinds, their shapes and properties (:class:`MapKind`, declared by the families):
 :mod:`locvit.models.family`; family-specific outputs (IBiT's
 learned masks, MaiT's soft-mask alphas) come from each family's declared ``extras``. The
-neighbourhood ALS scores against is :mod:`locvit.neighbourhood`'s, the one MaiT's masks keep.
+neighbourhood ALS scores against is :func:`locvit.models.family.neighbourhood_mask`'s, the one MaiT's masks keep.
 
 Modules: ``attention`` (:func:`~locvit.analysis.attention.collect_attention`), ``metrics`` (the
 scores), ``analyse`` (the analyse step), ``profile``, ``throughput`` (the throughput job), ``search``

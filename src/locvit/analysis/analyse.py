@@ -57,8 +57,7 @@ from locvit.data.prepare import load_manifest
 from locvit.device import device_for
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
-from locvit.models.family import family_of, map_kind
-from locvit.neighbourhood import neighbourhood_mask
+from locvit.models.family import family_of, map_kind, neighbourhood_mask
 
 
 def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:

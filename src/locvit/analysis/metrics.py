@@ -2,7 +2,7 @@
 
 * :func:`attention_locality_score`: MaiT's ALS (Eq. 3), the attention mass each patch
   row puts inside its spatial neighbourhood (the mask of
-  :func:`locvit.neighbourhood.neighbourhood_mask`, the one MaiT's masks keep).
+  :func:`locvit.models.family.neighbourhood_mask`, the one MaiT's masks keep).
 * :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
   et al. 2021), the attention-weighted mean distance between a query patch and the patches
   it attends to: the locality measure of any family, read from the same maps.
@@ -39,7 +39,7 @@ def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix:
     """MaiT's attention locality score (Eq. 3): (..., T, T) maps -> (...) scores.
 
     For each patch row n, ``ALS_n = sum_i (M * A)[n, i]``, the weight inside the row's
-    neighbourhood ``M`` (bool (T, T), e.g. :func:`locvit.neighbourhood.neighbourhood_mask`); the score is the
+    neighbourhood ``M`` (bool (T, T), e.g. :func:`locvit.models.family.neighbourhood_mask`); the score is the
     mean over the N patch rows, the ``num_prefix`` class/distillation rows excluded. Leading
     dims (batch, layer, head) are kept. Meant for row-stochastic maps: a uniform map
     scores (neighbours) / T, one attending only inside the neighbourhood scores 1.

@@ -29,8 +29,8 @@ The choices:
   the variant's images/s over the baseline's *in the same round* (the pairs ran moments
   apart, so the ratio cancels what the rounds share); empty when the study has no baseline.
 
-The CSV (:data:`locvit.throughput_file.COLUMNS`, one row per variant in the study's order) is
-read back by :func:`locvit.throughput_file.read_throughput`, which needs no torch.
+The CSV (:data:`locvit.io.THROUGHPUT_COLUMNS`, one row per variant in the study's order) is
+read back by :func:`locvit.io.read_throughput`, which needs no torch.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import torch
 from locvit import models
 from locvit.analysis.profile import device_name
 from locvit.device import amp_dtype, device_for, set_backends
-from locvit.throughput_file import COLUMNS, read_throughput, write_throughput  # noqa: F401  (the file's format)
+from locvit.io import read_throughput, write_throughput
 
 WARMUP = 2  # untimed batches per variant and round
 
@@ -118,7 +118,7 @@ def measure_throughput(config: dict, out: str | Path, threads: int | None = None
     in one process and write the CSV ``out``.
 
     ``threads``: torch's CPU threads while it measures (give it every core the job holds).
-    Returns what the file holds: variant -> row (see :func:`locvit.throughput_file.read_throughput`).
+    Returns what the file holds: variant -> row (see :func:`locvit.io.read_throughput`).
     """
     cfg, baseline, before = config["analysis"], config["baseline"], torch.get_num_threads()
     if threads:

@@ -57,13 +57,13 @@ from locvit.models.family import (
     TALKING,
     Extra,
     Family,
+    neighbourhood_mask,
     normed_qk,
     read_vit,
     register_family,
     vit_blocks,
     vit_sites,
 )
-from locvit.neighbourhood import neighbourhood_mask
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from locvit.errors import InputError
-from locvit.io import read_json, unpack_bits
+from locvit.io import read_json, read_throughput, unpack_bits
 from locvit.layout import StudyLayout
 from locvit.report import stats
-from locvit.throughput_file import read_throughput
 
 DATASET_NAMES = {"digits": "Digits", "cifar10": "CIFAR10", "cifar100": "CIFAR100", "imagenet": "ImageNet"}
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from locvit.device import visible
-from locvit.errors import InputError
+from locvit.errors import InputError, configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from locvit import logs
-
-    logs.configure()
+    configure_logging()
     main()
