@@ -272,6 +272,19 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
     assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}
 
 
+def test_a_model_module_that_fails_to_import_is_reported_once(raw_tiny, tmp_path, monkeypatch):
+    """Every variant's model check imports params' model_modules first; a module that does not import is one
+    problem of the study, not one per variant."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path / "cache"))
+    raw_tiny["model_modules"] = ["no_such_family"]
+    with pytest.raises(ConfigError) as refused:
+        validate_params(raw_tiny)
+    found = [p for p in refused.value.problems if p.startswith("model_modules:")]
+    assert len(raw_tiny["variants"]) == 2 and len(found) == 1
+    assert "cannot import 'no_such_family'" in found[0]
+
+
 def test_a_study_is_held_within_its_limits(raw_tiny):
     """Seeds per variant (seed_budget's included) and runs in all, each refused with the number it would make
     and the key that raises it; a raised limit lets the study through, and the limits reach no job."""

@@ -329,9 +329,9 @@ def _check_semantics(params: dict) -> list[str]:
             for key in owned
         )
         if not owned:
-            problems.extend(
-                check_model(name, variant, params["data"]["image_size"], source.num_classes, params["model_modules"])
-            )
+            size, modules = params["data"]["image_size"], params["model_modules"]
+            found = check_model(name, variant, size, source.num_classes, modules)
+            problems.extend(p for p in found if p not in problems)  # a model_modules entry that fails: said once
     return problems
 
 
