@@ -150,7 +150,7 @@ def test_evaluating_a_corrupt_checkpoint_writes_nothing(checkpoint, prepared, tm
 
 
 def test_a_corrupt_last_pt_stops_the_run_and_says_how_to_start_over(tiny_params, prepared, checkpoint, tmp_path):
-    from locvit.train.resume import plan_run
+    from locvit.train.state import plan_run
 
     cfg = run_config(tiny_params, "deit_a", 0)
     last = tmp_path / "run" / "last.pt"

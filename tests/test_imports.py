@@ -258,7 +258,7 @@ def test_dvc_stages_hold_only_the_code_their_jobs_run():
     assert not [d for d in deps["train"] if d.startswith("src/locvit/report")], deps["train"]
     assert "src/locvit/train/evaluate.py" in deps["evaluate"] and "src/locvit/train/__init__.py" in deps["evaluate"]
     assert "src/locvit/tracking/sync.py" not in deps["evaluate"]
-    assert "src/locvit/train/stop.py" in deps["train"]
+    assert "src/locvit/train/state.py" in deps["train"]
     for stage, paths in deps.items():  # the package data locvit.config reads (or its folder): every stage validates
         assert {"src/locvit/config/params.schema.yaml", "src/locvit/config"} & set(paths), stage
     for stage in ("configs", "prepare", "evaluate", "analyse", "report"):
@@ -266,5 +266,5 @@ def test_dvc_stages_hold_only_the_code_their_jobs_run():
             d
             for d in deps[stage]
             if d
-            in ("src/locvit/train/stop.py", "src/locvit/tracking/sync.py", "src/locvit/train", "src/locvit/tracking")
+            in ("src/locvit/train/state.py", "src/locvit/tracking/sync.py", "src/locvit/train", "src/locvit/tracking")
         ], stage

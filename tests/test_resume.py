@@ -21,8 +21,8 @@ from helpers import env_with_venv, seed_runs, train_cmd
 
 from locvit.checkpoint import load_checkpoint, save_checkpoint
 from locvit.config.run import run_config
-from locvit.train.resume import plan_run
-from locvit.train.stop import EXIT_STOPPED
+from locvit.errors import EXIT_STOPPED
+from locvit.train.state import plan_run
 
 EPOCHS = 3
 

@@ -25,8 +25,8 @@ from locvit.train.engine import (
     set_deterministic,
     train_one_epoch,
 )
-from locvit.train.generators import seed_everything
 from locvit.train.loop import param_groups
+from locvit.train.state import seed_everything
 
 
 def ready(loader, mean, std, compute: Compute = Compute()) -> TrainFeed:

@@ -73,11 +73,11 @@ def cmd_prepare(args) -> None:
 
 def cmd_train(args) -> None:
     from locvit.tracking.run import system_metrics_interval
-    from locvit.train import stop
     from locvit.train.distributed import distributed
     from locvit.train.loop import train_run
+    from locvit.train.state import listen
 
-    stop.listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
+    listen()  # SIGURG/SIGUSR1 (a SLURM job's warning before its time limit): stop at a step, exit 75
 
     if args.run_config:
         cfgs = [validate_run_config(config_file(f, "--run-config")) for f in args.run_config]

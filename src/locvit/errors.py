@@ -37,7 +37,7 @@ EXIT_STOPPED = 75
 
 
 class Stopped(Exception):
-    """A run stopped on request at a step boundary; last.pt holds that step (:mod:`locvit.train.stop`).
+    """A run stopped on request at a step boundary; last.pt holds that step (:mod:`locvit.train.state`).
 
     Not a mistake: the command line exits with :data:`EXIT_STOPPED`, and the job resumes when run again.
     Here, beside the errors, so that the command line catches it without importing the trainer."""

@@ -11,7 +11,7 @@ with ``LOCVIT_HOLD_FILE=<path>`` makes it wait there while that file exists, aft
 ``<path>.<pid>.json`` (the point, the run folder, the SLURM job id), so a test can preempt
 it at a known moment (``scancel``) and then remove the file to let the others go on.
 ``LOCVIT_STALL_AT=<point>`` with ``LOCVIT_STALL_FILE=<path>`` makes a training process wait
-there until it is asked to stop (SIGURG/SIGUSR1, :mod:`locvit.train.stop`), then removes the
+there until it is asked to stop (SIGURG/SIGUSR1, :mod:`locvit.train.state`), then removes the
 file, so the resumed run goes on: a job that meets its time limit at a known moment.
 ``<point>@<text>`` limits any of them to runs whose folder (or file) contains ``<text>``.
 
@@ -82,7 +82,7 @@ def stall_point(name: str, where) -> None:
     stall = Path(os.environ["LOCVIT_STALL_FILE"])
     if not stall.exists():
         return
-    from locvit.train.stop import REQUEST
+    from locvit.train.state import REQUEST
 
     print(f"fault injection: stalling at {name} until asked to stop", flush=True)
     while not REQUEST.requested and stall.exists():

@@ -159,7 +159,7 @@ class EpochBatches:
     ``loader``'s batches less the ``start.done.batches`` a stopped epoch already trained (read and
     dropped: FFCV draws for them as before, so the rest come in the uninterrupted order), prepared by
     ``feed(loader, first_step=...)`` (:class:`locvit.data.feed.TrainFeed` with the run's settings).
-    ``stop()`` (:mod:`locvit.train.stop`) is asked before a step whose global number ``read_every``
+    ``stop()`` (:mod:`locvit.train.state`) is asked before a step whose global number ``read_every``
     divides (the same steps on every process, so that DDP's all-reduce in it lines up), not the
     epoch's first: when it says so the batches end there, and ``stopped`` is set.
     """

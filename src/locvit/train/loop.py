@@ -8,7 +8,7 @@ recipe's ``batch_size`` is the global batch, split evenly over the processes; th
 model is DDP-wrapped; only rank 0 writes files, logs to MLflow (:mod:`locvit.tracking`)
 and prints. A run
 that was stopped continues where it stopped when started again, and a finished one
-is not retrained (:mod:`locvit.train.resume`).
+is not retrained (:mod:`locvit.train.state`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
 from locvit.data.prepare import load_manifest
 from locvit.device import describe, device_for, require_toolchain, set_backends
-from locvit.errors import InputError
+from locvit.errors import InputError, Stopped
 from locvit.io import remove_temporaries, write_json
 from locvit.layout import RunFiles
 from locvit.tracking import TrainingTracker, confirm_finished
@@ -49,10 +49,7 @@ from locvit.train.engine import (
     train_one_epoch,
     update_ema,
 )
-from locvit.train.generators import rng_state, seed_everything
-from locvit.train.resume import Plan, plan_run
-from locvit.train.state import RunCheckpoints, TrainState
-from locvit.train.stop import REQUEST, Stopped
+from locvit.train.state import REQUEST, Plan, RunCheckpoints, TrainState, plan_run, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +114,7 @@ class Run:
 
     def batches(self, start: EpochStart) -> EpochBatches:
         """The training loader's batches from ``start`` (an :class:`~locvit.train.engine.EpochStart`), prepared
-        (:class:`~locvit.data.feed.TrainFeed`) and ending at a stop request (:mod:`locvit.train.stop`)."""
+        (:class:`~locvit.data.feed.TrainFeed`) and ending at a stop request (:mod:`locvit.train.state`)."""
         recipe = self.cfg["train"]
         feed = functools.partial(
             TrainFeed,
@@ -131,7 +128,7 @@ class Run:
         return EpochBatches(self.train_loader, feed, start, recipe["read_every"], self.stop_requested)
 
     def stop_requested(self) -> bool:
-        """Whether any process was asked to stop (:mod:`locvit.train.stop`; a collective under DDP)."""
+        """Whether any process was asked to stop (:mod:`locvit.train.state`; a collective under DDP)."""
         return REQUEST.agreed(self.dist, self.device)
 
 
@@ -269,7 +266,7 @@ def train_run(
 ) -> dict:
     """Train ``cfg`` (a :func:`locvit.config.run.run_config`); write last.pt, best.pt, metrics.json (rank 0).
 
-    Skips a finished run and resumes an interrupted one (:func:`locvit.train.resume.plan_run`;
+    Skips a finished run and resumes an interrupted one (:func:`locvit.train.state.plan_run`;
     ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).
     ``system_metrics_s``: seconds between samples of MLflow's system metrics (0: none).
     """
@@ -332,7 +329,7 @@ def train_epochs(run: Run, state: TrainState) -> None:
     """Train from epoch ``state.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
 
     The generators a resume saved are put back first, so that nothing draws in between.
-    A stop request (:mod:`locvit.train.stop`) ends training at the next step whose number
+    A stop request (:mod:`locvit.train.state`) ends training at the next step whose number
     ``train.read_every`` divides (the next read of the device): last.pt
     then holds the step, the epoch's sums so far and the generators, numpy's as they were
     at the epoch's start (FFCV's loader thread draws from it ahead of the steps; the resumed
