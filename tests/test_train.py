@@ -343,3 +343,35 @@ def test_a_checkpoint_is_scored_under_its_runs_precision():
         evaluate(model, images, (0.5,) * 3, (0.5,) * 3, Compute.of(recipe, cpu))
         hook.remove()
         assert seen == [expected]
+
+
+@pytest.mark.e2e  # MLflow's git context runs git when the run logs its model
+def test_a_jobs_second_seed_logs_each_epoch_line_once(prepared, tiny_params, tmp_path, monkeypatch, capfd):
+    """The first run's end logs its model through mlflow.pytorch, whose import calls ``logging.basicConfig``: a
+    root handler to which locvit's lines also went, so from the second seed on every line printed twice. The
+    import runs afresh here (as in a new job), with the root logger as a new process has it."""
+    import logging
+    import sys
+
+    from locvit.train.loop import train_run
+
+    for name in [m for m in sys.modules if m == "mlflow.pytorch" or m.startswith("mlflow.pytorch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(logging.root, "handlers", [])
+    for seed in (0, 1):
+        cfg = run_config(tiny_params, "deit_a", seed)
+        cfg["train"]["epochs"] = 1
+        train_run(
+            cfg,
+            prepared["train"],
+            prepared["val"],
+            prepared["manifest"],
+            tmp_path / f"seed{seed}",
+            tmp_path / "mlflow.db",
+            show_progress=False,
+            threads=1,
+        )
+    out, err = capfd.readouterr()
+    lines = (out + err).splitlines()
+    assert [sum(f"[deit_a seed {seed}] epoch 1/1 loss" in line for line in lines) for seed in (0, 1)] == [1, 1]
+    assert logging.root.handlers == []

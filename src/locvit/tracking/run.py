@@ -382,6 +382,19 @@ def close_run(client, run_id: str, out_dir: Path, metrics: dict) -> None:
 MODEL_REQUIREMENTS = ("torch", "timm", "locvit")
 
 
+def mlflow_pytorch():
+    """``mlflow.pytorch``, imported without the root-logger handler its import adds (its Lightning autologger calls
+    ``logging.basicConfig``): locvit's messages go to the root logger too, so a job's every line from then on,
+    its second seed's epochs, would print twice."""
+    handlers, level = list(logging.root.handlers), logging.root.level
+    import mlflow.pytorch
+
+    for handler in set(logging.root.handlers) - set(handlers):
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(level)
+    return mlflow.pytorch
+
+
 def log_best_model(run_id: str, checkpoint: Path, step: int) -> str:
     """Log a run's best checkpoint as an MLflow PyTorch model named ``model``; return its URI.
 
@@ -410,7 +423,7 @@ def log_best_model(run_id: str, checkpoint: Path, step: int) -> str:
         # Inside the run (not run_id=): the model is created in the run's experiment, not MLflow's default one.
         with mlflow.start_run(run_id=run_id, log_system_metrics=False):
             info = retry(
-                mlflow.pytorch.log_model,
+                mlflow_pytorch().log_model,
                 model,
                 name="model",
                 input_example=example,
