@@ -2,7 +2,7 @@
 
 A family with a kind of attention map locvit does not know (linear attention, ``tests/plugins/linear_family.py``:
 rows sum to one, no softmax) declares the kind's properties and gets the analyses those properties call for;
-it runs end to end beside unclaimed timm models in ``test_any_model.py``.
+it runs end to end beside unclaimed timm models in ``test_models.py``.
 
 A toy family (a ViT whose every head attends only inside a 3 x 3 window of patches) is
 written to a module in the study's working directory, named in params.yaml's
@@ -19,6 +19,7 @@ are refused (tests/test_user_code.py: the digests and the refusal without proces
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import re
@@ -39,7 +40,16 @@ from locvit.analysis.attention import collect_attention
 from locvit.analysis.metrics import attention_rollout, rollout_applies
 from locvit.layout import StudyLayout
 from locvit.models import family as family_module
-from locvit.models.family import Family, MapKind, map_kind, register_kind, summary, vit_blocks, vit_sites
+from locvit.models.family import (
+    AttentionSite,
+    Family,
+    MapKind,
+    map_kind,
+    register_kind,
+    summary,
+    vit_blocks,
+    vit_sites,
+)
 
 PLUGINS = Path(__file__).parent / "plugins"
 
@@ -180,6 +190,22 @@ def test_a_dilated_kind_is_measured_where_its_keys_lie(grid_family):
         "cross_layer_similarity": "1 layer(s) with maps over the patch grid",
         "rollout": "no class token to follow",
     }
+
+
+def test_a_site_whose_num_prefix_is_left_at_its_default_is_named(grid_family, monkeypatch):
+    """A grid layer's input is the whole grid (16 tokens), its maps one group's 4: the default num_prefix (input
+    tokens less the grid's) would be 12. Refused by name, not as a mismatch deep in the analyses."""
+    family = family_module.family_named("grid")
+
+    def sites(model):  # as the plugin's, num_prefix left out
+        return [AttentionSite(b.attn, (2, 2), grid_family.read_grid) for b in model.blocks]
+
+    monkeypatch.setitem(family_module._FAMILIES, "grid", dataclasses.replace(family, sites=sites))
+    model = timm.create_model("grid_vit", img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"blocks.0.attn: its grid maps have 4 keys, not num_prefix 12 \+ the 4 "):
+        collect_attention(model, torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="set the family's AttentionSite.num_prefix"):
+        collect_attention(model, torch.randn(1, 3, 32, 32))
 
 
 def test_a_kind_is_declared_once_and_an_undeclared_one_is_named(linear_family, monkeypatch):

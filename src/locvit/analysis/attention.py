@@ -37,9 +37,16 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
                 raise ValueError(f"{names[module]}: an attn_mask / is_causal given at call time is not supported")
             extra = {k: v for k, v in kwargs.items() if k not in ("attn_mask", "is_causal")}  # Swin's mask
             kind, probs = site.read(module, *args, **extra)
-            map_kind(kind)  # a kind no family declares is an error here, not a wrong analysis later
+            declared = map_kind(kind)  # a kind no family declares is an error here, not a wrong analysis later
             tokens = args[0].shape[-2]  # the layer's input tokens: prefix + patches (per block for NesT)
-            prefix = tokens - site.grid[0] * site.grid[1] if site.num_prefix is None else site.num_prefix
+            patches = site.grid[0] * site.grid[1]
+            prefix = tokens - patches if site.num_prefix is None else site.num_prefix
+            if declared.grid and declared.keys == "tokens" and (prefix < 0 or probs.shape[-1] != prefix + patches):
+                raise ValueError(
+                    f"{names[module]}: its {kind} maps have {probs.shape[-1]} keys, not num_prefix {prefix} + the "
+                    f"{patches} patches of its grid {tuple(site.grid)}; set the family's AttentionSite.num_prefix "
+                    f"(left out, it is the layer's {tokens} input tokens less the grid's patches)"
+                )
             records.append(AttentionMap(names[module], len(records), probs.float().cpu(), site.grid, prefix, kind))
 
         return hook
