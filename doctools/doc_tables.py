@@ -14,6 +14,8 @@ row each with the machine it records (CPU, its instruction set as torch used it,
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (doctools/model_table.py's model_table.csv); ``budgets`` a GPU
 visit's groups, sections and budgets (gpu_node/visit.py); ``cost`` a study's cost before it runs (a preset);
+``coverage`` benchmarks/coverage.py's
+intervals per cell; ``plan`` ``locvit plan`` on a study's evaluations.json at its equivalence margin;
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
 two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
 A figure inside a sentence is a value span that names its file and where in it the figure is::
@@ -505,7 +507,40 @@ def feed_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+def coverage_lines(path: Path) -> list[list[str]]:
+    """benchmarks/coverage.py's result: per cell, the coverage of a difference's and a variant's 95 % interval,
+    the type-I error at 5 %, and how often the image component was truncated with the coverage then."""
+    head = ["seeds", "test images", "accuracy", "failed runs", "Δ coverage", "type-I", "truncated", "Δ coverage if so"]
+    lines = [[*head, "variant coverage"]]
+    for c in _json_at(path)["cells"]:
+        conditional = "–" if c["coverage_truncated"] is None else f"{c['coverage_truncated']:.3f}"
+        lines.append(
+            [
+                str(c["seeds"]),
+                f"{c['images']:,}",
+                f"{c['accuracy']:.2f}",
+                f"{c['failed_runs']:.0%}",
+                f"{c['coverage']:.3f}",
+                f"{c['type_i']:.3f}",
+                str(c["truncated"]),
+                conditional,
+                f"{c['variant_coverage']:.3f}",
+            ]
+        )
+    return lines
+
+
+def plan_lines(path: Path) -> str:
+    """``locvit plan`` on a committed evaluations.json at the study's equivalence margin as the difference."""
+    from locvit.report.study import study_from_evaluations
+    from locvit.report.tables import plan_markdown
+
+    study = study_from_evaluations(path)
+    return plan_markdown(study, study.margin)
+
+
 FILE_RENDER = {
+    "coverage": coverage_lines,
     "cost": cost_lines,
     "budgets": budget_lines,
     "dataloader": dataloader_lines,
@@ -612,10 +647,11 @@ FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds th
 
 def render(kind: str, source: str) -> str:
     path = ROOT / source
-    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER and kind != "side_by_side":
+    special = ("side_by_side", "plan")
+    if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER and kind not in special:
         raise ValueError(
             f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
-            f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, 'side_by_side'])}"
+            f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, *special])}"
         )
     if kind == "side_by_side":
         paths = [ROOT / part for part in source.split(",")]
@@ -633,6 +669,8 @@ def render(kind: str, source: str) -> str:
         return as_markdown(FOLDER_RENDER[kind](path))
     if not Path(str(path).partition("#")[0]).is_file():
         raise FileNotFoundError(f"{source} (quoted by a '<!-- table: ... -->' marker) does not exist")
+    if kind == "plan":
+        return plan_lines(path)
     if kind in FILE_RENDER:
         return as_markdown(FILE_RENDER[kind](path))
     rows = read_results_csv(path) if kind == "results" else list(csv.DictReader(path.open(newline="")))

@@ -16,12 +16,15 @@ from locvit.report.stats import (
     Part,
     binomial_part,
     compare,
+    components,
     crossed,
     describe,
     holm,
+    images_needed,
     mde,
     probability_of_improvement,
     satterthwaite,
+    seeds_needed,
     verdict,
 )
 
@@ -216,6 +219,38 @@ def test_crossed_by_hand():
     # vectorised over leading axes: the same numbers per replicate
     delta, var, df, truncated = crossed(np.stack([a, a]), np.stack([b, b]))
     assert delta.shape == var.shape == df.shape == truncated.shape == (2,) and var[1] == pytest.approx(1e4 / 64)
+
+
+def crossed_draw(rng, seeds, images, seed_sd, image_sd, accuracy=0.8):
+    """Two variants' (images, seeds) hits on shared images: per-seed offsets, per-variant image effects."""
+    base = rng.normal(0, 1.5, (images, 1))
+
+    def one():
+        logit = base + rng.normal(0, image_sd, (images, 1)) + rng.normal(0, seed_sd, (1, seeds)) + np.log(4)
+        return rng.random((images, seeds)) < 1 / (1 + np.exp(-logit))
+
+    return one(), one()
+
+
+def test_power_plan_projects_the_pilots_variance():
+    """components() splits the pilot's variance: at the pilot's own seeds and images it is crossed()'s;
+    seeds_needed() is the fewest seeds whose projected MDE reaches delta; the image part alone bounds what any
+    number of seeds can detect (images_needed)."""
+    rng = np.random.default_rng(1)
+    a, b = crossed_draw(rng, 3, 360, seed_sd=0.5, image_sd=0.7)
+    c = components(a, b)
+    _, var, _, truncated = crossed(a, b)
+    assert not truncated and min(c.seed_a, c.seed_b, c.image) > 0  # nothing truncated: the same variance
+    assert c.error(3, 360)[0] ** 2 == pytest.approx(float(var), rel=1e-9)
+    alpha = 0.05 / 7
+    n = seeds_needed(c, 4.0, 360, alpha)
+    assert n is not None and n > 2
+    assert mde(*c.error(n, 360), alpha) <= 4.0 < mde(*c.error(n - 1, 360), alpha)
+    # with unlimited seeds only the image part is left: its normal MDE at images_needed(...) images is delta
+    need = images_needed(c, 1.0, alpha)
+    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(0.8)
+    assert z * math.sqrt(c.image / need) <= 1.0 < z * math.sqrt(c.image / (need - 1))
+    assert need > 360 and seeds_needed(c, 1.0, 360, alpha, most=2000) is None  # 1 point: not with 360 images
 
 
 def test_pairing_on_shared_images_narrows_the_difference():

@@ -18,6 +18,7 @@ after a line saying where to report it.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -238,6 +239,22 @@ def cmd_report(args) -> None:
         print(f"MLflow: the study's run {tree['study_link']}\n        its variants side by side {tree['compare_link']}")
 
 
+def cmd_stats(args) -> None:
+    from locvit.report.study import study_from_evaluations
+    from locvit.report.tables import write_results
+
+    write_results(study_from_evaluations(*args.evaluations), args.out_dir)
+    sources = " + ".join(map(str, args.evaluations))
+    print(f"results table from {sources}: {args.out_dir / REPORT_FILES['md']} (also .csv, .tex)")
+
+
+def cmd_plan(args) -> None:
+    from locvit.report.study import study_from_evaluations
+    from locvit.report.tables import plan_markdown
+
+    print(plan_markdown(study_from_evaluations(args.evaluations), args.delta), end="")
+
+
 def cmd_sync_tracking(args) -> None:
     from locvit.tracking import default_uri, safe_uri
     from locvit.tracking.sync import sync_runs
@@ -369,6 +386,16 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of images, 1 or more")
     return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of points")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -538,6 +565,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--extra-study-dir", type=Path, nargs="*", default=[], help="their results/<study> folders, in order"
     )
+
+    p = add(
+        "stats",
+        cmd_stats,
+        "rebuild a study's results table (results.csv/.md/.tex) from its evaluations.json alone: each run's "
+        "score and per-image hits, as a report writes them and benchmarks/results/*/ commit them",
+    )
+    p.add_argument(
+        "evaluations",
+        type=Path,
+        nargs="+",
+        help="an evaluations.json (a report's, or a committed one); several of one study run on different "
+        "machines pool into one table, each machine's runs counted as more seeds",
+    )
+    p.add_argument("--out-dir", type=Path, required=True, help="where the rebuilt table goes")
+
+    p = add(
+        "plan",
+        cmd_plan,
+        "from a finished pilot study's evaluations.json: the seeds per variant and test images each comparison "
+        "needs to detect a difference of --delta points with 80 % power at its Holm level",
+    )
+    p.add_argument("evaluations", type=Path, help="the pilot's evaluations.json (results/<study>/report/)")
+    p.add_argument("--delta", type=_positive_float, required=True, help="the difference to detect, in points")
 
     p = add(
         "sync-tracking",

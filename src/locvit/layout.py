@@ -35,6 +35,7 @@ REPORT_FILES = {
     "seeds": "results_seeds.csv",
     "tex": "results.tex",
     "summary": "summary.json",
+    "evaluations": "evaluations.json",  # what results.csv is computed from (locvit stats rebuilds it)
     "index": "index.md",
     "record": "report.json",
 }

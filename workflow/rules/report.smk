@@ -13,6 +13,7 @@ rule report:
         seeds=str(REPORT["seeds"]),
         tex=str(REPORT["tex"]),
         summary=str(REPORT["summary"]),
+        evaluations=str(REPORT["evaluations"]),  # what results.csv is computed from (locvit stats)
         index=str(REPORT["index"]),
         record=str(REPORT["record"]),
         tables=report(directory(str(REPORT["tables"])), patterns=["{name}.csv"], caption="../report/table.rst",

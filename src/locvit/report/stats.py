@@ -156,6 +156,68 @@ def crossed(
     return mean, 1e4 * var, df, ~kept
 
 
+@dataclass(frozen=True)
+class Components:
+    """A paired difference's variance components in points^2 (:func:`components`): each side's seed component,
+    each side's image x seed interaction, and the paired image component."""
+
+    seed_a: float
+    seed_b: float
+    inter_a: float
+    inter_b: float
+    image: float
+
+    def error(self, seeds: int, images: int) -> tuple[float, float]:
+        """The standard error (points) and Satterthwaite df of a difference at ``seeds`` per variant and
+        ``images`` test images."""
+        terms = [
+            (self.seed_a / seeds + self.inter_a / (images * seeds), seeds - 1),
+            (self.seed_b / seeds + self.inter_b / (images * seeds), seeds - 1),
+            (self.image / images, images - 1),
+        ]
+        var, df = _satterthwaite([(np.float64(v), d) for v, d in terms])
+        return math.sqrt(float(var)), float(df)
+
+
+def components(hits_a: np.ndarray, hits_b: np.ndarray) -> Components:
+    """The components a pilot's paired hits ((images, seeds) 0/1 each) estimate, negative ones truncated at
+    zero as in :func:`crossed`."""
+    _, ra, s2a, ia = _mean_squares(hits_a)
+    _, rb, s2b, ib = _mean_squares(hits_b)
+    n_img, na, nb = hits_a.shape[0], hits_a.shape[1], hits_b.shape[1]
+    image = (ra - rb).var(ddof=1) - ia / na - ib / nb
+    return Components(*(1e4 * max(float(x), 0.0) for x in (s2a - ia / n_img, s2b - ib / n_img, ia, ib, image)))
+
+
+def seeds_needed(c: Components, delta: float, images: int, alpha: float, most: int = 10_000) -> int | None:
+    """The fewest seeds per variant at which a difference of ``delta`` points is detected with :data:`POWER`
+    at level ``alpha`` on ``images`` test images (:func:`mde` at the projected error); None above ``most``."""
+
+    def enough(n: int) -> bool:
+        se, df = c.error(n, images)
+        return se == 0 or mde(se, df, alpha) <= delta
+
+    if not enough(most):
+        return None
+    low, high = 1, 2  # enough(high), not enough(low) once the bracket is found
+    while not enough(high):
+        low, high = high, high * 2
+    high = min(high, most)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def images_needed(c: Components, delta: float, alpha: float) -> int:
+    """The fewest test images at which the image component alone, with unlimited seeds, leaves a difference of
+    ``delta`` points detectable with :data:`POWER` at level ``alpha`` (normal quantiles)."""
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - alpha / 2) + norm.ppf(POWER))
+    return max(2, math.ceil(z * z * c.image / (delta * delta)))
+
+
 def agreement_floor(disagree: int, n_images: int) -> float:
     """The variance (points^2) of a difference whose runs show no spread at all: Agresti-Coull's variance
     of the share of the N images on which the two variants differ, ``disagree`` of them seen."""

@@ -454,20 +454,8 @@ def load_study(config: dict, study_dir: str | Path) -> Study:
     layout = StudyLayout(study_dir)
     variants = {}
     for name in config["order"]:  # params.yaml's order: the tables' rows
-        spec = config["variants"][name]
-        seeds = list(spec["seeds"])
-        v = Variant(
-            name,
-            spec["model"],
-            spec["description"],
-            spec["recipe"],
-            seeds,
-            spec["train_fraction"],
-            spec["base"],
-            spec["model_kwargs"],
-            spec["model_modules"],
-        )
-        for seed in seeds:
+        v = variants[name] = _variant(name, config["variants"][name])
+        for seed in v.seeds:
             if e := _read_run_file(layout.eval_file(name, seed), "evaluation file", name, seed):
                 v.evals[seed] = e
                 v.eval_files[seed] = layout.eval_file(name, seed).relative_to(study_dir).as_posix()
@@ -479,6 +467,75 @@ def load_study(config: dict, study_dir: str | Path) -> Study:
             if (npz := layout.maps_file(name, seed)).is_file():
                 v.npz[seed] = npz
         v.profile = _read_run_file(layout.profile_file(name), "profile", name, None)
-        variants[name] = v
     throughput = read_throughput(layout.throughput_file) if layout.throughput_file.is_file() else None
     return Study(config, study_dir, variants, throughput)
+
+
+def _variant(name: str, spec: dict) -> Variant:
+    """A variant of the report config, no file read yet."""
+    return Variant(
+        name,
+        spec["model"],
+        spec["description"],
+        spec["recipe"],
+        list(spec["seeds"]),
+        spec["train_fraction"],
+        spec["base"],
+        spec["model_kwargs"],
+        spec["model_modules"],
+    )
+
+
+#: What evaluations.json keeps of each evaluation file: what results.csv is computed from.
+EVAL_KEYS = ("variant", "seed", "test_top1", "val_top1", "n", "test_hash", "test_hits", "mlflow_run_id", "n_params")
+
+
+def evaluations(study: Study) -> dict:
+    """The study's results table in a few kB: its report config, each run's test score with its per-image hits
+    (packed bits) and each variant's params and architecture; :func:`study_from_evaluations` reads it back."""
+    return {
+        "config": study.config,
+        "variants": {
+            name: {
+                "profile": {k: v.profile[k] for k in ("params", "arch") if k in v.profile} if v.profile else None,
+                "evals": {str(seed): {k: e[k] for k in EVAL_KEYS if k in e} for seed, e in sorted(v.evals.items())},
+            }
+            for name, v in study.variants.items()
+        },
+    }
+
+
+def study_from_evaluations(*paths: Path) -> Study:
+    """The study an evaluations.json holds (:func:`evaluations`), enough for its results table.
+
+    Several files of one study run on different machines (the same variants, seeds and test images; e.g. the
+    demo on AVX-512 and AVX2 kernels) pool into one: each machine's run of a seed is one more run, numbered
+    ``1000 * k + seed`` for the k-th file, so the machine's effect enters the runs' spread as one more random
+    factor, and the test images stay paired."""
+    studies = []
+    for path in paths:
+        data = read_json(path, "evaluations file", "Give the evaluations.json a report wrote.")
+        try:
+            config, variants = data["config"], {}
+            for name in config["order"]:
+                v = variants[name] = _variant(name, config["variants"][name])
+                saved = data["variants"][name]
+                v.evals = {int(seed): e for seed, e in saved["evals"].items()}
+                v.eval_files = {seed: f"{path}: {name} seed {seed}" for seed in v.evals}
+                v.profile = saved["profile"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(
+                f"{path} is not an evaluations.json of this locvit ({err!r} missing or malformed)"
+            ) from err
+        studies.append(Study(config, path.parent, variants))
+    first = studies[0]
+    for path, other in zip(paths[1:], studies[1:]):
+        if list(other.variants) != list(first.variants):
+            raise InputError(f"{path}: variants {list(other.variants)} differ from {paths[0]}'s: cannot pool them")
+    for k, other in enumerate(studies[1:], start=1):
+        for name, v in other.variants.items():
+            pooled = first.variants[name]
+            pooled.seeds += [1000 * k + s for s in v.seeds]
+            pooled.evals.update({1000 * k + s: e for s, e in v.evals.items()})
+            pooled.eval_files.update({1000 * k + s: f for s, f in v.eval_files.items()})
+    return first

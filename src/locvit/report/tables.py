@@ -30,8 +30,9 @@ from pathlib import Path
 from locvit.errors import InputError, MissingFileError
 from locvit.io import write_json, write_text
 from locvit.layout import REPORT_FILES
-from locvit.report.render import RunLink, Table, points, to_csv, to_latex, to_markdown
-from locvit.report.study import Acc, Study, Variant
+from locvit.report import stats
+from locvit.report.render import RunLink, Table, mde_text, points, to_csv, to_latex, to_markdown
+from locvit.report.study import Acc, Study, Variant, evaluations
 
 KEYS = ["variant", "test_top1", "val_top1_mean", "model", "params_m"]
 # results.csv's accuracy columns (the contract): the cell's field -> column, in order.
@@ -204,8 +205,9 @@ def summary(table: Table) -> dict:
 
 
 def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> Table:
-    """results.md/.csv/.tex, results_seeds.csv and summary.json under ``out_dir``."""
+    """results.md/.csv/.tex, results_seeds.csv, summary.json and evaluations.json under ``out_dir``."""
     table = results_table(study)
+    write_json(out_dir / REPORT_FILES["evaluations"], evaluations(study))
     write_json(out_dir / REPORT_FILES["summary"], summary(table))
     write_text(out_dir / REPORT_FILES["md"], to_markdown(table, link, level=1))
     write_text(out_dir / REPORT_FILES["csv"], to_csv(table))
@@ -282,3 +284,45 @@ def as_text(lines: list[list[str]]) -> str:
         )
         + "\n"
     )
+
+
+def plan_markdown(study: Study, delta: float) -> str:
+    """Seeds and test images each comparison of a finished (pilot) study needs to detect ``delta`` points with
+    80 % power at its Holm level, from the variance components its per-image hits estimate: the seed part
+    shrinks with seeds, the image part only with test images."""
+    lines = [
+        f"Power plan for a difference of {delta:g} points (80 % power, two-sided, at each Holm family's "
+        f"level alpha / m), from study {study.name!r}'s per-image results.",
+        "",
+        "| Comparison | Holm m | Seeds now | Test images | MDE now | Seed var. per seed (pts²) | "
+        "Image var. per image (pts²) | Seeds per variant needed | Test images needed (any seeds) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    skipped = []
+    for (name, ref), acc in study.comparisons.items():
+        base = study.variants[ref].acc()
+        if acc.test is None or acc.test.p is None or acc.hits is None or base.hits is None or not acc.test.paired:
+            skipped.append(f"{name} vs {ref}")
+            continue
+        c = stats.components(acc.hits, base.hits)
+        images, alpha = acc.hits.shape[0], stats.ALPHA / acc.family_size
+        n = stats.seeds_needed(c, delta, images, alpha)
+        need = (
+            f"not reachable with {images} test images"
+            if n is None or images < stats.images_needed(c, delta, alpha)
+            else str(n)
+        )
+        lines.append(
+            f"| {name} vs {ref} | {acc.family_size} | {acc.n}/{base.n} | {images} | {mde_text(acc.mde)} | "
+            f"{c.seed_a + c.seed_b:.3g} | {c.image:.3g} | {need} | {stats.images_needed(c, delta, alpha):,} |"
+        )
+    lines += [
+        "",
+        "Seed var.: both sides' seed components (their sum over n seeds each is the seed part of the difference's "
+        "variance); image var.: the paired image component (over N images, the image part, which no number of "
+        "seeds reduces); the image x seed interaction is in the projection but not shown. Estimates from one "
+        "pilot: a plan, not a promise.",
+    ]
+    if skipped:
+        lines.append(f"Not planned (no per-image results on both sides, or not tested): {', '.join(skipped)}.")
+    return "\n".join(lines) + "\n"
