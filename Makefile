@@ -18,6 +18,23 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: install system-deps cluster-deps demo test test-fast test-floor test-cluster lint lock bench sweep efficiency clean
 
 install: $(STAMP)
+	@$(BIN)/python -c "$$VENV_HERE"
+
+# A .venv copied or moved here from another checkout runs that checkout's code (its editable locvit and its
+# scripts' interpreter stay there): install, and every target after it, says so and stops.
+define VENV_HERE
+import importlib.util, pathlib, sys
+here, venv_bin = pathlib.Path.cwd(), pathlib.Path("$(BIN)").resolve()
+spec = importlib.util.find_spec("locvit")
+origin = pathlib.Path(spec.origin).resolve().parent if spec and spec.origin else None
+script = venv_bin / "locvit"
+shebang = script.read_text().splitlines()[0][2:].strip() if script.is_file() else ""
+wrong = [] if origin == (here / "src" / "locvit").resolve() else [f"its locvit is {origin or 'not installed'}"]
+wrong += [] if shebang and pathlib.Path(shebang).parent.resolve() == venv_bin else [f"its scripts run {shebang or 'nothing'}"]
+if wrong:
+    sys.exit(f"make: $(VENV) was made for another checkout ({'; '.join(wrong)}), not {here}; run: rm -rf $(VENV) && make install")
+endef
+export VENV_HERE
 
 # $(call apt_deps,<packages>,<variable holding the commands to run when they cannot be installed>):
 # install the missing ones with apt-get as root, else run the fallback ($$missing names them).
@@ -77,7 +94,7 @@ efficiency: install
 # $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
 # files named, Markdown without links to this machine's MLflow UI (doctools/publish.py)
 define publish
-$(BIN)/python -m doctools.publish results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv throughput.csv $(3)
+$(BIN)/python -m doctools.publish results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv evaluations.json throughput.csv $(3)
 $(BIN)/python -m doctools.doc_tables
 endef
 

@@ -132,6 +132,7 @@ def demo_wall_time(keep_name: str = "demo") -> tuple[float, dict]:
                 "results.md",
                 "results.csv",
                 "results_seeds.csv",
+                "evaluations.json",
                 "throughput.csv",
                 "figures/curves.png",
                 "figures/attention_distance.png",
