@@ -120,3 +120,43 @@ def test_validate_and_train_one_epoch_from_outside_the_checkout(installed, tmp_p
     )
     metrics = json.loads((work / "run" / "metrics.json").read_text())
     assert len(metrics["history"]) == 1 and (work / "run" / "best.pt").is_file()
+
+
+def _checkout(root: Path, locvit_src: Path, scripts_python: Path) -> Path:
+    """A checkout at ``root`` (the Makefile and what its install stamp depends on) whose installed .venv finds
+    locvit in ``locvit_src`` (as an editable install's path file does) and whose scripts run ``scripts_python``."""
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(REPO / name, root / name)
+    (root / "src" / "locvit").mkdir(parents=True)
+    (root / "src" / "locvit" / "__init__.py").write_text("")
+    venv = root / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.check_output(
+            [venv / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])"], text=True
+        ).strip()
+    )
+    (site / "__editable__.locvit.pth").write_text(f"{locvit_src}\n")
+    (venv / "bin" / "locvit").write_text(f"#!{scripts_python}\n")
+    (venv / ".locvit-installed").touch()  # installed after its inputs: nothing to redo
+    return root
+
+
+def test_make_install_refuses_a_venv_made_for_another_checkout(tmp_path):
+    """A checkout copied with its .venv runs the original's code (the editable install and the scripts' interpreter
+    point there): make install, which every make target runs first, names what points where and stops."""
+    here = tmp_path / "here"
+    here.mkdir()
+    _checkout(here, here / "src", here / ".venv" / "bin" / "python")
+    _run(["make", "--no-print-directory", "install"], here)  # its own: nothing to say
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    _checkout(moved, REPO / "src", REPO / ".venv" / "bin" / "python")
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "demo"], cwd=moved, env=_env(), capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert (
+        f"make: .venv was made for another checkout (its locvit is {(REPO / 'src' / 'locvit').resolve()}; its scripts "
+        f"run {REPO / '.venv' / 'bin' / 'python'}), not {moved}; run: rm -rf .venv && make install"
+    ) in proc.stderr
