@@ -31,8 +31,18 @@ include: "workflow/rules/report.smk"
 
 onsuccess:
     from locvit.versioning import commit_after_snakemake
+    from locvit.tracking.run import untracked
 
     print(f"DVC: {commit_after_snakemake(PARAMS_FILE, config.get('dvc_commit', True) is not False)}")
+    if notice := untracked(LAYOUT.root, TRACKING_DB):  # runs trained while the tracking backend did not answer
+        print(notice)
+
+
+onerror:
+    from locvit.tracking.run import untracked
+
+    if notice := untracked(LAYOUT.root, TRACKING_DB):
+        print(notice)
 
 
 rule all:

@@ -855,3 +855,28 @@ def test_every_locality_cell_names_the_layers_it_measured(tmp_path):
     assert "'By construction': the kernel covers every key of those layers' attention" in md
     assert "swin2: no cross-layer similarity: its layers' maps differ in shape" in md
     assert "pvt: no cross-layer similarity: 1 layer(s) with maps over the patch grid; no attention rollout: its " in md
+
+
+def test_a_backend_that_did_not_answer_is_said_below_the_results(tmp_path, monkeypatch):
+    """A run trained while the tracking backend did not answer has no MLflow run (its metrics.json says why), and
+    a report built while it still does not answer links none: the results table says both below it, with the
+    command that uploads the runs; the same sentence is what Snakemake prints when the workflow ends."""
+    from locvit.tracking.run import untracked
+
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens
+    params = make_params({"deit": VARIANTS["deit"], "lsa": VARIANTS["lsa"]})
+    make_study(tmp_path, params, analysed={})
+    assert untracked(tmp_path, tmp_path / "mlflow.db") is None
+    metrics = tmp_path / "runs" / "lsa" / "seed1" / "metrics.json"
+    record = json.loads(metrics.read_text())
+    error = "ConnectionError: connection refused"
+    write(metrics, {**record, "mlflow_run_id": None, "tracking": {"status": "failed", "uri": dead, "error": error}})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
+    build_report(config(params), tmp_path, tmp_path / "report", log_to_mlflow=True)
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert f"MLflow links: none; the tracking backend {dead} did not answer (" in md
+    notice = untracked(tmp_path, tmp_path / "mlflow.db")
+    assert notice.startswith(f"MLflow: 1 training run(s) are not in MLflow (lsa seed1): the tracking backend {dead} ")
+    assert f"did not answer ({error}); their records are kept in their metrics.json" in notice
+    assert f"locvit sync-tracking --runs-dir {tmp_path / 'runs'} --tracking-db {tmp_path / 'mlflow.db'}" in notice
+    assert notice in md

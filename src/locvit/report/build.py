@@ -71,15 +71,21 @@ def build_report(
     ui_base = ui_base or config["ui_url"] or DEFAULT_UI
     study = load_study(config, study_dir)
     started = time.perf_counter()
-    client = _tracking_client(study, Path(tracking_db or StudyLayout(study_dir).tracking_db)) if log_to_mlflow else None
+    db = Path(tracking_db or StudyLayout(study_dir).tracking_db)
+    client, unreachable = _tracking_client(study, db) if log_to_mlflow else (None, None)
     link = _run_links(client, study, ui_base) if client else None
+    mlflow_notes = [f"MLflow links: none; the tracking backend {unreachable} when this report was built."] * bool(
+        unreachable
+    )
+    if runs_note := _untracked(study_dir, db):  # runs trained while the backend did not answer
+        mlflow_notes.append(runs_note)
     mlflow_s = time.perf_counter() - started
     previous = _previous_files(out_dir)
     for sub in ("tables", "figures", "pdf"):  # declared outputs of the step, so present even when empty
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     report = {"study": study.name, "tables": {}, "figures": {}, "skipped": {}, "mlflow": {}}
 
-    results = write_results(study, out_dir, link)
+    results = write_results(study, out_dir, link, mlflow_notes)
     write_variant_metrics(study, out_dir / "metrics")
     report["tables"]["results"] = {ext: REPORT_FILES[ext] for ext in ("md", "csv", "tex")}
 
@@ -203,15 +209,21 @@ def _remove_stale(out_dir: Path, previous: set[str], report: dict) -> None:
 
 
 def _tracking_client(study: Study, db: Path):
-    """An MlflowClient on the study's backend, or None (with a warning) when it cannot be reached."""
+    """An MlflowClient on the study's backend and None, or None (with a warning) and why when it cannot be reached."""
     from locvit import tracking
 
     try:
         with tracking.bounded_http():
-            return tracking.connect(study.name, db)
+            return tracking.connect(study.name, db), None
     except Exception as err:  # any backend problem: the report is still written
         log.warning(f"MLflow backend not reachable ({err}); tables without run links, figures not logged")
-        return None
+        return None, f"{tracking.safe_uri(tracking.default_uri(db))} did not answer ({err})"
+
+
+def _untracked(study_dir: Path, db: Path) -> str | None:
+    from locvit.tracking.run import untracked  # MLflow's modules only when a report is built
+
+    return untracked(study_dir, db)
 
 
 def _run_links(client, study: Study, ui_base: str) -> RunLink:

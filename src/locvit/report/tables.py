@@ -204,9 +204,11 @@ def summary(table: Table) -> dict:
     return out
 
 
-def write_results(study: Study, out_dir: Path, link: RunLink | None = None) -> Table:
-    """results.md/.csv/.tex, results_seeds.csv, summary.json and evaluations.json under ``out_dir``."""
+def write_results(study: Study, out_dir: Path, link: RunLink | None = None, notes: list[str] = ()) -> Table:
+    """results.md/.csv/.tex, results_seeds.csv, summary.json and evaluations.json under ``out_dir``; ``notes``
+    below the table (why its MLflow runs are missing or unlinked)."""
     table = results_table(study)
+    table.notes += list(notes)
     write_json(out_dir / REPORT_FILES["evaluations"], evaluations(study))
     write_json(out_dir / REPORT_FILES["summary"], summary(table))
     write_text(out_dir / REPORT_FILES["md"], to_markdown(table, link, level=1))

@@ -25,7 +25,7 @@ from typing import Any
 
 from locvit.config.run import flatten, peak_lr
 from locvit.errors import InputError
-from locvit.layout import RunFiles
+from locvit.layout import RunFiles, StudyLayout
 from locvit.tracking.backend import (
     bounded_http,
     check_reachable,
@@ -532,6 +532,31 @@ def sync_command(uri: str, runs_dir: Path, tracking_db: Path, eval_dir: Path | N
     return (
         f"{env}locvit sync-tracking --runs-dir {shlex.quote(str(runs_dir))} "
         f"--tracking-db {shlex.quote(str(tracking_db))}{extra}"
+    )
+
+
+def untracked(study_dir: Path, tracking_db: Path) -> str | None:
+    """A sentence on the study's training runs that are not in MLflow (their metrics.json says tracking failed):
+    how many, the backend that did not answer and why, and the command that uploads them; None where there are
+    none. Snakemake prints it when the workflow ends, the report puts it below its results table."""
+    runs = StudyLayout(study_dir).runs
+    failed = []
+    for path in sorted(runs.glob("*/*/metrics.json")):
+        try:
+            record = json.loads(path.read_text()).get("tracking") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # a file being written, or not a run's record: the step that reads it says so
+        if record.get("status") == "failed":
+            failed.append((f"{path.parent.parent.name} {path.parent.name}", record))
+    if not failed:
+        return None
+    names = ", ".join(name for name, _ in failed[:4]) + (", ..." if len(failed) > 4 else "")
+    first = failed[0][1]
+    upload = sync_command(first.get("uri") or "", runs, tracking_db)
+    return (
+        f"MLflow: {len(failed)} training run(s) are not in MLflow ({names}): the tracking backend "
+        f"{first.get('uri')} did not answer ({first.get('error') or 'no error recorded'}); their records are "
+        f"kept in their metrics.json. Upload them once it answers: {upload}"
     )
 
 
