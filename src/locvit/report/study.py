@@ -196,7 +196,7 @@ class Variant:
 
     @property
     def arch(self) -> dict | None:
-        return self.profile["arch"] if self.profile else None
+        return self.profile.get("arch") if self.profile else None
 
     @property
     def family(self) -> str:
