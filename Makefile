@@ -6,16 +6,18 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# FFCV builds against OpenCV and libjpeg-turbo found through pkg-config; the MLflow UI
-# test drives Debian's Chromium.
-SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev chromium
+# FFCV builds against OpenCV and libjpeg-turbo found through pkg-config.
+SYSTEM_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev
+# `make test`: the browser tests (MLflow UI, DVC plots) drive Debian's Chromium; where apt has no `chromium`
+# (Ubuntu ships it as a snap) or make is not root, they skip and say so.
+BROWSER_PACKAGES := chromium
 # `make test-cluster`: a two-node SLURM cluster with accounting, each node in a network namespace of its
 # own (tests/slurm_cluster.py: iproute2's ip, util-linux's nsenter and unshare).
 CLUSTER_PACKAGES := slurm-wlm slurmdbd munge mariadb-server iproute2 util-linux
 STAMP := $(VENV)/.locvit-installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install system-deps cluster-deps demo test test-fast test-floor test-cluster lint lock bench sweep efficiency clean
+.PHONY: install system-deps browser-deps cluster-deps demo test test-fast test-floor test-cluster lint lock bench sweep efficiency clean
 
 install: $(STAMP)
 	@$(BIN)/python -c "$$VENV_HERE"
@@ -53,10 +55,14 @@ fi
 endef
 SYSTEM_DEPS_MISSING = echo "FFCV needs system packages that are missing. Run, as root:"; \
   echo "  apt-get update && apt-get install -y$$missing"; echo "then run make again."; exit 1
+BROWSER_DEPS_MISSING = echo "the browser tests need:$$missing (as root: apt-get install -y$$missing); they will skip"
 CLUSTER_DEPS_MISSING = echo "the SLURM test cluster needs:$$missing (as root: apt-get install -y$$missing); the test will skip"
 
 system-deps:
 	@$(call apt_deps,$(SYSTEM_PACKAGES),SYSTEM_DEPS_MISSING)
+
+browser-deps:
+	@( $(call apt_deps,$(BROWSER_PACKAGES),BROWSER_DEPS_MISSING) ) || echo "apt-get could not install$(BROWSER_PACKAGES:%= %): the browser tests will skip"
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-deps
@@ -105,6 +111,7 @@ FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
 
 test: install
+	@$(MAKE) --no-print-directory browser-deps
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
 	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
