@@ -87,7 +87,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
 
     An import of ``locvit.a.b`` also counts the packages above it whose ``__init__`` Python runs first
     (``locvit``, ``locvit.a``), except the importing module's own packages (they ran before it did) unless
-    it names one.
+    it names one. A package whose ``__init__`` iterates its folder (locvit.models) imports every module in it.
     """
     files = {_module(path, package): path for path in package.rglob("*.py")}
     graph = {}
@@ -98,10 +98,23 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif path.name == "__init__.py" and _iterates_its_folder(node):  # locvit.models finds its families
+                found |= {m for m in files if m.rpartition(".")[0] == name}
         found = {m for m in found if m in files}
         ran = _parents(name) | ({name} if path.name == "__init__.py" else set())  # its own packages
         graph[name] = (found | ({p for m in found for p in _parents(m)} - ran)) - {name}
     return graph
+
+
+def _iterates_its_folder(node: ast.AST) -> bool:
+    """``pkgutil.iter_modules(__path__)``: a package that imports every module in its folder."""
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "iter_modules"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "__path__"
+    )
 
 
 def _parents(module: str) -> set[str]:

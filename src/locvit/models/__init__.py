@@ -1,41 +1,29 @@
 """locvit's model families, registered with timm on import, and the one way to make a model.
 
-Every model is a timm model built by name, any timm classification model that builds at the
-data's image size included (:func:`create`). The families (MaiT, LSA, IBiT, Swin, Twins) live in
-their own modules; the baselines (DeiT, CaiT, ConViT, NesT) come straight from timm,
-with their 32x32 settings (and the NesT paper's CIFAR NesT-T, ``nest_tiny_cifar``) in
-``baselines``; the baselines timm lacks have a file each (``pvt``: PVT v1, ``wrn``: CIFAR
-wide ResNets, ``pyramidnet``: PyramidNet, ``localvit``: LocalViT). Training, evaluation, analysis and profiling
-make models only through :func:`create` (from a run config) and :func:`load` (from a checkpoint).
+Importing this package imports every module in its folder: a family is one file (its model, its
+``@register_model`` entrypoints and its :class:`~locvit.models.family.Family`), found there. Every model
+is a timm model built by name, any timm classification model that builds at the data's image size
+included. Training, evaluation, analysis and profiling make models only through :func:`create` (from
+a run config) and :func:`load` (from a checkpoint).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from locvit.models import (
-    baselines,  # noqa: F401  (registers nest_tiny_cifar)
-    ibit,  # noqa: F401  (registers ibit_* entrypoints)
-    localvit,  # noqa: F401  (registers localvit_*: LocalViT, not in timm)
-    lsa,  # noqa: F401  (registers lsa_* entrypoints)
-    mait,  # noqa: F401  (registers mait_* entrypoints)
-    pvt,  # noqa: F401  (registers pvt_v1_*: PVT v1, not in timm)
-    pyramidnet,  # noqa: F401  (registers pyramidnet164_a48)
-    swin,  # noqa: F401  (the Swin family: timm's swin_*)
-    twins,  # noqa: F401  (the Twins family: timm's twins_*)
-    wrn,  # noqa: F401  (registers wrn_*: CIFAR wide ResNets)
-)
+for _module in pkgutil.iter_modules(__path__):  # each family registers itself on import
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def import_modules(modules) -> None:
     """Import params' ``model_modules`` (families outside locvit), from PYTHONPATH or the working directory."""
-    import importlib
-
     from locvit.model_modules import working_dir_on_path
 
     for module in modules:
