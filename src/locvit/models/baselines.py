@@ -102,7 +102,7 @@ default_cfgs = generate_default_cfgs(
             url="",
             num_classes=10,
             input_size=(3, 32, 32),
-            pool_size=None,
+            pool_size=(4, 4),
             crop_pct=1.0,
             interpolation="bicubic",
             fixed_input_size=True,
@@ -115,16 +115,26 @@ default_cfgs = generate_default_cfgs(
 )
 
 
+class CifarNest(Nest):
+    """timm's Nest with the ``feature_info`` of its patch size (timm's counts from 4-pixel patches)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for i, info in enumerate(self.feature_info):  # the first level at the patch grid, each next one halved
+            info["reduction"] = self.patch_embed.patch_size[0] * 2**i
+
+
 @register_model
 def nest_tiny_cifar(pretrained=False, **kwargs) -> Nest:
     """NesT-T in the NesT paper's CIFAR setting (``NEST_TINY_CIFAR``; 6.60M with 10 classes)."""
     if pretrained:
         raise ValueError("nest_tiny_cifar: no pretrained weights; use pretrained=False")
     return build_model_with_cfg(
-        Nest,
+        CifarNest,
         "nest_tiny_cifar",
         pretrained=False,
         pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), flatten_sequential=True),  # its four levels
         **{**NEST_TINY_CIFAR, **kwargs},
     )
 

@@ -309,7 +309,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTr
         PyramidVisionTransformer,
         variant,
         pretrained=False,
-        feature_cfg=dict(flatten_sequential=True),
+        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),  # the stages' maps
         **dict(dict(depths=SIZES[variant]), **kwargs),
     )
 

@@ -113,7 +113,7 @@ def pyramidnet164_a48(pretrained=False, **kwargs) -> PyramidNet:
         PyramidNet,
         "pyramidnet164_a48",
         pretrained=False,
-        feature_cfg=dict(flatten_sequential=True),
+        feature_cfg=dict(flatten_sequential=True, out_indices=(0, 1, 2)),  # its three stages
         **dict(dict(depth=164, alpha=48), **kwargs),
     )
 

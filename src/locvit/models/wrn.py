@@ -99,7 +99,11 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> WideResNet:
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights; use pretrained=False")
     return build_model_with_cfg(
-        WideResNet, variant, pretrained=False, feature_cfg=dict(flatten_sequential=True), **kwargs
+        WideResNet,
+        variant,
+        pretrained=False,
+        feature_cfg=dict(flatten_sequential=True, out_indices=(0, 1, 2)),
+        **kwargs,
     )
 
 
