@@ -46,7 +46,7 @@ ALLOWED: list[tuple[str, str]] = [
     ),
     (
         r"within \d+ ?% of the papers?'?",
-        "a tolerance a test asserts against the papers' counts (tests/test_paper_baselines.py), not a measurement",
+        "a tolerance a test asserts against the papers' counts (tests/test_baselines.py), not a measurement",
     ),
     (
         r"SlurmdTimeout|KillWait|MinJobAge|URG@\d+|SIGURG \d+ s|LOCVIT_RDZV_TIMEOUT",

@@ -10,7 +10,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from helpers import FAMILY_SHAPES
+from helpers import locvit_families
 
 import locvit.models  # noqa: F401
 from locvit.analysis.analyse import _extras, distances, locality, measures
@@ -26,13 +26,15 @@ from locvit.models.family import family_of, map_kind, neighbourhood_mask, summar
 from locvit.models.ibit import learned_masks
 from locvit.models.mait import soft_mask_alphas
 
-VIT = dict(FAMILY_SHAPES["deit"].kwargs, num_classes=5)  # a 4 x 4 grid of 8-pixel patches, 3 heads, 2 blocks
-# Every family at its small shape (tests/helpers.py: its kinds of attention record in forward order), and
+BUILDS = {name: family.small for name, family in locvit_families().items()}  # Family.small
+
+VIT = dict(BUILDS["deit"].kwargs, num_classes=5)  # a 4 x 4 grid of 8-pixel patches, 3 heads, 2 blocks
+# Every family at its small build (Family.small: its kinds of attention record in forward order), and
 # MaiT's other mask kinds.
 FAMILIES = {
-    **FAMILY_SHAPES,
-    "mait_restrict": FAMILY_SHAPES["mait"].but(masked_heads="sch1", mask_type="hard", mask_mode="restrict"),
-    "mait_soft": FAMILY_SHAPES["mait"].but(masked_heads=[1, 2], mask_type="soft", alpha_init=0.3),
+    **BUILDS,
+    "mait_restrict": BUILDS["mait"].but(masked_heads="sch1", mask_type="hard", mask_mode="restrict"),
+    "mait_soft": BUILDS["mait"].but(masked_heads=[1, 2], mask_type="soft", alpha_init=0.3),
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from helpers import FAMILY_SHAPES
+from helpers import locvit_families
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 from torch.overrides import TorchFunctionMode
@@ -22,6 +22,8 @@ from torch.overrides import TorchFunctionMode
 from locvit.models import ibit, mait  # importing locvit.models registers every family
 from locvit.models.family import families, normed_qk
 from locvit.models.ibit import FrobeniusAttention
+
+BUILDS = {name: family.small for name, family in locvit_families().items()}  # Family.small
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
@@ -32,15 +34,15 @@ MIXES = {"cuda": (F32, F32), "q_f32": (F32, BF16), "k_f32": (BF16, F32)}
 
 
 def _family(family: str, **options) -> tuple[str, dict]:
-    """(timm name, keyword arguments): the family's small shape (tests/helpers.py) at SMALL's size, options changed."""
-    shape = FAMILY_SHAPES[family]
+    """(timm name, keyword arguments): the family's small build (Family.small) at SMALL's size, options changed."""
+    shape = BUILDS[family]
     return shape.model, {**shape.kwargs, **SMALL, **options}
 
 
 #: Every family built on timm's ViT (its Attention's q/k norms) at its shape's options, then MaiT's and IBiT's
 #: other masked paths. DeiT is the control: timm's Attention, where autocast casts for SDPA.
 MODELS = {
-    **{f: _family(f) for f in FAMILY_SHAPES if issubclass(families()[f].model_class, VisionTransformer)},
+    **{f: _family(f) for f in BUILDS if issubclass(families()[f].model_class, VisionTransformer)},
     "mait_sch1_hard": _family("mait", masked_heads="sch1", mask_type="hard"),
     "mait_all_hard": _family("mait", masked_heads="all", mask_type="hard"),
     "mait_all_soft": _family("mait", masked_heads="all", mask_type="soft"),

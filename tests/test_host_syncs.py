@@ -22,7 +22,7 @@ import math
 import pytest
 import timm
 import torch
-from helpers import FAMILY_SHAPES
+from helpers import locvit_families
 from timm.utils import ModelEmaV3
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -42,6 +42,8 @@ from locvit.train.engine import (
     update_ema,
 )
 from locvit.train.loop import _keep_implementation, buffers_change, param_groups
+
+BUILDS = {name: family.small for name, family in locvit_families().items()}  # Family.small
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: Tensor methods that read a value to the host, called from Python (on a CPU tensor no aten op runs for them).
@@ -311,8 +313,8 @@ def test_no_family_syncs_or_changes_a_buffer_in_training_so_ddp_need_not_broadca
     step leaves as they were once the first forward has built the lazy ones (ConViT's relative positions, a
     function of the token count: the same on every process); a family with BatchNorm's running statistics
     (LocalViT, the CNNs) is one buffers_change names, so DDP broadcasts them."""
-    # One model of each family at its small shape (tests/helpers.py; buffers are per block kind).
-    for name, shape in FAMILY_SHAPES.items():
+    # One model of each family at its small build (Family.small; buffers are per block kind).
+    for name, shape in BUILDS.items():
         torch.manual_seed(0)
         model, size = shape.build(num_classes=7), shape.size
         model.train()

@@ -40,10 +40,14 @@ from locvit.models.family import (
     BLOCK,
     CLASS,
     GPSA_MAP,
+    SMALL_CAIT,
+    SMALL_VIT,
     SOFTMAX,
     TALKING,
     AttentionSite,
+    Cfg,
     Family,
+    SmallBuild,
     exact_reader,
     read_vit,
     register_family,
@@ -98,7 +102,7 @@ def create_at_32(name: str, **kwargs) -> nn.Module:
 
 default_cfgs = generate_default_cfgs(
     {
-        "nest_tiny_cifar": dict(
+        "nest_tiny_cifar": Cfg(
             url="",
             num_classes=10,
             input_size=(3, 32, 32),
@@ -110,6 +114,7 @@ default_cfgs = generate_default_cfgs(
             std=(0.2470, 0.2435, 0.2616),
             first_conv="patch_embed.proj",
             classifier="head",
+            small=dict(img_size=32, depths=(1,) * 4),
         )
     }
 )
@@ -207,6 +212,7 @@ register_family(
         models=("deit", "vit_"),
         baseline=True,
         kinds=(SOFTMAX,),
+        small=SmallBuild("deit_tiny_patch16_224", SMALL_VIT, kinds=("softmax",) * 2),
     )
 )
 register_family(
@@ -219,6 +225,7 @@ register_family(
         lambda m: cait_sites(m, {TalkingHeadAttn: read_talking}),
         models=("cait_",),
         kinds=(TALKING, CLASS),
+        small=SmallBuild("cait_xxs24_224", SMALL_CAIT, kinds=("talking", "talking", "class")),
     )
 )
 register_family(
@@ -231,6 +238,11 @@ register_family(
         lambda m: vit_sites(m, {GPSA: _read_gpsa, MHSA: _read_mhsa}),
         models=("convit_",),
         kinds=(GPSA_MAP, SOFTMAX),
+        small=SmallBuild(
+            "convit_tiny",
+            dict(img_size=32, patch_size=8, embed_dim=8, num_heads=4, depth=3, local_up_to_layer=2),
+            kinds=("gpsa", "gpsa", "softmax"),
+        ),
     )
 )
 register_family(
@@ -243,5 +255,10 @@ register_family(
         _nest_sites,
         models=("nest_",),
         kinds=(BLOCK,),
+        small=SmallBuild(
+            "nest_tiny_cifar",
+            dict(img_size=16, num_levels=3, embed_dims=(24,) * 3, num_heads=(3,) * 3, depths=(1,) * 3),
+            kinds=("block",) * 3,
+        ),
     )
 )

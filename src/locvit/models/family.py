@@ -71,6 +71,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from timm.layers import Attention
+from timm.models import PretrainedCfg
 from timm.models.swin_transformer import WindowAttention
 
 KEYS = ("tokens", "pooled", "other")
@@ -244,6 +245,59 @@ class Extra:
             raise ValueError(f"Extra {self.name!r}: shape {self.shape!r} is not one of {', '.join(EXTRA_SHAPES)}")
 
 
+#: The tests' small ViT: a 4 x 4 grid of 8-pixel patches, 3 heads of 8 dimensions, 2 blocks.
+SMALL_VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3)
+SMALL_CAIT = dict(SMALL_VIT, depth_token_only=1)  # 2 talking-heads layers, then 1 class-attention layer
+#: A ViT entrypoint at the tests' size: its own widths and heads, three blocks of 8-pixel patches at 32 pixels.
+SHALLOW_VIT = dict(img_size=32, patch_size=8, depth=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallBuild:
+    """A model at the size the tests run: its own architecture, fewer layers, channels and pixels.
+
+    size: the input's side (default ``kwargs["img_size"]``); kinds: the ``AttentionMap.kind`` of each attention
+    layer in forward order, as a family's build declares them."""
+
+    model: str
+    kwargs: dict
+    size: int | None = None
+    kinds: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.size is None:
+            if "img_size" not in self.kwargs:
+                raise ValueError(f"SmallBuild({self.model!r}): give size= where the kwargs hold no img_size")
+            object.__setattr__(self, "size", self.kwargs["img_size"])
+
+    def build(self, **kwargs) -> nn.Module:
+        """The model, the caller's keywords over the build's (``num_classes=...``, an option)."""
+        import timm
+
+        return timm.create_model(self.model, **{**self.kwargs, **kwargs})
+
+    def but(self, **kwargs) -> SmallBuild:
+        """The same build with some keyword arguments changed (another option of the family)."""
+        return dataclasses.replace(self, kwargs={**self.kwargs, **kwargs})
+
+
+@dataclasses.dataclass
+class Cfg(PretrainedCfg):
+    """timm's default cfg of a locvit entrypoint, with ``small``: the keywords that make it a :class:`SmallBuild`."""
+
+    small: dict | None = None
+
+
+def small_build(model: str) -> SmallBuild | None:
+    """The small build of a timm model: its entrypoint's (``Cfg.small``), else the family's whose build it is."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(model)
+    if isinstance(cfg, Cfg) and cfg.small is not None:
+        return SmallBuild(model, cfg.small, cfg.small.get("img_size", cfg.input_size[-1]))
+    return next((f.small for f in _FAMILIES.values() if f.small is not None and f.small.model == model), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """A model family as analysis, profile and report see it (module docstring)."""
@@ -261,6 +315,7 @@ class Family:
     kinds: tuple[MapKind, ...] = (SOFTMAX,)  # the kinds of map its readers return
     check: Callable[[nn.Module], list[str]] = lambda model: []  # problems of a built model (``locvit validate``)
     unread: Callable[[nn.Module], list[str]] = lambda model: []  # attention layers it cannot read, by class
+    small: SmallBuild | None = None  # a model it claims at the tests' size, its own attention path on
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -88,7 +88,20 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from locvit import io
 from locvit.errors import allowed
 from locvit.io import atomic_path
-from locvit.models.family import FROBENIUS, SOFTMAX, Extra, Family, normed_qk, register_family, vit_blocks, vit_sites
+from locvit.models.family import (
+    FROBENIUS,
+    SHALLOW_VIT,
+    SMALL_VIT,
+    SOFTMAX,
+    Cfg,
+    Extra,
+    Family,
+    SmallBuild,
+    normed_qk,
+    register_family,
+    vit_blocks,
+    vit_sites,
+)
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +547,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> IBiT:
 
 
 # No released weights: the config carries input size, classes and DeiT's normalisation.
-default_cfgs = generate_default_cfgs({"ibit_tiny_patch16_224": _cfg(url="")})
+default_cfgs = generate_default_cfgs({"ibit_tiny_patch16_224": Cfg(**_cfg(url=""), small=SHALLOW_VIT)})
 
 
 @register_model
@@ -596,5 +609,6 @@ register_family(
         ),
         models=("ibit_",),
         kinds=(FROBENIUS, SOFTMAX),
+        small=SmallBuild("ibit_tiny_patch16_224", dict(SMALL_VIT, mask_fit_steps=2000), kinds=("frobenius",) * 2),
     )
 )

@@ -31,7 +31,17 @@ from timm.models._builder import build_model_with_cfg
 from timm.models._registry import generate_default_cfgs
 from timm.models.vision_transformer import VisionTransformer, _cfg, checkpoint_filter_fn
 
-from locvit.models.family import Family, read_vit, register_family, vit_blocks, vit_sites
+from locvit.models.family import (
+    SHALLOW_VIT,
+    SMALL_VIT,
+    Cfg,
+    Family,
+    SmallBuild,
+    read_vit,
+    register_family,
+    vit_blocks,
+    vit_sites,
+)
 
 
 class LocalityFeedForward(nn.Module):
@@ -140,7 +150,9 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> LocalViT:
     )
 
 
-default_cfgs = generate_default_cfgs({"localvit_tiny_patch16_224": _cfg(), "localvit_small_patch16_224": _cfg()})
+default_cfgs = generate_default_cfgs(
+    {name: Cfg(**_cfg(), small=SHALLOW_VIT) for name in ("localvit_tiny_patch16_224", "localvit_small_patch16_224")}
+)
 
 
 @register_model
@@ -172,6 +184,7 @@ register_family(
         vit_blocks,
         lambda m: vit_sites(m, {Attention: read_vit}),
         models=("localvit_",),
+        small=SmallBuild("localvit_tiny_patch16_224", SMALL_VIT, kinds=("softmax",) * 2),
     )
 )
 

@@ -64,7 +64,17 @@ from timm.models._features import feature_take_indices
 from timm.models._registry import generate_default_cfgs
 
 from locvit.errors import InputError, allowed
-from locvit.models.family import SHIFT, SOFTMAX, AttentionSite, Family, exact_reader, register_family, softmax_map
+from locvit.models.family import (
+    SHIFT,
+    SOFTMAX,
+    AttentionSite,
+    Cfg,
+    Family,
+    SmallBuild,
+    exact_reader,
+    register_family,
+    softmax_map,
+)
 
 Shift = tuple[int, int]
 SHIFTS: dict[str, tuple[Shift, ...]] = {
@@ -526,13 +536,13 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> LSA:
     return build_model_with_cfg(LSA, variant, pretrained=False, **kwargs)
 
 
-def _cfg(size: int, num_classes: int, **kwargs) -> dict:
+def _cfg(size: int, num_classes: int, **kwargs) -> Cfg:
     mean, std = (
         ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
         if size == 32
         else ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     )
-    return dict(
+    return Cfg(
         url="",
         num_classes=num_classes,
         input_size=(3, size, size),
@@ -550,7 +560,12 @@ def _cfg(size: int, num_classes: int, **kwargs) -> dict:
 
 ENTRYPOINTS = ("lsa_tiny_cifar", "lsa_small_cifar", "lsa_base_cifar", "lsa_tiny_224", "lsa_small_224")
 default_cfgs = generate_default_cfgs(
-    {name: _cfg(32, 10) if name.endswith("cifar") else _cfg(224, 1000) for name in ENTRYPOINTS}
+    {
+        **{name: _cfg(32, 10, small=dict(img_size=16, depths=(1,) * 4)) for name in ENTRYPOINTS[:3]},
+        # the ImageNet stem needs a larger input
+        "lsa_tiny_224": _cfg(224, 1000, small=dict(img_size=112, depths=(1,) * 4)),
+        "lsa_small_224": _cfg(224, 1000, small=dict(img_size=112, depths=(1,) * 3)),
+    }
 )
 
 # Entrypoints: Table 2's sizes. CIFAR: T=18, a 3x3 stride-1 conv per variant (1024 tokens),
@@ -666,5 +681,19 @@ register_family(
         options=_summary,
         models=("lsa_",),
         kinds=(SHIFT, SOFTMAX),
+        small=SmallBuild(  # nine shifts on a 4 x 4 grid of 4-pixel patches, two levels
+            "lsa_tiny_cifar",
+            dict(
+                img_size=16,
+                kernel_size=4,
+                stride=4,
+                padding=0,
+                embed_dims=24,
+                depths=(2, 1),
+                num_heads=3,
+                shifts="axes9",
+            ),
+            kinds=("shift", "softmax", "softmax"),
+        ),
     )
 )

@@ -53,10 +53,15 @@ from locvit.errors import InputError, allowed
 from locvit.models.baselines import cait_blocks, cait_sites, read_talking
 from locvit.models.family import (
     CLASS,
+    SHALLOW_VIT,
+    SMALL_CAIT,
+    SMALL_VIT,
     SOFTMAX,
     TALKING,
+    Cfg,
     Extra,
     Family,
+    SmallBuild,
     neighbourhood_mask,
     normed_qk,
     read_vit,
@@ -669,7 +674,7 @@ ENTRYPOINTS = (
 )
 # No released weights: the configs only carry input size, classes and normalisation (DeiT's).
 default_cfgs = generate_default_cfgs(
-    {name: _cfg(url="", num_classes=1000, input_size=(3, 224, 224)) for name in ENTRYPOINTS}
+    {name: Cfg(**_cfg(url="", num_classes=1000, input_size=(3, 224, 224)), small=SHALLOW_VIT) for name in ENTRYPOINTS}
 )
 
 
@@ -824,6 +829,9 @@ register_family(
         extras=(ALPHAS,),
         models=("mait_",),
         kinds=(SOFTMAX,),
+        small=SmallBuild(  # hard masks on head 1, then heads 0 and 2
+            "mait_tiny_patch16_224", dict(SMALL_VIT, masked_heads=[1, [0, 2]], mask_type="hard"), kinds=("softmax",) * 2
+        ),
     )
 )
 register_family(
@@ -838,5 +846,6 @@ register_family(
         extras=(ALPHAS,),
         models=("mait_cait_",),
         kinds=(TALKING, CLASS),
+        small=SmallBuild("mait_cait_xxs24_224", SMALL_CAIT, kinds=("talking", "talking", "class")),
     )
 )

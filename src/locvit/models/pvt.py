@@ -36,7 +36,7 @@ stage-1 patch decide the size; we choose 10 classes and pixel tokens in stage 1
 (:data:`CIFAR`: ``patch_size=1``, a 32 x 32 grid, then 16, 8 and 4; stage 1's reduction 8 pools
 the keys to a 4 x 4 grid), as NesT's CIFAR models embed pixels: the only 32-px setting within
 3 % of all three sizes (``patch_size=4``, an 8 x 8 grid with keys pooled to 1 x 1, gives 12.34M,
--3.6 %). ``tests/test_paper_baselines.py`` checks both columns on the meta device.
+-3.6 %). ``tests/test_baselines.py`` checks both columns on the meta device.
 
 Attention maps (:mod:`locvit.models.family`): the stages with ``R > 1`` give ``pooled_keys``
 records (queries on the stage's token grid, keys on the grid pooled by ``R``), stage 4 gives
@@ -58,7 +58,17 @@ from timm.models._registry import generate_default_cfgs
 from timm.models.pvt_v2 import Attention as SRAttention
 
 from locvit.errors import allowed
-from locvit.models.family import POOLED, SOFTMAX, AttentionSite, Family, exact_reader, register_family, softmax_map
+from locvit.models.family import (
+    POOLED,
+    SOFTMAX,
+    AttentionSite,
+    Cfg,
+    Family,
+    SmallBuild,
+    exact_reader,
+    register_family,
+    softmax_map,
+)
 
 
 class PvtBlock(nn.Module):
@@ -275,8 +285,8 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-def _cfg() -> dict:
-    return dict(
+def _cfg() -> Cfg:
+    return Cfg(
         url="",
         num_classes=1000,
         input_size=(3, 224, 224),
@@ -288,6 +298,7 @@ def _cfg() -> dict:
         std=(0.229, 0.224, 0.225),
         first_conv="stages.0.patch_embed.proj",
         classifier="head",
+        small=dict(img_size=32, depths=(1, 1, 1, 1)),
     )
 
 
@@ -397,6 +408,10 @@ register_family(
         _sites,
         models=("pvt_v1_",),
         kinds=(POOLED, SOFTMAX),
+        # one block per stage: stages 1-3 attend to a pooled key grid, stage 4 to its own
+        small=SmallBuild(
+            "pvt_v1_tiny", dict(img_size=32, depths=(1, 1, 1, 1)), kinds=("pooled_keys",) * 3 + ("softmax",)
+        ),
         check=reduction_problems,
     )
 )

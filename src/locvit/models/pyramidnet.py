@@ -35,7 +35,7 @@ from timm.models._registry import generate_default_cfgs
 
 from locvit.errors import InputError
 from locvit.models.cifar_cnn import CifarCnn, cifar_cfg
-from locvit.models.family import Family, register_family
+from locvit.models.family import Cfg, Family, SmallBuild, register_family
 
 
 class PyramidBottleneck(nn.Module):
@@ -101,7 +101,8 @@ class PyramidNet(CifarCnn):
         self._finish(chs, num_classes, global_pool, drop_rate)
 
 
-default_cfgs = generate_default_cfgs({"pyramidnet164_a48": cifar_cfg("stem.0")})
+SMALL = dict(depth=11, alpha=12)  # one bottleneck per stage
+default_cfgs = generate_default_cfgs({"pyramidnet164_a48": Cfg(**cifar_cfg("stem.0"), small=SMALL)})
 
 
 @register_model
@@ -127,6 +128,7 @@ register_family(
         lambda m: [],
         lambda m: [],
         models=("pyramidnet",),
+        small=SmallBuild("pyramidnet164_a48", SMALL, size=32),  # a CNN: no attention layers
     )
 )
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch.nn as nn
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 
-from locvit.models.family import BLOCK, AttentionSite, Family, exact_reader, read_window, register_family
+from locvit.models.family import BLOCK, AttentionSite, Family, SmallBuild, exact_reader, read_window, register_family
 
 #: timm's Swin-T at 32 x 32: the 8 x 8 grid of 4-pixel patches, windows of 4 (27.5M parameters with
 #: 10 classes, LSA's Table 3: 27.5M).
@@ -90,6 +90,11 @@ register_family(
         options=_summary,
         models=("swin_",),
         kinds=(BLOCK,),
+        small=SmallBuild(  # windows of 2 divide both stages' grids (4 x 4, 2 x 2)
+            "swin_tiny_patch4_window7_224",
+            dict(img_size=16, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=2),
+            kinds=("block",) * 4,
+        ),
         check=window_problems,
     )
 )

@@ -35,6 +35,7 @@ from locvit.models.family import (
     SOFTMAX,
     AttentionSite,
     Family,
+    SmallBuild,
     exact_reader,
     register_family,
     softmax_map,
@@ -131,6 +132,20 @@ register_family(
         options=_summary,
         models=("twins_",),
         kinds=(BLOCK, POOLED, SOFTMAX),
+        small=SmallBuild(  # windows that divide every stage's grid
+            "twins_svt_small",
+            dict(
+                img_size=16,
+                patch_size=2,
+                embed_dims=(16, 32, 32),
+                depths=(2, 2, 2),
+                num_heads=(1, 2, 2),
+                mlp_ratios=(2, 2, 2),
+                sr_ratios=(4, 2, 1),
+                wss=(4, 2, 2),
+            ),
+            kinds=("block", "pooled_keys", "block", "pooled_keys", "block", "softmax"),
+        ),
         check=window_problems,
     )
 )

@@ -34,7 +34,7 @@ from timm.models._registry import generate_default_cfgs
 
 from locvit.errors import InputError
 from locvit.models.cifar_cnn import CifarCnn, cifar_cfg
-from locvit.models.family import Family, register_family
+from locvit.models.family import Cfg, Family, SmallBuild, register_family
 
 
 class WideBasic(nn.Module):
@@ -92,7 +92,10 @@ class WideResNet(CifarCnn):
         self._finish(chs, num_classes, global_pool, drop_rate)
 
 
-default_cfgs = generate_default_cfgs({name: cifar_cfg("stem") for name in ("wrn_28_10", "wrn_16_2")})
+SMALL = dict(depth=10, widen_factor=1)  # one block per stage, 16-32-64 channels
+default_cfgs = generate_default_cfgs(
+    {name: Cfg(**cifar_cfg("stem"), small=SMALL) for name in ("wrn_28_10", "wrn_16_2")}
+)
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> WideResNet:
@@ -128,6 +131,7 @@ register_family(
         lambda m: [],
         lambda m: [],
         models=("wrn_",),
+        small=SmallBuild("wrn_16_2", SMALL, size=32),  # a CNN: no attention layers
     )
 )
 
