@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -220,32 +221,87 @@ def test_corrupt_truncated_or_missing_archive_names_the_file_and_how_to_get_it(t
     assert [p.name for p in tmp_path.iterdir()] == [archive.name]  # no folder, no temp folder
 
 
-def test_download_fetches_a_missing_or_corrupt_archive(tmp_path, monkeypatch):
-    import torchvision.datasets.utils
-
-    good = tmp_path / "published"
-    _, md5 = cifar10_archive(good)
-    monkeypatch.setitem(sources.ARCHIVE_MD5, "cifar-10-python.tar.gz", md5)
-    fetched = []
-
-    def fake_download_url(url, root, filename=None, md5=None):  # the network, replaced
-        fetched.append(url)
-        (tmp_path / "data" / filename).write_bytes((good / filename).read_bytes())
-
-    monkeypatch.setattr(torchvision.datasets.utils, "download_url", fake_download_url)
+def test_download_fetches_a_missing_or_corrupt_archive(tmp_path, monkeypatch, cifar_server):
+    served, _ = cifar_server
+    published, md5 = cifar10_archive(served)
+    monkeypatch.setitem(sources.ARCHIVE_MD5, published.name, md5)
     root = tmp_path / "data"
     root.mkdir()
-    (root / "cifar-10-python.tar.gz").write_bytes(b"an interrupted download")
+    (root / published.name).write_bytes(b"an interrupted download")
     source = get_source("cifar10", root=root, download=True)
     source.load(32)
-    assert fetched == ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"]
+    assert (root / published.name).read_bytes() == published.read_bytes()  # fetched over HTTP
     assert (root / "cifar-10-batches-py" / "test_batch").is_file() and len(source.labels) == 130
+
+
+@pytest.fixture
+def cifar_server(tmp_path, monkeypatch):
+    """A web server on 127.0.0.1 serving ``tmp_path/served/``, with CIFAR-10's URL pointed at it: torchvision
+    downloads over HTTP as from the published address, and no test needs the network."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    served = tmp_path / "served"
+    served.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    release = sources.CifarSource.RELEASES["cifar10"]
+    url = f"http://127.0.0.1:{server.server_port}/{release[6].rsplit('/', 1)[1]}"
+    monkeypatch.setitem(sources.CifarSource.RELEASES, "cifar10", (*release[:6], url))
+    yield served, server
+    server.shutdown()
+    server.server_close()
+
+
+def test_fetch_downloads_the_archive_where_prepare_reads_it_and_nothing_else(
+    tmp_path, monkeypatch, cifar_server, capsys
+):
+    """`locvit fetch` on the login node, then prepare on an offline compute node, for the CIFAR preset."""
+    from helpers import REPO
+
+    from locvit.cli import main
+
+    served, server = cifar_server
+    published, md5 = cifar10_archive(served, per_batch=100)  # a miniature release, as the published archive
+    monkeypatch.setitem(sources.ARCHIVE_MD5, published.name, md5)
+    study = tmp_path / "study"  # where snakemake runs: the preset's data.root, `data`, is relative to it
+    study.mkdir()
+    monkeypatch.chdir(study)
+    preset = str(REPO / "presets" / "lsa_cifar.yaml")
+    good = published.read_bytes()
+    published.write_bytes(good[:-100])  # a download cut short
+    assert main(["fetch", "--params", preset]) == 1
+    assert "has MD5" in capsys.readouterr().err and not list(study.rglob("*.*"))  # nothing kept, no temporary
+
+    published.write_bytes(good)
+    assert main(["fetch", "--params", preset]) == 0
+    assert f"downloaded {sources.CifarSource('cifar10').url}" in capsys.readouterr().out
+    assert [p.relative_to(study).as_posix() for p in sorted(study.rglob("*"))] == ["data", f"data/{published.name}"]
+    assert (study / "data" / published.name).read_bytes() == good  # nothing unpacked, no study folder
+
+    server.shutdown()  # the compute node: no network
+    server.server_close()
+    assert main(["fetch", "--params", preset]) == 0
+    assert "published MD5; nothing to download" in capsys.readouterr().out
+    out = {s: tmp_path / f"{s}.beton" for s in SPLITS}
+    args = [f"--{s}={path}" for s, path in out.items()] + [f"--manifest={tmp_path / 'manifest.json'}"]
+    assert main(["prepare", "--params", preset, *args]) == 0  # data.download: true, yet nothing to fetch
+    assert load_manifest(tmp_path / "manifest.json")["splits"]["test"]["size"] == 30
+    (study / "data" / published.name).unlink()
+    shutil.rmtree(study / "data" / "cifar-10-batches-py")
+    assert main(["fetch", "--params", preset]) == 1
+    assert "could not download" in capsys.readouterr().err
 
 
 def test_missing_or_corrupt_cifar_batch_says_which_file_and_what_to_do(tmp_path):
     folder = _fake_cifar10(tmp_path)
     (folder / "data_batch_2").unlink()
-    with pytest.raises(FileNotFoundError, match=r"data_batch_2 is missing\. Set data\.download: true"):
+    with pytest.raises(FileNotFoundError, match=r"data_batch_2 is missing\. Run `locvit fetch` .*data\.download: true"):
         get_source("cifar10", root=tmp_path).load(32)
     (folder / "data_batch_2").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match=r"data_batch_2 is not a readable CIFAR batch.*data\.download: true"):

@@ -72,6 +72,13 @@ def cmd_prepare(args) -> None:
     print(f"prepared {manifest['source']} at {manifest['image_size']}px: {sizes}; data hash {manifest['data_hash']}")
 
 
+def cmd_fetch(args) -> None:
+    from locvit.data.sources import get_source
+
+    data = load_params(args.params, check_models=False)["data"]
+    print(get_source(data["source"], data["root"]).fetch())
+
+
 def cmd_train(args) -> None:
     from locvit.tracking.run import system_metrics_interval
     from locvit.train.distributed import distributed
@@ -434,6 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     for split in ("train", "val", "test"):
         p.add_argument(f"--{split}", type=Path, required=True, help=f"output .beton of the {split} split")
     p.add_argument("--manifest", type=Path, required=True, help="output JSON manifest")
+
+    add(
+        "fetch",
+        cmd_fetch,
+        "download the study's dataset to where prepare reads it (data.root; CIFAR's archive, MD5 checked) and "
+        "nothing else: on a cluster, run it on the login node, where there is a network",
+    )
 
     p = add(
         "train",

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from locvit.errors import InputError, MissingFileError, allowed
+from locvit.io import atomic_path
 
 
 class DatasetSource:
@@ -62,6 +63,10 @@ class DatasetSource:
         """The labels and the official test split's indices as :meth:`load` will give them, known without
         the images (so ``locvit validate`` can check the split's sizes), or None where only the files tell."""
         return None
+
+    def fetch(self) -> str:
+        """Download what :meth:`load` reads and nothing else (``locvit fetch``); what was done, in a line."""
+        return f"{self.name}: nothing to download"
 
 
 class InMemorySource(DatasetSource):
@@ -193,8 +198,8 @@ class CifarSource(InMemorySource):
 
     def _how_to_get(self) -> str:
         return (
-            f"Set data.download: true to fetch {self.url} into {self.root}, or download that archive there "
-            f"yourself (data.root sets the folder)"
+            f"Run `locvit fetch` (where there is a network) or set data.download: true to fetch {self.url} into "
+            f"{self.root}, or download that archive there yourself (data.root sets the folder)"
         )
 
     def _read(self, file: str) -> dict:
@@ -217,17 +222,45 @@ class CifarSource(InMemorySource):
         expected, got = ARCHIVE_MD5[self.archive.name], md5_file(self.archive)
         return None if got == expected else f"has MD5 {got}, the published archive's is {expected}"
 
+    def _download(self) -> None:
+        """Fetch the archive under a temporary name, check its MD5, then give it its name: a download cut
+        short or another file never sits where :meth:`load` looks."""
+        from torchvision.datasets.utils import download_url
+
+        with atomic_path(self.archive) as tmp:
+            tmp.unlink()  # download_url keeps a file that is already there
+            try:
+                download_url(self.url, str(self.root), tmp.name)
+            except OSError as err:  # urllib's URLError included
+                raise InputError(
+                    f"{self.name}: could not download {self.url} ({err}). A compute node is often offline: "
+                    f"run `locvit fetch` where there is a network (the login node), or download the archive "
+                    f"into {self.root} yourself"
+                ) from err
+            expected, got = ARCHIVE_MD5[self.archive.name], md5_file(tmp)
+            if got != expected:
+                raise InputError(
+                    f"{self.name}: the download of {self.url} has MD5 {got}, the published archive's is "
+                    f"{expected}: it was cut short or is another file; nothing was kept, try again"
+                )
+
+    def fetch(self) -> str:
+        """Download the archive into ``root`` unless it (with the published MD5) or its folder is there."""
+        if self.folder.is_dir():
+            return f"{self.name}: {self.folder} is there; nothing to download"
+        if self._archive_problem() is None:
+            return f"{self.name}: {self.archive} is there with the published MD5; nothing to download"
+        self._download()
+        return f"{self.name}: downloaded {self.url} to {self.archive} (MD5 checked); prepare unpacks it"
+
     def _ensure_folder(self) -> None:
         """Unpack the archive (fetched first with ``download``) unless the folder is already there."""
         if self.folder.is_dir():
             return
         problem = self._archive_problem()
         if problem and self.download:
-            from torchvision.datasets.utils import download_url
-
-            self.archive.unlink(missing_ok=True)  # a corrupt one: download_url would keep it
-            download_url(self.url, str(self.root), self.archive.name)
-            problem = self._archive_problem()
+            self._download()
+            problem = None
         if problem == "missing":
             raise MissingFileError(
                 f"{self.name}: neither the folder {self.folder} nor the archive {self.archive} "
@@ -421,6 +454,11 @@ class ImageFolderSource(DatasetSource):
                 return np.asarray(img, dtype=np.uint8)
         except (OSError, ValueError, Image.DecompressionBombError) as err:
             raise InputError(f"{self.name}: {path} is not a readable image ({err}); replace or remove it") from err
+
+    def fetch(self) -> str:
+        """Nothing to download (the images are yours; ImageNet's need a licence): checks that train/ is there."""
+        classes = self._class_folders(self.folder / "train")  # missing: an error naming the folder and the layout
+        return f"{self.name}: nothing to download; {self.folder / 'train'} holds {len(classes)} class folder(s)"
 
     def fingerprint(self, index: int) -> bytes:
         """The file's name, byte size and the preparation sizes: hashing a large folder reads no pixels."""
