@@ -541,7 +541,7 @@ def untracked(study_dir: Path, tracking_db: Path) -> str | None:
     none. Snakemake prints it when the workflow ends, the report puts it below its results table."""
     runs = StudyLayout(study_dir).runs
     failed = []
-    for path in sorted(runs.glob("*/*/metrics.json")):
+    for path in sorted(runs.glob(f"*/*/{RunFiles.METRICS}")):
         try:
             record = json.loads(path.read_text()).get("tracking") or {}
         except (OSError, ValueError, AttributeError):
