@@ -21,6 +21,7 @@ from locvit.data import sources
 from locvit.data.ffcv_io import make_loader, read_all, stored_sizes, write_beton
 from locvit.data.prepare import load_manifest, prepare, split_indices
 from locvit.data.sources import get_source
+from locvit.errors import InputError
 
 SPLITS = ("train", "val", "test")
 
@@ -354,6 +355,22 @@ def test_imagefolder_without_val_draws_the_test_split(tmp_path):
     )
     assert not manifest["official_test_split"]
     assert sum(manifest["splits"][s]["size"] for s in SPLITS) == 18 and manifest["splits"]["test"]["size"] == 4
+
+
+def test_a_folder_too_small_to_split_by_class_names_the_key(tmp_path):
+    """A user's mistake (InputError: one line, no traceback) where scikit-learn's stratified split refuses a
+    class of one image, or a held-out share smaller than one image per class."""
+    root = fake_imagefolder(tmp_path / "pets", per_class=(1,), val=False)  # one image a class
+    with pytest.raises(InputError, match=r"^data\.test_fraction: 0\.2 cannot hold out a share of every class from 3 "):
+        prepare(_data(source="imagefolder", root=str(root), image_size=8), _paths(tmp_path), tmp_path / "m.json")
+    root = fake_imagefolder(tmp_path / "more", per_class=(6, 2))  # val/ is the test split; 18 training images
+    with pytest.raises(InputError, match=r"^data\.val_fraction: 0\.1 cannot hold out .* 3 classes"):
+        prepare(
+            _data(source="imagefolder", root=str(root), image_size=8, val_fraction=0.1),
+            _paths(tmp_path),
+            tmp_path / "m.json",
+        )
+    assert not list(tmp_path.glob("*.beton"))
 
 
 def test_imagenet_is_an_image_folder_of_1000_classes(tmp_path, monkeypatch):

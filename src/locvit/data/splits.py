@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from locvit.errors import InputError
+
 
 def split_indices(
     labels: np.ndarray,
@@ -30,15 +32,25 @@ def split_indices(
     """
     from sklearn.model_selection import train_test_split  # 4 s to import: only the prepare step needs it
 
+    def stratified(indices, share, key, value, seed):
+        try:
+            return train_test_split(indices, test_size=share, stratify=labels[indices], random_state=seed)
+        except ValueError as err:  # too few images of a class, or a share smaller than one image per class
+            raise InputError(
+                f"{key}: {value} cannot hold out a share of every class from {len(indices)} images of "
+                f"{len(np.unique(labels[indices]))} classes ({err}); give every class more images, or a "
+                f"larger {key}"
+            ) from err
+
     idx = np.arange(len(labels))
     if fixed_test is None:
-        rest, test = train_test_split(idx, test_size=test_fraction, stratify=labels, random_state=seed)
+        rest, test = stratified(idx, test_fraction, "data.test_fraction", test_fraction, seed)
         val_of_rest = val_fraction / (1.0 - test_fraction)
     else:
         test = np.asarray(fixed_test)
         rest = np.setdiff1d(idx, test)
         val_of_rest = val_fraction
-    train, val = train_test_split(rest, test_size=val_of_rest, stratify=labels[rest], random_state=seed + 1)
+    train, val = stratified(rest, val_of_rest, "data.val_fraction", val_fraction, seed + 1)
     if train_fraction < 1.0:
         train = fraction_subset(train, labels, train_fraction, seed + 2)
     return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
