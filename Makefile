@@ -89,7 +89,8 @@ sweep: install
 
 # `make efficiency` runs the preset (the anchors' protocol, same_images); `make efficiency PROTOCOL=same_epochs` the
 # same study at the recipe's epochs (doctools/efficiency_preset.py writes that params file), into the same
-# folder, so the full-data runs, the same under both, train once.
+# folder, so the full-data runs, the same under both, train once; the fraction runs below 1 differ, so each switch
+# of PROTOCOL retrains them over the other protocol's (docs/data_efficiency/<protocol>/ keeps each one's tables).
 PROTOCOL ?= same_images
 EFFICIENCY_PARAMS = $(if $(filter same_images,$(PROTOCOL)),presets/data_efficiency.yaml,results/data_efficiency_$(PROTOCOL).yaml)
 efficiency: install
