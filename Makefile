@@ -96,12 +96,12 @@ EFFICIENCY_PARAMS = $(if $(filter same_images,$(PROTOCOL)),presets/data_efficien
 efficiency: install
 	$(if $(filter same_images,$(PROTOCOL)),,$(BIN)/python -m doctools.efficiency_preset $(PROTOCOL) $(EFFICIENCY_PARAMS))
 	$(BIN)/snakemake --cores all all --config params=$(EFFICIENCY_PARAMS)
-	$(call publish,data_efficiency,data_efficiency/$(PROTOCOL),figures/accuracy_vs_fraction.png tables/data_efficiency.md tables/data_efficiency.csv)
+	$(call publish,data_efficiency,data_efficiency/$(PROTOCOL),figures/accuracy_vs_fraction.png tables/data_efficiency.csv)
 
-# $(call publish,<study>,<docs folder>,<more report files>): the study's results table, its throughput and the
-# files named, Markdown without links to this machine's MLflow UI (doctools/publish.py)
+# $(call publish,<study>,<docs folder>,<more report files>): the study's results and throughput as CSV (the docs
+# render their tables from them) and the files named (doctools/publish.py)
 define publish
-$(BIN)/python -m doctools.publish results/$(1)/report docs/$(2) results.md results.csv results_seeds.csv evaluations.json throughput.csv $(3)
+$(BIN)/python -m doctools.publish results/$(1)/report docs/$(2) results.csv results_seeds.csv evaluations.json throughput.csv $(3)
 $(BIN)/python -m doctools.doc_tables
 endef
 
