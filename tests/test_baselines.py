@@ -78,7 +78,7 @@ PAPER_SIZES = [
     ("pvt_v1_large", {}, 61.4, "the PVT paper's PVT-L"),
     ("localvit_tiny_patch16_224", {}, 5.9, "MaiT Table 4, LocalViT-T"),
     ("localvit_small_patch16_224", {}, 22.4, "MaiT Table 4, LocalViT-S"),
-    # LSA Table 3's CIFAR PVTs at the study's 32 px with 10 classes (pvt.py's docstring: the CIFAR setting)
+    # LSA Table 3's CIFAR PVTs at the study's 32 px with 10 classes (docs/models.md, pvt.py: the CIFAR setting)
     ("pvt_v1_tiny", dict(img_size=32, num_classes=10, **CIFAR), 12.8, "LSA Table 3, PVT-T"),
     ("pvt_v1_small", dict(img_size=32, num_classes=10, **CIFAR), 24.1, "LSA Table 3, PVT-S"),
     ("pvt_v1_large", dict(img_size=32, num_classes=10, **CIFAR), 60.9, "LSA Table 3, PVT-B"),

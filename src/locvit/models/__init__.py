@@ -1,10 +1,10 @@
 """locvit's model families, registered with timm on import, and the one way to make a model.
 
 Importing this package imports every module in its folder: a family is one file (its model, its
-``@register_model`` entrypoints and its :class:`~locvit.models.family.Family`), found there. Every model
+``@register_model`` entrypoints and its ``Family``), found there. Every model
 is a timm model built by name, any timm classification model that builds at the data's image size
-included. Training, evaluation, analysis and profiling make models only through :func:`create` (from
-a run config) and :func:`load` (from a checkpoint).
+included. Training, evaluation, analysis and profiling make models only through ``create`` (from
+a run config) and ``load`` (from a checkpoint).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def import_modules(modules) -> None:
 
 
 def create(cfg: dict) -> torch.nn.Module:
-    """The model of a run config (:func:`locvit.config.run.run_config`): ``model`` built with ``model_kwargs``,
+    """The model of a run config (``locvit.config.run.run_config``): ``model`` built with ``model_kwargs``,
     after importing the config's ``model_modules`` (families outside locvit).
 
     ``img_size`` (the data's image size, which the pipeline always puts in ``model_kwargs``) goes only to
@@ -61,7 +61,7 @@ def create(cfg: dict) -> torch.nn.Module:
 
 
 def load(checkpoint: str | Path | dict[str, Any], device: str | torch.device | None = None) -> torch.nn.Module:
-    """The model a checkpoint (a path, or the state :func:`locvit.checkpoint.load_checkpoint` read)
+    """The model a checkpoint (a path, or the state ``locvit.checkpoint.load_checkpoint`` read)
     was trained as, with its weights, in eval mode, on ``device`` (default: its run's ``train.device``)."""
     from locvit.checkpoint import load_checkpoint
     from locvit.device import device_for

@@ -1,25 +1,11 @@
 """The timm baselines the three papers compare against, and how to build them at 32 x 32.
 
-Nothing here subclasses a model: a baseline is a timm name plus keyword arguments,
-``timm.create_model(name, **CIFAR_32[name], num_classes=...)`` (or :func:`create_at_32`,
-which lets the caller's keywords win). One thin entrypoint is registered,
-``nest_tiny_cifar``: the NesT paper's CIFAR NesT-T, which timm's ``nest_tiny`` cannot
-become by keyword (its widths and level count are fixed in the entrypoint).
-
-=========================  ==============================================================
-timm name                  compared against in
-=========================  ==============================================================
-deit_tiny_patch16_224      MaiT (Table 2), LSA (Tables 3, 4), IBiT (Tables 1, 3)
-deit_small_patch16_224     MaiT (Table 2), LSA (Tables 3, 4)
-cait_xxs24_224             MaiT (Table 4: CaiT-T, 12M, and the masked CaiT built on it)
-convit_tiny                IBiT (Tables 1, 3: 4 heads, 192-d)
-nest_tiny                  LSA (Table 4: ImageNet NesT-T, 17.0M; Table 3: CIFAR NesT-T, 6.2M)
-=========================  ==============================================================
-
-At 32 x 32 the ViT-like models take 4 x 4-pixel patches: an 8 x 8 grid (64 patches), the
-grid of our MaiT and IBiT models at that size, so baseline and masked model differ only in
-the attention. Parameter counts below are with ``num_classes=10``; every entry is built and
-run forward and backward in ``tests/test_baselines.py``.
+A baseline is a timm name plus keyword arguments, ``timm.create_model(name, **CIFAR_32[name], num_classes=...)``
+(or ``create_at_32``, where the caller's keywords win): nothing here subclasses a model. At 32 x 32 the
+ViT-like ones take 4 x 4-pixel patches, the 8 x 8 grid of locvit's MaiT and IBiT there, so baseline and
+masked model differ only in the attention. One entrypoint is registered, ``nest_tiny_cifar``: the NesT
+paper's CIFAR NesT-T, whose widths and levels timm's ``nest_tiny`` fixes. Which paper compares with which,
+and their sizes: docs/models.md.
 """
 
 from __future__ import annotations

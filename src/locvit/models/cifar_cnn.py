@@ -1,8 +1,8 @@
 """What the papers' CIFAR CNNs share (LSA Table 3's WRN-28-10 and PyramidNet-164, which timm lacks):
 a stem, three stages, a final BN-ReLU and timm's classifier head, with timm's model API over them.
 
-:class:`CifarCnn` is their base: a subclass builds ``self.stem`` and ``self.stages`` (each stage a
-``Sequential`` of blocks, ``self.feature_info`` one entry per stage) and calls :meth:`CifarCnn._finish`,
+``CifarCnn`` is their base: a subclass builds ``self.stem`` and ``self.stages`` (each stage a
+``Sequential`` of blocks, ``self.feature_info`` one entry per stage) and calls ``CifarCnn._finish``,
 which adds the norm and the head and initialises the weights as the authors' code does (He-normal
 convolutions, fan out; BatchNorm 1 and 0; zero linear bias). Not a family: ``wrn.py`` and
 ``pyramidnet.py`` each register theirs.

@@ -1,65 +1,11 @@
 """The model-family protocol: what analysis, profiling and the report need to know about a family.
 
-A family is one file: the timm model (registered with ``@register_model``) and, at its
-end, one :class:`Family` passed to :func:`register_family`. The analyses, the profile
-and the report ask only this protocol; nothing else in locvit names a family. A family
-outside locvit (a module named in params.yaml's ``model_modules``) does the same.
-
-A family declares
-
-* its name (the key in profiles and tables), its display name, the model class it
-  covers (:func:`family_of` picks the most specific class) and its locality prior in words;
-* :attr:`Family.blocks`: the model's transformer blocks in forward order (each with an
-  ``attn`` and a ``norm1``), for the architecture summary;
-* :attr:`Family.sites`: its attention layers, each with the patch-token grid it sees and
-  a reader that recomputes the layer's weights from the layer's input
-  (:class:`AttentionSite`); :func:`locvit.analysis.attention.collect_attention` hooks them;
-* :attr:`Family.options`: family-specific facts for the summary (MaiT's masks, LSA's shifts);
-* :attr:`Family.extras`: family-specific analysis outputs, each an :class:`Extra` that says
-  how to read it from a model, where the analysis writes it and how the report draws it
-  (MaiT's soft-mask ``alphas``, IBiT's ``learned_masks``);
-* :attr:`Family.models`: the timm model-name prefixes it claims (``mait_``), and
-  :attr:`Family.baseline`: whether it is a plain model the others are compared with (DeiT).
-  Choices made from params alone, without building a model (the default ``baseline``),
-  read these (:func:`family_claiming`).
-
-Attention records (``AttentionMap.kind``) name a :class:`MapKind`, which the family that reads
-them declares (:attr:`Family.kinds`; :func:`register_family` makes the kind known): the
-properties of its maps, from which the analyses decide what applies (:func:`map_kind`).
-``probs`` is ``(B, H, Tq, Tk)``: ``B`` images (times the windows of a windowed kind), ``H``
-heads, ``N = gh * gw`` patch tokens on ``grid``, ``P = num_prefix`` class/distillation tokens
-before them, ``T = P + N``. The kinds of locvit's families:
-
-=========  ===========  ====  =====  ======  ==========================================================
-kind       shape        grid  rows   keys    what it is
-=========  ===========  ====  =====  ======  ==========================================================
-softmax    (B,H,T,T)    yes   sum 1  tokens  ``softmax(QK^T / sqrt(d))`` as the layer applies it (masked
-                                             heads included). DeiT, MaiT, the generic reader.
-frobenius  (B,H,T,T)    yes   no     tokens  IBiT: ``(M * QK^T / sqrt(d)) / ||.||_F`` per sample and head
-                                             (signed; each map has norm ~1).
-talking    (B,H,N,N)    yes   no     tokens  CaiT's talking heads after the post-softmax head mix: signed,
-                                             rows sum to ``sum_g W[h, g] + N b[h]``. P = 0.
-class      (B,H,1,1+N)  no    sum 1  tokens  CaiT's class attention: the class token's query over the class
-                                             token and the patches. P = 1.
-gpsa       (B,H,N,N)    yes   sum 1  tokens  ConViT's gated mix of content and positional softmaxes. P = 0.
-shift      (B,H,N,S)    no    sum 1  other   LSA's local block: each patch's weights over its own S shifted
-                                             variants. P = 0.
-block      (B*K,H,n,n)  yes   sum 1  tokens  NesT's blocks, Swin's and Twins' windows: attention inside each
-                                             of the K windows of a level (index ``b * K + k``, k row-major);
-                                             grid: one window's ``(s, s)``, n = s * s. P = 0.
-(dilated)  (B*K,H,n,n)  yes   sum 1  tokens  A windowed kind declared ``dilated``: each of the K groups holds
-                                             tokens strided across the grid (MaxViT's grid attention), group
-                                             k's token (i, j) at ``(i * g + k // g, j * g + k % g)``,
-                                             g = sqrt(K). No locvit family has one; a family declares it.
-pooled_    (B,H,N,M)    yes   sum 1  pooled  PVT's spatial-reduction attention and Twins' global sub-sampled
-keys                                         attention: queries on the layer's grid, keys and values on that
-                                             grid pooled by a stride-R conv, (gh / R, gw / R), M = N / R^2.
-                                             P = 0.
-=========  ===========  ====  =====  ======  ==========================================================
-
-A model that no family claims gets :func:`generic_family`: its layers of timm's own ``Attention``
-(ViT-style, over ``patch_embed.grid_size``) and Swin's ``WindowAttention`` are read, and a
-model without them (a CNN) has no attention layers; the analyses say so.
+A family is one file: the timm model (``@register_model``) and, at its end, one ``Family`` passed to
+``register_family``; nothing else in locvit names a family, and one outside locvit (params.yaml's
+``model_modules``) does the same. Attention records name a ``MapKind`` its family declares. The
+fields, the kinds' properties and the shapes of locvit's kinds: docs/models.md, "Adding a model
+family". A model no family claims gets ``generic_family`` (timm's ``Attention`` and Swin's
+``WindowAttention`` are read; a CNN has no attention layers).
 """
 
 from __future__ import annotations
@@ -79,15 +25,9 @@ KEYS = ("tokens", "pooled", "other")
 
 @dataclasses.dataclass(frozen=True)
 class MapKind:
-    """What a kind of attention map is, as the analyses need to know it (module docstring's table).
+    """What a kind of attention map is, as the analyses need to know it (fields: docs/models.md).
 
-    name: the ``kind`` of its records; grid: its patch queries' rows are token-by-token maps over the
-    layer's patch grid (the spatial analyses, ALS and distance, may apply); rows_sum_to_one: each row is
-    a distribution over the keys (else the analyses take ``|A|`` normalised per row); keys: ``tokens``,
-    the layer's own tokens (the queries' grid, prefix included), ``pooled``, a grid pooled from the
-    queries' one, or ``other`` (not tokens: LSA's shifted variants); windows: one map per group of tokens,
-    the batch dim being images x groups (NesT's blocks, Swin's windows); dilated: with windows, each group's
-    tokens are strided across the grid, not next to each other (MaxViT's grid attention; :meth:`layout`).
+    keys: ``tokens`` (the queries' grid, prefix included), ``pooled`` (a grid pooled from it) or ``other``.
     """
 
     name: str
@@ -107,10 +47,8 @@ class MapKind:
     def layout(self, grid: tuple[int, int], groups: int) -> tuple[tuple[int, int], int]:
         """The layer's full token grid, and the step on it between a group's neighbouring tokens.
 
-        grid: one map's ``(s, s)``; groups: its maps per image (K). A windowed kind's K windows tile a
-        ``g x g`` grid of windows (g = sqrt(K)), a window's tokens next to each other (step 1); a dilated
-        kind's K groups interleave, group k's token (i, j) at ``(i * g + k // g, j * g + k % g)`` (step g).
-        The key positions of a group are its grid's times the step: what ALS and distance measure.
+        grid: one map's ``(s, s)``; groups: K maps per image, tiling a g x g grid (g = sqrt(K); else
+        ValueError). Windows: step 1; dilated: group k's token (i, j) at ``(i*g + k//g, j*g + k%g)``, step g.
         """
         if not self.windows:
             return tuple(grid), 1
@@ -162,7 +100,7 @@ def register_kind(kind: MapKind) -> MapKind:
 
 
 def map_kind(name: str) -> MapKind:
-    """The declared kind called ``name`` (a family declares it in :attr:`Family.kinds`)."""
+    """The declared kind called ``name`` (a family declares it in ``Family.kinds``)."""
     try:
         return _MAP_KINDS[name]
     except KeyError:
@@ -182,11 +120,9 @@ Reader = Callable[..., "tuple[str, torch.Tensor]"]  # (layer, *its forward args)
 
 @dataclasses.dataclass(frozen=True)
 class AttentionMap:
-    """One attention layer's weights for a batch (shapes per ``kind``: module docstring).
+    """One attention layer's weights for a batch: probs float32 on the CPU, shaped per ``kind`` (docs/models.md).
 
-    name: the layer's module path (``model.get_submodule(name)``); layer: its position in
-    forward order; probs: float32 on the CPU; grid: ``(gh, gw)`` of the patch tokens the
-    layer sees; num_prefix: class/distillation tokens before them; kind: a declared :class:`MapKind`'s name.
+    name: the module path; layer: its position in forward order; grid: ``(gh, gw)`` of its patch tokens.
     """
 
     name: str
@@ -201,8 +137,7 @@ class AttentionMap:
 class AttentionSite:
     """An attention layer: the module to hook, the patch grid it sees, the reader of its weights.
 
-    num_prefix: the class/distillation tokens before the patches; None: the layer's input tokens less
-    the grid's (right where the layer's input is the tokens its maps are over, one window's for Swin and NesT).
+    num_prefix None: the layer's input tokens less the grid's (one window's for Swin and NesT).
     """
 
     module: nn.Module
@@ -220,16 +155,10 @@ EXTRA_SHAPES = ("values", "images")
 
 @dataclasses.dataclass(frozen=True)
 class Extra:
-    """A family-specific analysis output, and the figure the report draws of it.
+    """A family-specific analysis output, and the figure the report draws of it (shapes: docs/models.md).
 
-    name: its key in the analysis files, and its figure's name (``<name>_<variant>``);
-    shape: ``values``, an (L, H) number per layer and head, NaN where a head has none, written to
-    ``<seed>.json`` (null for NaN) and drawn as a layer x head heatmap, mean over seeds; or
-    ``images``, an (L, H, gh, gw) map per layer and head, written to ``<seed>.npz`` and drawn as
-    a layer x head grid of images (the first seed's, each with its own colour scale);
-    read: model -> tensor or array of that shape, or None where the model has none (MaiT's hard masks);
-    title: the figure's title; caption: what it shows, for the caption (a sentence's start, no variant);
-    limits: the colour scale of ``values`` (None: the data's range); pdf: a PDF too (a paper's figure).
+    shape ``values``: (L, H), NaN where a head has none; ``images``: (L, H, gh, gw). read returns None
+    where the model has none (MaiT's hard masks). caption: a sentence's start, naming no variant.
     """
 
     name: str
@@ -254,10 +183,7 @@ SHALLOW_VIT = dict(img_size=32, patch_size=8, depth=3)
 
 @dataclasses.dataclass(frozen=True)
 class SmallBuild:
-    """A model at the size the tests run: its own architecture, fewer layers, channels and pixels.
-
-    size: the input's side (default ``kwargs["img_size"]``); kinds: the ``AttentionMap.kind`` of each attention
-    layer in forward order, as a family's build declares them."""
+    """A model at the tests' size; size defaults to ``kwargs["img_size"]``, kinds are its layers' in forward order."""
 
     model: str
     kwargs: dict
@@ -283,7 +209,7 @@ class SmallBuild:
 
 @dataclasses.dataclass
 class Cfg(PretrainedCfg):
-    """timm's default cfg of a locvit entrypoint, with ``small``: the keywords that make it a :class:`SmallBuild`."""
+    """timm's default cfg of a locvit entrypoint, with ``small``: the keywords that make it a ``SmallBuild``."""
 
     small: dict | None = None
 
@@ -338,14 +264,13 @@ def family_named(name: str) -> Family | None:
 
 
 def family_claiming(model: str) -> Family | None:
-    """The family that claims the timm model name ``model`` (:attr:`Family.models`; the longest prefix wins)."""
+    """The family that claims the timm model name ``model`` (``Family.models``; the longest prefix wins)."""
     claims = [(len(prefix), f) for f in _FAMILIES.values() for prefix in f.models if model.startswith(prefix)]
     return max(claims, key=lambda c: c[0])[1] if claims else None
 
 
 def family_of(model: nn.Module) -> Family:
-    """The family whose model class is the most specific one ``model`` is an instance of;
-    :func:`generic_family` for a model no registered family claims (a CNN, a timm transformer)."""
+    """The family of the most specific model class ``model`` is an instance of, else ``generic_family``."""
     mro = type(model).__mro__
     matches = [f for f in _FAMILIES.values() if isinstance(model, f.model_class)]
     if not matches:
@@ -354,8 +279,7 @@ def family_of(model: nn.Module) -> Family:
 
 
 def summary(model: nn.Module) -> dict:
-    """The architecture summary the report groups variants by: family, display name, locality prior,
-    token grid, sizes, and the family's own entries (:attr:`Family.options`, e.g. MaiT's ``mask``)."""
+    """The architecture summary the report groups variants by, the family's own options included."""
     family = family_of(model)
     blocks = family.blocks(model)
     sites = family.sites(model)
@@ -389,11 +313,7 @@ def _width(block: nn.Module) -> int:
 def normed_qk(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k through the layer's q/k norms (timm's ``qk_norm``), in v's dtype.
 
-    CUDA autocast runs LayerNorm in float32, so normed q and k come out float32 beside a
-    bfloat16 v (from the qkv Linear). Ops autocast covers (matmul, SDPA) cast them back; the
-    rest do not (CUDA's ``index_copy`` refuses the mix, a custom autograd Function's backward
-    runs outside autocast). bfloat16 is what autocast's matmul would take anyway; without
-    autocast every dtype is already v's and nothing changes (``.to`` returns the same tensor).
+    CUDA autocast runs LayerNorm in float32; ``index_copy`` and custom backwards refuse the mix (docs/models.md).
     """
     return attn.q_norm(q).to(v.dtype), attn.k_norm(k).to(v.dtype)
 
@@ -459,7 +379,7 @@ GENERIC_READERS: dict[type, Reader] = {Attention: read_vit, WindowAttention: rea
 
 
 def _generic_sites(model: nn.Module) -> list[AttentionSite]:
-    """Every layer of a class in :data:`GENERIC_READERS`, in module order: ViT-style ``Attention`` over
+    """Every layer of a class in ``GENERIC_READERS``, in module order: ViT-style ``Attention`` over
     the model's ``patch_embed.grid_size`` (left unread without one), Swin's windows over their window."""
     grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
     sites = []
@@ -491,7 +411,7 @@ def _generic_unread(model: nn.Module) -> list[str]:
 
 def generic_family(model: nn.Module) -> Family:
     """The family of a model no registered family claims, named after its class: timm's own attention
-    layers read by :data:`GENERIC_READERS`, no locality prior declared. A CNN has no attention layers."""
+    layers read by ``GENERIC_READERS``, no locality prior declared. A CNN has no attention layers."""
     cls = type(model)
     return Family(
         cls.__name__.lower(),

@@ -1,69 +1,12 @@
-"""IBiT: Utilizing inductive biases to create a more data efficient attention mechanism.
+"""IBiT: Learned Mask Self-Attention (LMSA), a learned low-rank mask on the attention logits.
 
-Paper: "IBiT: Utilizing Inductive Biases to Create a More Data Efficient Attention
-Mechanism" (anonymous submission under double-blind review); where it is vague (the rank
-approximation and the roll of the mask), the authors' public code (github giriguy/ConvFormer,
-read for understanding only), with the choices listed in docs/models.md, IBiT. Learned Mask Self-Attention (LMSA)
-multiplies the attention logits by a learned, low-rank mask that starts as a radial kernel around
-each patch, so every head begins local and may learn to look further.
-
-Blocks
-    :class:`LearnedMaskAttention`  timm's ``Attention`` with the learned mask, plugged into
-        ``VisionTransformer(attn_layer=LearnedMaskAttention)``.
-    :class:`IBiTBlock`  timm's ``Block`` with the reference code's residual as an option.
-Model
-    :class:`IBiT` (a ``VisionTransformer``): every block's attention is LMSA, its mask set
-    up for the patch grid after construction.
-Mask fit
-    :func:`fit_mask_factors` (Algorithm 1) and :func:`initial_factors`, its cache.
-
-The mask. Per head, ``A`` and ``B`` of shape (rank, N) (N patches, rank = the paper's
-"mask fidelity") give ``L = A^T B``, stored relative to the query: row ``p`` of ``L`` is
-patch ``p``'s kernel rolled back by ``p`` along the flattened grid. A precomputed gather
-rolls it into place, ``mask[p, k] = L[p, (k - p) mod N]`` (a 1-D roll: it wraps across
-image rows, as in the authors' code). Rolled this way the kernels of all patches nearly
-coincide, which is why a low rank can hold them.
-
-Choices (paper and code disagree, or are silent; each is an option):
-
-* ``normalize='frobenius'`` (default; Alg. 2 line 12 divides by a "NORM", the code by the
-  Frobenius norm): ``attn = (M * QK^T / sqrt(d)) / (||.||_F + 1e-8)`` over the whole
-  T x T map (class token included) per sample and head, no softmax, then ``attn @ V``.
-  ``'softmax'``: ``softmax(M * QK^T / sqrt(d))``, the reading of Sec. 3.2 where the mask
-  multiplies an ordinary attention map (MaiT's form); with an all-ones mask it is plain
-  attention.
-* ``mask_kernel='radial'`` (default, the code): ``exp(-0.5 * d)``, d the Euclidean
-  distance between patches in patch units. ``'gaussian'``: ``exp(-d^2 / 2)``, the
-  Gaussian kernel that Sec. 3.3 and Fig. 2 name (the paper gives no width; sigma = 1 patch).
-* ``mask_rank=9``: the code's final run (its model class defaults to 3).
-* Class token: its row and column of the (N+1) x (N+1) mask are fixed at 1, outside the
-  low-rank factors, and patch ``p`` is token ``p + 1``, so each kernel is centred on its
-  own patch. The authors' code fits (N+1)-long factors, so its class row and column are
-  learned, and its gather misses the one-token shift (every patch's kernel is off by one).
-  Any prefix token (register tokens too) is treated like the class token.
-* Initial mask (Algorithm 1): ``A, B ~ N(0, std 1e-3)`` (seed 0), Adam lr 0.1, 10,000
-  steps, MSE to the rolled kernel; one fit shared by every head of every layer (the code
-  repeats it). The fit depends only on grid, rank, kernel, steps, lr, seed and init std:
-  it is computed once per process and kept on disk (:func:`initial_factors`). On the
-  ``meta`` device no fit runs; ``init_weights()`` / ``reset_parameters()`` fill the mask
-  once real weights exist. The fit reaches the truncated-SVD optimum (Eckart-Young), so the
-  residual is the rank's, not the optimiser's (tests/test_ibit.py; how close, docs/models.md).
-* Heads: 3 (Table 1, "the same as DeiT"); the appendix (Table 5) says 4: ``num_heads=4``.
-* Block: timm's pre-norm block (the paper: "the same as the DeiT model architecture").
-  ``residual='reference'`` is the code's ``y = attn(LN1(x)) + LN1(x)``, then
-  ``MLP(LN2(y)) + LN2(y)``.
-* Stochastic depth: Sec. 4.1 removes it from the feed-forward branch (the code drops the
-  attention branch only): ``mlp_drop_path=False``. It matters only with
-  ``drop_path_rate > 0`` (the appendix trains with 0.1).
-* Positional embedding: learned, DeiT's. ``pos_embed='sincos'`` is the code's fixed 1-D
-  sin-cos over the token index (class token at 0), frequencies geometric from 1 down to
-  ``e^-ceil(ln T)``.
-* The code's separate Q, K, V linears are timm's fused ``qkv`` (the same parameters); its
-  output projection (``include_fcn=True``) is timm's ``proj``. The code has no final
-  LayerNorm before the head; we keep timm's (``final_norm=False`` removes it).
-
-Size: the masks add ``depth * 2 * heads * rank * N`` parameters (docs/models.md: the tiny
-model's count against the paper's).
+Paper: "IBiT: Utilizing Inductive Biases to Create a More Data Efficient Attention Mechanism"
+(anonymous, under review); where it is vague, the authors' code (github giriguy/ConvFormer, read only).
+Each choice where they differ is an option: docs/models.md, IBiT. Blocks: ``LearnedMaskAttention``
+(via ``VisionTransformer(attn_layer=...)``), ``IBiTBlock``; model: ``IBiT``; Algorithm 1's fit:
+``fit_mask_factors``, cached by ``initial_factors``. Per head the mask is ``L = A^T B`` ((rank, N) factors)
+stored relative to the query and rolled into place, ``mask[p, k] = L[p, (k - p) mod N]`` (a 1-D roll that
+wraps across image rows, as the code's); prefix tokens' rows and columns are fixed at 1.
 """
 
 from __future__ import annotations
@@ -135,7 +78,7 @@ def roll_index(n: int) -> torch.Tensor:
 
 
 def unroll_index(n: int) -> torch.Tensor:
-    """(n, n) long, the inverse of :func:`roll_index`: ``L = mask.gather(-1, idx)``."""
+    """(n, n) long, the inverse of ``roll_index``: ``L = mask.gather(-1, idx)``."""
     i = torch.arange(n, device="cpu")
     return (i[:, None] + i[None, :]) % n
 
@@ -209,7 +152,7 @@ _FITS: dict[MaskFit, tuple[torch.Tensor, torch.Tensor]] = {}  # this process's f
 
 
 def initial_factors(spec: MaskFit) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(A, B)`` of :func:`fit_mask_factors`, fitted once: from this process, the disk, or a fit."""
+    """``(A, B)`` of ``fit_mask_factors``, fitted once: from this process, the disk, or a fit."""
     if spec in _FITS:
         return _FITS[spec]
     path = cache_dir() / spec.file_name()
@@ -255,12 +198,8 @@ def _write_fit(path: Path, spec: MaskFit, a: torch.Tensor, b: torch.Tensor, mse:
 class FrobeniusAttention(torch.autograd.Function):
     """``(S * M) @ V / (||S * M||_F + eps)`` with ``S = Q K^T``, the norm per (sample, head) map.
 
-    Inputs ``q, k, v`` (B, H, T, hd) and ``mask`` (H, T, T), of one dtype (or of the mixed
-    dtypes autocast makes: the backward runs under the forward's autocast state). The same values
-    and gradients as autograd gives for the plain expression, with fewer passes over the
-    (B, H, T, T) maps: the output is divided instead of the map (the norm is one number per
-    map), and the norm's gradient is one ``addcmul_`` where autograd spends three passes.
-    With ``A = S * M``, ``n = ||A|| + eps`` and ``O = A V / n``, for an output gradient ``G``:
+    ``q, k, v`` (B, H, T, hd), ``mask`` (H, T, T); autograd's values and gradients with fewer passes over
+    the maps. With ``A = S * M``, ``n = ||A|| + eps`` and ``O = A V / n``, for an output gradient ``G``:
     ``dA = (G / n) V^T - A * sum(G * O) / (n ||A||)``, ``dV = A^T G / n``,
     ``dS = dA * M``, ``dM = sum over the batch of dA * S``.
     """
@@ -298,11 +237,7 @@ class FrobeniusAttention(torch.autograd.Function):
 
 @register_notrace_module  # torch.fx calls it as a leaf: a custom autograd Function and a caller's-mask check
 class LearnedMaskAttention(Attention):
-    """timm ``Attention`` with IBiT's learned multiplicative mask (LMSA; module docstring).
-
-    Built as timm builds any attention layer, it has no mask until :meth:`configure` gives
-    it the patch grid (the model does this after construction).
-    """
+    """timm ``Attention`` with IBiT's learned mask; it has none until ``configure`` gives it the patch grid."""
 
     __constants__ = ["norm_eps"]
     norm_eps = NORM_EPS  # a constant TorchScript can read (it cannot read a module's global float)
@@ -428,11 +363,7 @@ class LearnedMaskAttention(Attention):
 
 
 class IBiTBlock(Block):
-    """timm's pre-norm ``Block``, or the authors' residual around the normalised input.
-
-    ``residual='reference'``: ``y = attn(LN1(x)) + LN1(x)``; ``out = MLP(LN2(y)) + LN2(y)``.
-    ``mlp_drop_path=False`` keeps stochastic depth off the feed-forward branch (Sec. 4.1).
-    """
+    """timm's pre-norm ``Block``, or (``reference``) the code's ``y = attn(LN1 x) + LN1 x``, ``MLP(LN2 y) + LN2 y``."""
 
     def __init__(self, *args, residual: str = "prenorm", mlp_drop_path: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -456,7 +387,7 @@ class IBiTBlock(Block):
 
 
 def sincos_1d(length: int, dim: int) -> torch.Tensor:
-    """The authors' fixed encoding, (1, length, dim): token t gets ``[sin(t f), cos(t f)]``."""
+    """The authors' fixed encoding, (1, length, dim): ``[sin(t f), cos(t f)]``, f from 1 to e^-ceil(ln T)."""
     if dim % 2:
         raise ValueError(f"pos_embed 'sincos' needs an even embed_dim, got {dim}")
     pos = torch.arange(length, dtype=torch.float64, device="cpu")[:, None]
@@ -465,17 +396,7 @@ def sincos_1d(length: int, dim: int) -> torch.Tensor:
 
 
 class IBiT(VisionTransformer):
-    """A timm ``VisionTransformer`` whose every attention is LMSA (see the module docstring).
-
-    Args (besides ``VisionTransformer``'s):
-        mask_rank: rank of the mask factors (the paper's "mask fidelity").
-        mask_kernel: ``radial`` (the code's ``exp(-d/2)``) or ``gaussian`` (``exp(-d^2/2)``).
-        normalize: ``frobenius`` (the code; no softmax) or ``softmax``.
-        mask_fit_steps, mask_fit_lr: Algorithm 1's Adam steps and learning rate.
-        residual: ``prenorm`` (timm's block) or ``reference`` (the authors' residual).
-        mlp_drop_path: stochastic depth on the feed-forward branch too (paper: off).
-        pos_embed: ``learn`` (DeiT's), ``sincos`` (the authors' fixed 1-D encoding) or ``none``.
-    """
+    """A timm ``VisionTransformer`` whose every attention is LMSA; its options: docs/models.md, IBiT."""
 
     def __init__(
         self,
@@ -568,9 +489,8 @@ def _read_learned(attn: LearnedMaskAttention, x: torch.Tensor):
 def learned_masks(model: nn.Module) -> torch.Tensor:
     """IBiT's learned masks as images: (L, H, gh, gw) float32 on the CPU.
 
-    Per layer and head, the row of the mask ``M`` (``full_mask()``, before the 1/sqrt(d)
-    scale) that belongs to the centre patch ``(gh // 2, gw // 2)``, over the patch keys:
-    at initialisation the radial kernel ``exp(-0.5 d)`` around that patch (IBiT Sec. 3.3).
+    Per layer and head, the mask's row (before the 1/sqrt(d) scale) of the centre patch ``(gh // 2, gw // 2)``
+    over the patch keys: at initialisation the radial kernel around it (Sec. 3.3).
     """
     attns = [m for m in model.modules() if isinstance(m, LearnedMaskAttention)]
     if not attns:

@@ -1,22 +1,11 @@
-"""LocalViT: Bringing locality to vision transformers (Li et al., 2021), which timm does not have.
+"""LocalViT: Bringing locality to vision transformers (Li et al., 2021), which timm lacks; MaiT's Table 4.
 
-MaiT's Table 4 compares with LocalViT-T (5.9M, 1.3 GFLOPs, 74.8) and LocalViT-S (22.4M, 4.6, 80.8).
-LocalViT keeps DeiT's attention and puts its locality in the feed-forward network: the patch tokens
-go back to their grid, through a 1x1 conv (expand), a 3x3 depth-wise conv and a 1x1 conv (each
-with BatchNorm; h-swish after the first two), and are added back; the class token passes the
-feed-forward unchanged (the authors' code).
-
-Blocks
-    :class:`LocalityFeedForward` the conv feed-forward on a fixed patch grid;
-    :class:`LocalViTBlock` ``x + attn(LN(x))`` (timm's ``Attention``), then ``x + FFN(x)`` on the
-    patch tokens (no norm before the FFN: its BatchNorms normalise).
-Model
-    :class:`LocalViT`: timm's ``VisionTransformer`` with ``block_fn=LocalViTBlock``.
-
-Sizes (DeiT's, expand ratio 4; no squeeze-excitation, whose weights would add 3.5M to the tiny
-model against the paper's 5.9M): ``localvit_tiny_patch16_224`` 5.83M and 1.27 GMACs (paper 5.9M,
-1.3), ``localvit_small_patch16_224`` 22.27M and 4.62 GMACs (paper 22.4M, 4.6) at 224 px with 1000
-classes. LayerScale (``init_values``) is refused: LocalViT has none.
+DeiT's attention, and locality in the feed-forward network (``LocalityFeedForward``): the patch tokens go back
+to their grid through a 1x1 conv, a 3x3 depth-wise conv and a 1x1 conv (each with BatchNorm, h-swish after the
+first two) and are added back; the class token passes unchanged (the authors' code). ``LocalViTBlock``:
+``x + attn(LN(x))``, then ``x + FFN(x)`` (no norm before the FFN: its BatchNorms normalise). ``LocalViT``:
+timm's ``VisionTransformer`` with that block. DeiT's sizes, expand ratio 4, no squeeze-excitation (it would
+add 3.5M to the tiny model against the paper's 5.9M); LayerScale (``init_values``) is refused.
 """
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it

@@ -1,53 +1,12 @@
-"""LSA: Locally Shifted Attention With Early Global Integration.
+"""LSA: Locally Shifted Attention With Early Global Integration (Sheynin, Benaim, Polyak and Wolf).
 
-Paper: Sheynin, Benaim, Polyak and Wolf, "Locally Shifted Attention With Early Global
-Integration"; the authors' code (github shellysheynin/Locally-SAG-Transformer) where the paper
-is vague (the choices are listed in docs/models.md, LSA). Each patch is seen in T shifted versions of the image;
-a local attention lets the unshifted patch pick among its own T variants, then a pyramid
-of global attention levels mixes all patches, coarser at each level.
-
-Blocks
-    :class:`ShiftEmbed`  the T image-shifting variants, one conv embedding per variant,
-        a positional embedding per patch and variant -> tokens (B, T, N, D).
-    :class:`LocalShiftAttention`  per patch: the query from the unshifted variant, keys
-        and values from its T variants, softmax over those T only (B*N attentions of
-        one query over T keys; never the (B*T) x (B*T) map).
-    :class:`LSAAttention`  global multi-head self-attention over all tokens of a level,
-        with per-head or shared keys/values.
-    :class:`LSABlock`  pre-norm attention + MLP block holding either attention.
-    :class:`Downsample`  between levels: conv 3x3 -> LayerNorm over channels -> max-pool 3x3/2.
-Model
-    :class:`LSA`: shift embedding, levels of blocks (the first block of the first level
-    is the local block), downsampling between levels, LayerNorm, token mean, linear head.
-
-Choices (the paper is silent or vague, or it and the code disagree; each is an option):
-
-* Shifts: a shift ``(dx, dy)`` moves the image content ``dx`` pixels right and ``dy``
-  down with circular wrap (``torch.roll``); variant 0 is always ``(0, 0)``. Named
-  lists: ``cifar18`` (Sec. 4, T=18), ``imagenet10`` (Sec. 4, T=10), ``axes9`` (Sec. 4.1,
-  the 9 shifts on the axes; the extracted text lost its minus signs, we restore them),
-  ``none`` (T=1). Both published lists are symmetric under swapping dx and dy, so the
-  axis convention does not change them. The authors' ImageNet code pads one side
-  circularly instead of rolling (the map grows by the shift); we roll at every size.
-* ``shift_mode='conv'`` (default): one conv embedding per variant (implemented as one
-  grouped convolution, the same parameters). ``'translate'`` is Table 5's
-  "pre-processing" ablation: the variants are translated with reflection padding and
-  share one conv embedding.
-* ``pos_embed='per_variant'`` (default, Table 5 "Full") or ``'shared'`` by all T variants.
-  As in the code, every later level adds its own positional embedding too.
-* K/V sharing (``kv_shared``): the committed CIFAR code uses one key/value projection for
-  all heads (``Linear(dim, 2 * head_dim)``), the ImageNet code a full ``2 * dim``. The
-  paper's parameter counts decide each size's default: tiny CIFAR (10.2M) is the shared
-  model with the paper's 3 heads (the code hard-codes 4: 10.14M); small and base CIFAR
-  (36.2M, 115.8M) and both ImageNet sizes are full-K/V models.
-* ImageNet tiny embedding: Table 2 says K=S=7, P=0, the code's script K=9, S=7, P=1
-  (the same 32x32 grid). The code's kernel gives the paper's 9.9M (9.92M; K=7 gives
-  9.73M), so it is the default; ``kernel_size=7, padding=0`` is the table's reading.
-* ``local_block=None`` means "local block iff T > 1": the no-shift ablation (Table 5, A)
-  removes the local attention layer, so its first block is global.
-* Stochastic depth: the same ``drop_path_rate`` (default 0.1, as in the code) at every
-  block, not timm's linear ramp. Norms: one pair per block (the code shares one pair per
-  level; a few hundred parameters).
+Where the paper is vague, the authors' code (github shellysheynin/Locally-SAG-Transformer); each choice
+where they differ is an option (docs/models.md, LSA). Blocks: ``ShiftEmbed`` (T shifted versions of the
+image, ``torch.roll`` with circular wrap, variant 0 unshifted, each through its own conv and positions ->
+(B, T, N, D)); ``LocalShiftAttention`` (per patch, the unshifted query over its own T versions: B*N
+attentions of one query over T keys, never the (B*T) x (B*T) map); ``LSAAttention`` (global, per-head or
+shared K/V); ``LSABlock``; ``Downsample`` (conv 3x3 -> LayerNorm -> max-pool 3x3/2). Model: ``LSA``, the
+first block of the first level local, then global levels, LayerNorm, token mean, linear head.
 """
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
@@ -136,11 +95,7 @@ def shift_image(img: torch.Tensor, dx: int, dy: int, pad: str = "circular") -> t
 
 
 class ShiftEmbed(nn.Module):
-    """T shifted copies of the image, each through its conv embedding, plus positions.
-
-    Returns tokens (B, T, N, D) with N = H' * W' the conv's output grid; variant 0 is
-    the unshifted image.
-    """
+    """T shifted copies of the image, each through its conv embedding, plus positions: tokens (B, T, N, D)."""
 
     def __init__(
         self,
@@ -216,12 +171,7 @@ class _QueryKeyValue(nn.Module):
 
 
 class LocalShiftAttention(_QueryKeyValue):
-    """Attention of each unshifted patch over its own T variants (Eqs. 1-4).
-
-    ``q = x U_q`` from the unshifted tokens (B, N, D); ``[k, v] = z U_kv`` from all
-    variants (B, T, N, D); for every patch and head, softmax over the T variants. Cost
-    O(B N T D): the (B T) x (B T) attention is never formed.
-    """
+    """Attention of each unshifted patch (B, N, D) over its own T variants (B, T, N, D) (Eqs. 1-4): O(B N T D)."""
 
     def __init__(
         self,
@@ -349,17 +299,9 @@ def _per_level(value, levels: int, name: str) -> tuple:
 
 
 class LSA(nn.Module):
-    """Locally shifted attention with a pyramid of global attention levels.
+    """Locally shifted attention with a pyramid of global attention levels; options: docs/models.md, LSA.
 
-    Args:
-        img_size, in_chans, num_classes: input and output.
-        shifts: a named list (``cifar18``, ``imagenet10``, ``axes9``, ``none``) or (dx, dy) pairs.
-        kernel_size, stride, padding: the conv embedding of each variant.
-        embed_dims, depths, num_heads: per level (a single number means every level).
-        kv_shared: one key/value projection for all heads (the CIFAR code) instead of per head.
-        shift_mode: ``conv`` (a conv per variant) or ``translate`` (pre-shifted images, one conv).
-        pos_embed: ``per_variant`` or ``shared`` positional embedding in the first level.
-        local_block: the first block is the local attention; None = iff more than one shift.
+    embed_dims, depths, num_heads: per level (one number: every level); local_block None: iff T > 1.
     """
 
     def __init__(
@@ -498,11 +440,9 @@ class LSA(nn.Module):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ):
-        """timm's feature API: the outputs of the levels in ``indices`` (the last n for an int, all for
-        None) as (B, C, h, w) maps on each level's grid, and ``forward_features``'s output.
+        """timm's feature API: the levels' (B, C, h, w) maps and ``forward_features``'s output.
 
-        ``norm`` applies the final LayerNorm to the last level's map; ``stop_early`` skips the levels
-        after the last one asked for (the features returned are then that level's, normed)."""
+        ``stop_early`` skips the levels after the last one asked for (the features are then that level's, normed)."""
         allowed("output_fmt", output_fmt, ("NCHW",))
         take, last = feature_take_indices(len(self.levels), indices)
         intermediates = []

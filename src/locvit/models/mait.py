@@ -1,34 +1,12 @@
-"""MaiT: Integrating spatial locality into image transformers with attention masks.
+"""MaiT: Integrating Spatial Locality into Image Transformers with Attention Masks (anonymous; no public code).
 
-Paper: "MaiT: Integrating Spatial Locality into Image Transformers with Attention Masks"
-(anonymous submission under double-blind review; no public code). Attention masks
-on some heads of DeiT (and CaiT) make those heads attend to each patch's spatial
-neighbours; the other heads stay global.
-
-Blocks
-    :class:`MaskedAttention`  timm's ``Attention`` with per-head masks, plugged into
-        ``VisionTransformer(attn_layer=MaskedAttention)``; unmasked heads keep the fused path.
-    :class:`MaskedTalkingHeadAttn`  the same for CaiT's talking-heads self-attention.
-Models
-    :class:`MaiT` (a ``VisionTransformer``) and :class:`MaskedCait` (a ``Cait``):
-    timm's models with the masks configured per layer after construction.
-
-Choices (the paper is silent or vague; each is an option):
-
-* ``mask_mode='multiply'`` (default, the paper's Eq. 2): ``softmax(M * QK^T / sqrt(d))``:
-  a dropped entry becomes logit 0, i.e. weight e^0, so a head can still bypass
-  locality. ``'restrict'``: dropped entries get -inf (truly local, sparse attention).
-* A patch row keeps its ``kh x kw`` spatial neighbourhood (itself included, no wrap at
-  the borders) and nothing else, not the class token: "we only compute 9 out of all
-  (N+1) attention weights" for 3x3. Class (and distillation) token rows keep all.
-* Soft masks (Sec. 4.3): non-neighbours get ``alpha = sigmoid(a)`` per head, in (0, 1);
-  neighbours keep 1. ``alpha_init`` sets the start (default 0.5).
-* Masked heads are the first heads of a layer unless head indices are given.
-* Sch.2 leaves layer 8 of 24 unstated: we give it one masked head (it starts the
-  "middle" block; layers 0-7 are the first third).
-* Masked CaiT: the mask multiplies the logits that enter the softmax, i.e. after
-  CaiT's pre-softmax talking-heads mix (``proj_l``), in its self-attention layers only
-  (they hold no class token); its class-attention layers are unchanged.
+Masks on some heads of DeiT (and CaiT) keep those heads on each patch's ``kh x kw`` neighbourhood (no wrap;
+not the class token: "9 out of all (N+1)" for 3x3; class and distillation rows keep all); the others stay
+global. Blocks: ``MaskedAttention`` (via ``VisionTransformer(attn_layer=...)``; unmasked heads keep the fused
+path) and ``MaskedTalkingHeadAttn`` (CaiT's self-attention: the mask multiplies the logits after the
+pre-softmax head mix ``proj_l``; class attention unchanged). Models: ``MaiT`` and ``MaskedCait``, masks
+configured per layer after construction. ``multiply`` (Eq. 2) leaves a dropped entry at logit 0;
+``restrict`` puts -inf there. Options and the choices where the paper is vague: docs/models.md, MaiT.
 """
 
 from __future__ import annotations
@@ -104,12 +82,8 @@ def random_mask(like: torch.Tensor, num_prefix: int, seed: int) -> torch.Tensor:
 def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]]:
     """Masked head indices per layer from a scheme name or a per-layer list.
 
-    A per-layer list holds, for each layer, a count (the first heads) or head indices.
-    Names: ``none``; ``sch1`` one head in every layer; ``sch2`` H-1 heads in the first
-    third of the layers, one head up to 5/6 of the depth, none after (24 layers:
-    0-7, 8-19, 20-23); ``sch3`` every head of the first 7/8 of the layers (24: 0-20;
-    the paper's soft-mask scheme); ``mixed`` every head in the first third, one head
-    after (36 layers: 12 + 24, Fig. 4); ``all`` every head of every layer.
+    A per-layer list holds a count (the first heads) or head indices; the names: docs/models.md, MaiT
+    (``sch2`` at 24 layers: 0-7, 8-19, 20-23; ``sch3``: 0-20; ``mixed`` at 36: 12 + 24).
     """
     if isinstance(scheme, str):
         third, five_sixths, seven_eighths = depth // 3, (5 * depth) // 6, -(-7 * depth // 8)
@@ -147,7 +121,7 @@ def scheme_heads(scheme: HeadSpec, depth: int, num_heads: int) -> list[list[int]
 
 def flex_blocks(keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A (T, T) boolean mask in FlexAttention's block-sparse form, ``BlockMask.from_kv_blocks``' first four
-    arguments: per row of :data:`FLEX_BLOCK`-token query blocks, how many key blocks it keeps in part and which
+    arguments: per row of ``FLEX_BLOCK``-token query blocks, how many key blocks it keeps in part and which
     (``(1, 1, nb)`` and ``(1, 1, nb, nb)`` int32), then the same for those it keeps whole. As
     ``create_block_mask`` builds them (the tokens past T count as dropped), without its mask_mod pass."""
     nb = -(-keep.shape[0] // FLEX_BLOCK)
@@ -175,7 +149,7 @@ class _HeadMasks(nn.Module):
         # The other heads, in order: kept here so that a forward finds them without a nonzero() (a host sync).
         self.register_buffer("free", torch.zeros(0, dtype=torch.long), persistent=False)
         self.register_buffer("keep", torch.zeros(0, 0, dtype=torch.bool), persistent=False)
-        # restrict's keep in FlexAttention's block-sparse form (:func:`flex_blocks`), built with the masks: a
+        # restrict's keep in FlexAttention's block-sparse form (``flex_blocks``), built with the masks: a
         # compiled forward then builds its BlockMask from buffers, which follow the module's device
         for name in FLEX_BLOCK_NAMES:
             self.register_buffer(name, torch.zeros(0, dtype=torch.int32), persistent=False)
@@ -339,8 +313,8 @@ class MaskedAttention(Attention):
 
     def _flex(self, x: torch.Tensor) -> bool:
         """Whether this call takes FlexAttention: restrict masks, ``restrict_kernel`` asking for it
-        (:func:`_flex_wanted`), no attention dropout to apply (FlexAttention has none), and, where it is
-        compiled, a node that can build Triton's launchers (:func:`_flex_buildable`)."""
+        (``_flex_wanted``), no attention dropout to apply (FlexAttention has none), and, where it is
+        compiled, a node that can build Triton's launchers (``_flex_buildable``)."""
         if self.masks.mode != "restrict" or not _flex_wanted(self.restrict_kernel, x.device, x.shape[1]):
             return False
         compiled = _flex_compiles(x.device)
@@ -351,7 +325,7 @@ class MaskedAttention(Attention):
     def _restrict_flex(self, x: torch.Tensor, B: int, N: int) -> torch.Tensor:
         """Masked heads through FlexAttention with a block-sparse neighbourhood mask (work skipped
         for blocks of 128 x 128 tokens the mask leaves empty: it pays from about 1,000 tokens,
-        :data:`FLEX_MIN_TOKENS`); the other heads through the fused kernel."""
+        ``FLEX_MIN_TOKENS``); the other heads through the fused kernel."""
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, T, hd)
         q, k = normed_qk(self, q, k, v)
@@ -480,16 +454,16 @@ def _flex_compiles(device: torch.device) -> bool:
 
 def _flex_wanted(restrict_kernel: str, device: torch.device, tokens: int) -> bool:
     """Whether ``restrict_kernel`` asks for FlexAttention at ``tokens`` tokens on ``device``: ``flex`` always,
-    ``dense`` never, ``auto`` where it is compiled (CUDA) from :data:`FLEX_MIN_TOKENS` on."""
+    ``dense`` never, ``auto`` where it is compiled (CUDA) from ``FLEX_MIN_TOKENS`` on."""
     if restrict_kernel == "auto":
         return _flex_compiles(device) and tokens >= FLEX_MIN_TOKENS
     return restrict_kernel == "flex"
 
 
 def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> bool:
-    """Whether this node can build compiled FlexAttention (:func:`locvit.device.missing_toolchain`). When it cannot,
+    """Whether this node can build compiled FlexAttention (``locvit.device.missing_toolchain``). When it cannot,
     ``auto`` falls back to the dense restrict kernel (the same result) with one warning per process saying
-    what to install, and an explicit ``flex`` raises :class:`locvit.device.ToolchainError`."""
+    what to install, and an explicit ``flex`` raises ``locvit.device.ToolchainError``."""
     global _WARNED_NO_TOOLCHAIN
     missing = missing_toolchain() if missing is None else missing
     if not missing:
@@ -512,12 +486,9 @@ def _flex_buildable(restrict_kernel: str, missing: dict[str, str] | None) -> boo
 def _flex_attention(device: torch.device):
     """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (a reference, for tests).
 
-    Inside a compiled model (``torch.compile`` of MaiT) Dynamo puts FlexAttention into the model's own
-    graph and treats a ``torch.compile`` made here as a no-op: the raw function is returned and the cached
-    compiled one is neither read nor written, so later eager calls (an evaluation of a ``compile: true``
-    run) still find the compiled kernel, not the raw function (FlexAttention's unfused reference, which
-    materialises the whole score matrix). Compiled with automatic dynamic shapes: the first batch size is
-    specialised, another one (an evaluation's last, partial batch) recompiles once with a symbolic batch.
+    Under ``torch.compile`` of MaiT, Dynamo inlines FlexAttention and the raw function is returned without
+    touching the cache, so later eager calls still find the compiled kernel, not the unfused reference.
+    Dynamic shapes: another batch size (an evaluation's last batch) recompiles once.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -564,28 +535,12 @@ def install_masks(
 
 
 class MaiT(VisionTransformer):
-    """A timm ``VisionTransformer`` with MaiT attention masks (see the module docstring).
+    """A timm ``VisionTransformer`` with MaiT attention masks; its options: docs/models.md, MaiT.
 
-    Args (besides ``VisionTransformer``'s):
-        masked_heads: scheme name (``none``, ``sch1``, ``sch2``, ``sch3``, ``mixed``, ``all``)
-            or a per-layer list of head counts / head indices.
-        mask_kernel: odd ``(kh, kw)`` neighbourhood, e.g. (3, 3), (3, 5), (5, 5).
-        mask_mode: ``multiply`` (paper) or ``restrict`` (-inf outside the neighbourhood).
-        mask_type: ``hard``, ``soft`` (learnable alpha per head) or ``random`` (control);
-            default ``soft`` for ``sch3``, else ``hard``.
-        alpha_init: initial soft-mask alpha in (0, 1).
-        random_seed: seed of the random-mask control (layer l uses seed + l).
-        restrict_kernel: how ``restrict`` heads run: ``auto`` (FlexAttention with a block-sparse
-            neighbourhood mask on CUDA from :data:`FLEX_MIN_TOKENS` tokens, dense masked attention
-            elsewhere), ``flex`` (FlexAttention at any length) or ``dense``.
-            FlexAttention has no attention dropout: with ``attn_drop_rate`` > 0 training uses dense;
-            off CUDA it runs (eager, forward only) in eval mode, training uses dense. On CUDA it is
-            compiled, which needs a C compiler and Python's headers (:mod:`locvit.device`): without
-            them ``auto`` falls back to dense with one warning per process naming what to install,
-            and ``flex`` raises :class:`locvit.device.ToolchainError` at the first forward.
-        drop_path_schedule: ``linear`` (timm's and DeiT's: 0 in the first block up to
-            ``drop_path_rate`` in the last) or ``constant`` (``drop_path_rate`` in every block,
-            as CaiT does and as MaiT's Table 5 trains MaiT-S*, at 0.1).
+    FlexAttention (``restrict_kernel``) has no dropout (training with ``attn_drop_rate`` > 0 runs dense) and
+    off CUDA runs eagerly in eval mode only. Without a C compiler and Python's headers on CUDA, ``auto`` falls
+    back to dense with one warning per process and ``flex`` raises ``locvit.device.ToolchainError`` at the
+    first forward.
     """
 
     def __init__(
@@ -627,7 +582,7 @@ class MaiT(VisionTransformer):
 
 
 class MaskedCait(Cait):
-    """A timm ``Cait`` with MaiT masks in its self-attention layers (options as :class:`MaiT`)."""
+    """A timm ``Cait`` with MaiT masks in its self-attention layers (options as ``MaiT``)."""
 
     def __init__(
         self,

@@ -1,46 +1,12 @@
-"""PVT v1: Pyramid Vision Transformer (Wang et al., ICCV 2021), which timm does not have (it has PVT v2).
+"""PVT v1: Pyramid Vision Transformer (Wang et al., ICCV 2021), which timm lacks (it has v2).
 
-The papers compare with it: MaiT's Table 4 (ImageNet PVT-T/S/M: 13.2M, 24.5M, 44.2M), LSA's
-Table 4 (ImageNet PVT-T/S) and LSA's Table 3 (CIFAR PVT-T/S/B: 12.8M, 24.1M, 60.9M; LSA's
-"PVT-B" is the PVT paper's PVT-Large, the only size near 60.9M).
-
-Blocks
-    timm's PVT v2 :class:`~timm.models.pvt_v2.Attention` with ``sr_ratio > 1`` and no linear
-    attention is PVT v1's spatial-reduction attention exactly (queries from every token; keys
-    and values from the grid pooled by a ``R x R`` stride-``R`` conv and a LayerNorm), so it is
-    used as it is. :class:`PvtBlock` is PVT v1's pre-norm block around it with timm's ``Mlp``
-    (v1 has no depthwise conv in its MLP, which is v2's change) and ``DropPath``.
-Model
-    :class:`PyramidVisionTransformer`: four stages, each a non-overlapping patch embedding
-    (timm's ``PatchEmbed`` with a LayerNorm: stride ``patch_size`` in stage 1, 2 after), a learned
-    positional embedding and its blocks; the class token joins in stage 4 (whose attention is
-    global, ``R = 1``), one LayerNorm at the end, the head on the class token.
-
-Sizes (the PVT paper's Table 1; ``embed_dims`` (64, 128, 320, 512), heads (1, 2, 5, 8), MLP
-ratios (8, 8, 4, 4), reductions (8, 4, 2, 1)):
-
-==================  =============  ======================  ===================================
-entrypoint          depths         224 px, 1000 classes    32 px, 10 classes, ``patch_size=1``
-==================  =============  ======================  ===================================
-pvt_v1_tiny         2, 2, 2, 2     13.23M (paper 13.2M)    12.46M (LSA Table 3: 12.8M, -2.7 %)
-pvt_v1_small        3, 4, 6, 3     24.49M (paper 24.5M)    23.71M (LSA Table 3: 24.1M, -1.6 %)
-pvt_v1_medium       3, 4, 18, 3    44.21M (paper 44.2M)    43.44M (not in LSA's table)
-pvt_v1_large        3, 8, 27, 3    61.37M (paper 61.4M)    60.60M (LSA Table 3's PVT-B: 60.9M, -0.5 %)
-==================  =============  ======================  ===================================
-
-The CIFAR setting of LSA's Table 3 (its numbers come from the NesT paper's CIFAR comparison)
-is not stated. Its three sizes are what PVT v1 has with 10 classes and the positional tables of
-224 px (12.72M, 23.98M, 60.86M: within 0.6 %), which suggests CIFAR upsampled to 224 px or
-224-px tables kept. A study runs at the data's size, 32 px, where the class count and the
-stage-1 patch decide the size; we choose 10 classes and pixel tokens in stage 1
-(:data:`CIFAR`: ``patch_size=1``, a 32 x 32 grid, then 16, 8 and 4; stage 1's reduction 8 pools
-the keys to a 4 x 4 grid), as NesT's CIFAR models embed pixels: the only 32-px setting within
-3 % of all three sizes (``patch_size=4``, an 8 x 8 grid with keys pooled to 1 x 1, gives 12.34M,
--3.6 %). ``tests/test_baselines.py`` checks both columns on the meta device.
-
-Attention maps (:mod:`locvit.models.family`): the stages with ``R > 1`` give ``pooled_keys``
-records (queries on the stage's token grid, keys on the grid pooled by ``R``), stage 4 gives
-``softmax`` records over its class token and grid.
+Blocks: timm's PVT v2 ``Attention`` with ``sr_ratio > 1`` and no linear attention is v1's spatial-reduction
+attention exactly (keys and values from the grid pooled by an R x R stride-R conv and a LayerNorm), used as
+it is; ``PvtBlock`` puts v1's plain ``Mlp`` (no depth-wise conv: v2's change) around it. Model:
+``PyramidVisionTransformer``, four stages of patch embedding, positions and blocks; the class token joins in
+stage 4 (global, R = 1), whose maps are ``softmax``, the others' ``pooled_keys``. Sizes are the PVT paper's
+Table 1; LSA's "PVT-B" is PVT-Large. At 32 px ``CIFAR`` embeds pixels (``patch_size=1``): why, and the
+sizes against the papers', docs/models.md.
 """
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it

@@ -1,26 +1,10 @@
-"""PyramidNet for CIFAR (Han, Kim and Kim, "Deep Pyramidal Residual Networks", CVPR 2017), which timm
-does not have.
+"""PyramidNet for CIFAR (Han, Kim and Kim, "Deep Pyramidal Residual Networks", CVPR 2017), which timm lacks.
 
-LSA's Table 3 compares with Pyramid-164-48 on CIFAR-10/100: depth 164, widening step alpha = 48,
-bottleneck blocks (1.7M parameters).
-
-Block
-    :class:`PyramidBottleneck`: BN-conv1x1-BN-ReLU-conv3x3(stride)-BN-ReLU-conv1x1(x4)-BN (the paper's
-    Fig. 6(d): no ReLU before the first conv or after the addition). The shortcut is the identity,
-    a 2 x 2 average pool where the block halves the map, and zero-padded channels where the block
-    widens (the paper's parameter-free shortcut).
-Model
-    :class:`PyramidNet`: a 3 x 3 conv to 16 channels, three groups of ``(depth - 2) / 9`` bottlenecks
-    (strides 1, 2, 2) whose width grows by ``alpha / (3 n)`` per block (rounded, as the authors' code
-    does), BN-ReLU, global average pool, linear head.
-
-=====================  ======================  ==============================
-entrypoint             size                    params (10 classes)
-=====================  ======================  ==============================
-pyramidnet164_a48      depth 164, alpha 48     1.69M (paper 1.7M)
-=====================  ======================  ==============================
-
-No attention: its family declares no attention layers.
+LSA's Table 3 compares with Pyramid-164-48. ``PyramidBottleneck``: BN-conv1x1-BN-ReLU-conv3x3(stride)-BN-ReLU-
+conv1x1(x4)-BN (Fig. 6(d)); the shortcut is the identity, a 2 x 2 average pool where the map halves, and
+zero-padded channels where the block widens (parameter-free). ``PyramidNet``: a conv to 16 channels, three
+groups of ``(depth - 2) / 9`` bottlenecks (strides 1, 2, 2) widening by ``alpha / (3 n)`` per block (rounded,
+as the authors' code), BN-ReLU, average pool, linear head. No attention layers.
 """
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it

@@ -1,23 +1,11 @@
 """Swin Transformer (Liu et al. 2021, "Hierarchical Vision Transformer using Shifted Windows") as a locvit family.
 
-The model is timm's ``SwinTransformer``, built by name (``swin_tiny_patch4_window7_224``,
-``swin_small_…``, ``swin_base_…``); nothing here subclasses it. LSA's Table 3 (CIFAR, Swin-T/S/B)
-and MaiT's Table 4 (ImageNet, Swin-T/S) compare with it.
-
-Blocks
-    timm's ``SwinTransformerBlock``: self-attention inside non-overlapping windows of the stage's
-    grid (``WindowAttention``, with a learned relative-position bias), the windows shifted by half
-    a window every other block (a mask keeps tokens that wrapped around apart); patch merging
-    halves the grid between stages.
-Maps
-    One softmax map per window, ``(B * nW, H, w * w, w * w)`` (window index ``b * nW + k``, k
-    row-major), read like NesT's blocks: the ``block`` kind over one window's ``(w, w)`` grid
-    (:func:`locvit.models.family.read_window`, shared with the generic reader of unclaimed models).
-
-At 32 x 32 (:data:`CIFAR_32`): ``patch_size`` 4 gives an 8 x 8 grid, and the window must divide
-the grid at every stage (8, 4, 2, 1): window 4, which timm narrows to the grid where the grid is
-smaller (and then does not shift). The ImageNet window 7 does not divide 8; :func:`window_problems`
-names such a stage and ``locvit validate`` refuses it.
+The model is timm's ``SwinTransformer`` by name (LSA's Table 3, MaiT's Table 4). Its ``WindowAttention``
+gives one softmax map per window, with the relative-position bias and, in shifted blocks, the mask that keeps
+wrapped-around tokens apart: ``block`` maps (B * nW, H, w * w, w * w), read by ``family.read_window``. At
+32 x 32 (``CIFAR_32``) 4-pixel patches give stages of 8, 4, 2, 1 and window 4 (timm narrows it to a smaller
+grid); ImageNet's window 7 does not divide 8: ``window_problems`` names such a stage, ``locvit validate``
+refuses it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Twins (Chu et al. 2021, "Twins: Revisiting the Design of Spatial Attention") as a locvit family.
 
-The model is timm's ``Twins``, built by name: ``twins_svt_small`` / ``twins_svt_base`` (Twins-SVT,
-MaiT's Table 4) and ``twins_pcpvt_*`` (Twins-PCPVT); nothing here subclasses it.
-
-Blocks
-    A four-stage pyramid of timm's Twins ``Block``. Twins-SVT alternates locally-grouped
-    self-attention (``LocallyGroupedAttn``: attention inside non-overlapping ``ws x ws`` windows,
-    Swin's windows without the shift) with global sub-sampled attention (``GlobalSubSampleAttn``:
-    every patch's query over keys and values from the grid pooled by a strided convolution of
-    ratio ``sr``); Twins-PCPVT uses only the latter. A convolutional position encoding follows
-    each stage's first block.
-Maps
-    ``LocallyGroupedAttn``: one softmax map per window, ``(B * K, H, ws^2, ws^2)``, the ``block``
-    kind (NesT's, Swin's). ``GlobalSubSampleAttn``: ``(B, H, N, N / sr^2)``, the ``pooled_keys`` kind (PVT's
-    spatial reduction: keys on a pooled grid, the queries on the stage's grid); with ``sr`` 1 its keys are the
-    queries' tokens and the map is ``softmax`` over the grid.
-
-At 32 x 32 (:data:`CIFAR_32`): 2-pixel patches give a 16 x 16 grid and stages of 16, 8, 4, 2, so
-windows of 4, 4, 2, 2 divide every stage's grid (with 4-pixel patches the last stage is 1 x 1,
-which no window of side 2 or more divides). :func:`window_problems` names a window that does not
-divide its stage's grid (timm pads it, and its maps hold padding tokens); ``locvit validate`` refuses it.
+The model is timm's ``Twins`` by name (``twins_svt_*``, MaiT's Table 4; ``twins_pcpvt_*``). Twins-SVT
+alternates ``LocallyGroupedAttn`` (inside ``ws x ws`` windows: ``block`` maps, (B * K, H, ws^2, ws^2)) with
+``GlobalSubSampleAttn`` (keys from the grid pooled by a stride-``sr`` conv: ``pooled_keys`` maps,
+(B, H, N, N / sr^2); ``softmax`` where ``sr`` is 1); PCPVT has only the latter. At 32 x 32 (``CIFAR_32``)
+2-pixel patches give stages of 16, 8, 4, 2, which windows of 4, 4, 2, 2 divide; ``window_problems`` names
+a window that does not divide its stage's grid (timm pads it) and ``locvit validate`` refuses it.
 """
 
 from __future__ import annotations

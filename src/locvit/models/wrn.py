@@ -1,25 +1,10 @@
-"""Wide residual networks for CIFAR (Zagoruyko and Komodakis, BMVC 2016), which timm does not have
-(its ``wide_resnet50_2`` / ``101_2`` are the ImageNet bottleneck WRNs).
+"""Wide residual networks for CIFAR (Zagoruyko and Komodakis, BMVC 2016); timm has only the ImageNet WRNs.
 
-LSA's Table 3 compares with WRN-28-10 on CIFAR-10/100 (36.5M parameters).
-
-Block
-    :class:`WideBasic`: the paper's pre-activation basic block, BN-ReLU-conv3x3-BN-ReLU-[dropout]-conv3x3,
-    with a 1 x 1 conv on the shortcut where the width or stride changes (applied to the pre-activated
-    input, as the paper's code does).
-Model
-    :class:`WideResNet`: a 3 x 3 conv to 16 channels, three groups of ``(depth - 4) / 6`` blocks of
-    widths ``16k, 32k, 64k`` (strides 1, 2, 2), BN-ReLU, global average pool, linear head.
-
-==========  ==========================================  =================================
-entrypoint  size                                        params (10 classes)
-==========  ==========================================  =================================
-wrn_28_10   depth 28, widen 10 (LSA Table 3)            36.48M (paper 36.5M)
-wrn_16_2    depth 16, widen 2 (a model that trains in   0.69M
-            seconds on a CPU, for end-to-end tests)
-==========  ==========================================  =================================
-
-No attention: its family declares no attention layers (the analyses have no maps to read).
+``WideBasic``: the paper's pre-activation block, BN-ReLU-conv3x3-BN-ReLU-[dropout]-conv3x3, a 1 x 1 conv on the
+shortcut where width or stride change (on the pre-activated input, as the paper's code). ``WideResNet``: a conv
+to 16 channels, three groups of ``(depth - 4) / 6`` blocks of widths ``16k, 32k, 64k`` (strides 1, 2, 2),
+BN-ReLU, average pool, linear head. ``wrn_28_10`` is LSA Table 3's; ``wrn_16_2`` trains in seconds on a CPU
+(end-to-end tests). No attention layers.
 """
 
 # No `from __future__ import annotations`: torch.fx copies forward's annotations into the code it
