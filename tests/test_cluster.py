@@ -206,8 +206,9 @@ def submitted(jobs: list[dict]) -> dict[str, int]:
 
 def test_every_job_went_through_sbatch_grouped(study, cluster):
     """Each variant's train, evaluate and analyse went as one SLURM job, each search round's likewise,
-    except the two-node variant's training, alone (its evaluate and analyse grouped): 10 submissions for the
-    tiny study where 17 jobs ran, plus one re-submission each for the preempted and the timed-out run."""
+    except the two-node variant's training, alone (its evaluate and analyse grouped), and the throughput job:
+    11 first submissions for the tiny study's 18 jobs, plus one re-submission each for the preempted and the
+    timed-out run."""
     work, out, _ = study
     jobs = [j for j in cluster.sacct() if j["comment"]]  # Snakemake's (the other tests' sruns carry none)
     params = yaml.safe_load((work / TINY).read_text())
