@@ -1,23 +1,11 @@
 """The report step: every table and figure of one study, and their MLflow artifacts.
 
-:func:`build_report` writes, under ``out_dir``::
-
-    results.md/.csv/.tex, summary.json      one row per variant (summary.json: the results' statistics per variant)
-    results_seeds.csv                       one row per evaluated run (variant, seed, test_top1)
-    tables/<name>.md/.csv/.tex              the paper-shaped tables the study can fill (papers.PAPER_TABLES)
-    figures/<name>.png, pdf/<name>.pdf      the figures (plots.py; PDF for the paper-style ones)
-    index.md                                all tables and figures on one page
-    report.json                             what was written (paths relative to out_dir), captions, what
-                                            was skipped and why, and what reached MLflow
-
-A table or figure the study cannot fill is not written; report.json says why. Files of
-an earlier report that this one does not write again are removed, so no stale table
-survives a change of the study. MLflow is touched only with ``log_to_mlflow``: then the
-tables link every run to the tracking UI, each per-variant figure is logged as an artifact
-(folder ``report/``) of that variant's runs, and the study's run tree is settled and filled
-(:func:`publish_tree`: the study run with the report's files, one run per variant with its row of
-results.csv as metrics). A failure to reach MLflow is a warning; the files on disk are written
-regardless.
+``build_report`` writes under ``out_dir`` results.md/.csv/.tex, summary.json, results_seeds.csv,
+tables/<name>.md/.csv/.tex (``papers.PAPER_TABLES``), figures/<name>.png and pdf/<name>.pdf, index.md (all on
+one page) and report.json (what was written, captions, what was skipped and why, what reached MLflow). What the
+study cannot fill is not written, and an earlier report's files not written again are removed. With
+``log_to_mlflow`` the tables link every run, per-variant figures are logged to that variant's runs and the run
+tree is filled (``publish_tree``); a failure to reach MLflow is a warning, the files are written regardless.
 """
 
 from __future__ import annotations
@@ -51,21 +39,11 @@ def build_report(
     ui_base: str | None = None,
     params_file: str | Path | None = None,
 ) -> dict:
-    """Write the study's report; return what report.json records.
+    """Write the study's report (config: ``locvit.config.jobs.report_config``); return what report.json records.
 
-    Args:
-        config: the report's job config (:func:`locvit.config.jobs.report_config`), the one part of the
-            study's params it reads.
-        study_dir: the study's folder (``<results_dir>/<study>``, :mod:`locvit.layout`).
-        out_dir: where the report goes (``results/<study>/report/``).
-        log_to_mlflow: link runs in the tables and log per-variant figures to their runs.
-        extra_studies: (report config, study_dir) of other studies for the accuracy-against-training-
-            fraction figure, besides the study's own train_fractions; without either that
-            figure is skipped and report.json says so.
-        tracking_db: the SQLite backend (default: the study's ``mlflow.db``; ``MLFLOW_TRACKING_URI`` wins).
-        ui_base: the MLflow UI address the links point to (default: the config's ``ui_url``, params'
-            ``tracking.ui_url``).
-        params_file: a file logged to the study's MLflow run as it is (the study's params.yaml), unread.
+    extra_studies: (report config, study_dir) of other studies for the accuracy-against-fraction figure;
+    tracking_db default: the study's ``mlflow.db`` (``MLFLOW_TRACKING_URI`` wins); ui_base default: the config's
+    ``ui_url``; params_file is logged to the study's run as it is, unread.
     """
     study_dir, out_dir = Path(study_dir), Path(out_dir)
     ui_base = ui_base or config["ui_url"] or DEFAULT_UI
@@ -246,10 +224,10 @@ STUDY_ARTIFACTS = tuple(REPORT_FILES[role] for role in ("md", "csv", "seeds", "i
 
 
 def publish_tree(client, study: Study, out_dir: Path, params_file: str | Path | None, ui_base: str) -> dict:
-    """The study's MLflow run tree settled (:func:`locvit.tracking.tree.adopt`) and filled: each variant
+    """The study's MLflow run tree settled (``locvit.tracking.tree.adopt``) and filled: each variant
     run gets its row of results.csv as metrics at step 0 (the file's values, so a row of the UI's table
     reads as the file does) with its verdict and reference as tags, the throughput job's ratio to the
-    baseline, and its seeds' mean training curves (:data:`CURVES`, step = epoch); the study run gets the params file
+    baseline, and its seeds' mean training curves (``CURVES``, step = epoch); the study run gets the params file
     and the report (tables, figures) as artifacts. Both are marked FINISHED. A re-run of the report updates the
     same runs. Returns the ids and links (study run, compare view of the variant runs), or the error when the
     backend failed."""
@@ -311,7 +289,7 @@ CURVES = ("train_loss", "train_top1", "val_loss", "val_top1")
 
 
 def _mean_history(variant) -> dict[int, dict[str, float]]:
-    """Epoch -> the mean over the variant's seeds of each of :data:`CURVES` (epochs every seed reached)."""
+    """Epoch -> the mean over the variant's seeds of each of ``CURVES`` (epochs every seed reached)."""
     histories = [m["history"] for m in variant.metrics.values() if m and m.get("history")]
     if not histories:
         return {}

@@ -1,25 +1,11 @@
-"""Tables shaped like the three papers', built from whatever variants the study ran.
+"""Tables shaped like the three papers' (``PAPER_TABLES``, in report order), built from the study's variants.
 
-Each builder returns a :class:`~locvit.report.render.Table`, or a string saying why the
-study cannot fill it (too few of the variants the table compares); ``PAPER_TABLES``
-lists them in report order. Variants are placed by the ``arch`` of their profile
-(``analysis/<variant>/profile.json``); where a table needs the arch and the profile is
-missing, the variant is named in the table's notes instead of being placed. Tables that
-need only the family (IBiT's) fall back to the model name.
-
-- MaiT Table 2: top-1 by mask shape (one hard head per layer, kh x kw) and MaiT+ (soft).
-- MaiT Table 3: top-1 by masking scheme (Sch.1/2/3, mixed, custom, soft), per size.
-- MaiT Table 4: layers, params, GMACs, top-1 of every variant.
-- LSA Table 3: params, inference throughput, accuracy on the study's dataset.
-- LSA Table 5: the ablation: shifts, shift mode, positional embedding, local block.
-- IBiT Table 3: IBiT vs DeiT vs ConViT; IBiT Table 4: learned masks x CutMix.
-- Data efficiency: top-1 by training fraction (IBiT's data-fraction runs), from train_fractions.
-
-MaiT Table 4, LSA Table 3 and IBiT Tables 3 and 4 also show the paper's own numbers beside every
-variant that is a model of the paper's table on the paper's dataset (:mod:`locvit.report.reported`):
-after the table's columns, the paper's row, and per number the paper gives (top-1, params, GFLOPs,
-throughput) its value and ours minus it. IBiT's rows also name whether their model trained with
-CutMix, and match only a variant whose recipe agrees (Table 4's rows A and B are one model).
+Each builder returns a ``Table`` or a string saying why the study cannot fill it. Variants are placed by their
+profile's ``arch``; one whose profile is missing is named in the notes instead (IBiT's tables fall back to the
+model name). MaiT Tables 2-4, LSA Tables 3 and 5, IBiT Tables 3 and 4, and data efficiency by training
+fraction. MaiT Table 4, LSA Table 3 and IBiT Tables 3-4 show the paper's own row beside each variant that is a
+model of the table on the paper's dataset (``locvit.report.reported``): per number, its value and ours minus
+it; IBiT's rows match only a variant whose CutMix setting agrees.
 """
 
 from __future__ import annotations
@@ -74,7 +60,7 @@ def _kernel(mask: dict) -> str:
 
 def _grid(study: Study, name: str, title: str, caption: str, entries: list[tuple], notes: list[str]) -> Table:
     """Rows = model sizes, columns = DeiT then MaiT kinds; each MaiT cell the study's comparison with DeiT of
-    its size (:meth:`Study.size_reference`).
+    its size (``Study.size_reference``).
 
     ``entries``: (size key, column label, column sort key, variant). Two variants that land
     in one cell get a column each, labelled with their names.
@@ -243,7 +229,7 @@ def _beside_the_paper(
 ):
     """Append ``paper``'s columns to ``rows`` (one per variant, in order) where a variant is a model of the
     paper's tables (of its ``table``, when given) on the study's dataset, trained with the recipe the row names
-    (:func:`locvit.report.reported.paper_row`); ``ours(v, row)``: our value of each quantity. Returns the new
+    (``locvit.report.reported.paper_row``); ``ours(v, row)``: our value of each quantity. Returns the new
     header and formats; nothing changes when no variant matches."""
     found = [
         paper_row(paper, v.model, v.model_kwargs, study.config["data"]["source"], v.fraction, v.recipe, table)

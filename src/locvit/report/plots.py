@@ -1,14 +1,9 @@
 """The report's figures: PNG always, PDF too for the paper-style ones, each with a caption.
 
-Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplot, no
-global state, no display) and saved atomically. Per study: training curves, accuracy
-against depth (MaiT Fig. 4) and against the training-set fraction (IBiT Fig. 4, over
-several studies). Per variant: ALS layer x head (MaiT Fig. 3), cross-layer similarity
-per head (MaiT Figs. 7-9), rollout maps (IBiT Fig. 5), and a figure per extra its family
-declares (:class:`locvit.models.family.Extra`: IBiT's learned masks, IBiT Fig. 6; MaiT's
-soft-mask alphas). Every builder returns a :class:`FigureFile`, or None when the study has
-nothing to draw (:func:`extras`: the list of its figures); captions name the seeds that were
-missing.
+Drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplot, no global state) and saved atomically.
+Per study: training curves, accuracy against depth (MaiT Fig. 4) and training fraction (IBiT Fig. 4). Per
+variant: ALS (MaiT Fig. 3), cross-layer similarity (MaiT Figs. 7-9), rollout (IBiT Fig. 5) and each family
+``Extra``. A builder returns a ``FigureFile`` or None (nothing to draw); captions name missing seeds.
 """
 
 from __future__ import annotations
@@ -242,7 +237,7 @@ def rollout(v: Variant, out_dir: Path, max_images: int = 8) -> FigureFile | None
 
 
 def extras(v: Variant, out_dir: Path) -> list[FigureFile]:
-    """A figure per extra the variant's family declares (:class:`locvit.models.family.Extra`) and its
+    """A figure per extra the variant's family declares (``locvit.models.family.Extra``) and its
     analyses hold: IBiT's learned masks (IBiT Fig. 6), MaiT's soft-mask alphas."""
     if not v.analyses and not v.npz:
         return []  # nothing analysed: no need to look the family up

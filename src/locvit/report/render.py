@@ -1,22 +1,10 @@
-"""One table model, rendered as Markdown (with MLflow links), CSV and LaTeX.
+"""One table model, rendered as Markdown (with MLflow links), CSV and LaTeX: every table locvit writes.
 
-Every table locvit writes goes through here: the results table, the papers' tables and
-the mask search's rounds; the Snakemake HTML report shows the same CSVs.
-
-A cell is text, a number, a bool (✓/✗), ``None`` (not applicable: "–"), a
-:class:`Missing` (a file the study defines is absent) or an :class:`~locvit.report.study.Acc`
-(test top-1 over seeds, possibly compared with a reference variant). A compared cell arrives
-with its numbers already set by the study (:attr:`locvit.report.study.Study.comparisons`: one
-Holm family per reference over the whole study), so a comparison reads the same in every
-table; a table names the families its cells belong to.
-
-An accuracy cell is written compactly (``97.10 ± 0.50 (n=3) (+1.20 [-0.50, +2.90], undecided)``,
-with the 90 % interval that two one-sided tests read where the verdict rests on it) or, in a
-``detail`` table such as the results table, as columns: n, mean ± std, 95 % interval,
-difference to the reference, its 95 % and 90 % intervals, Holm's p, the minimum detectable
-effect, the smallest margin it could show equivalence within, the probability of
-improvement and the verdict. In the CSV it always becomes numeric columns
-(:func:`acc_csv_names`), so the numbers can be read back without parsing.
+A cell is text, a number, a bool (✓/✗), ``None`` ("–"), a ``Missing`` file or an ``Acc`` (test top-1 over
+seeds, maybe compared with a reference, its numbers set once by ``Study.comparisons``: one Holm family per
+reference, so a comparison reads the same in every table). An accuracy cell is compact
+(``97.10 ± 0.50 (n=3) (+1.20 [-0.50, +2.90], undecided)``) or, in a ``detail`` table, columns; in the CSV
+always numeric columns (``acc_csv_names``), read back without parsing.
 """
 
 from __future__ import annotations
@@ -334,14 +322,8 @@ def to_markdown(table: Table, link: RunLink | None = None, level: int = 2) -> st
 
 
 def acc_csv_names(table: Table, column: int) -> dict[str, str]:
-    """ACC_FIELDS -> CSV column of an accuracy column, in CSV order: the table's ``acc_csv`` where it
-    gives one (the results table's contract), else ``<key>`` (the mean), then ``<key> std``,
-    ``<key> n``, ``<key> ci95_low``, ``<key> ci95_high``, ``<key> reference``, ``<key> delta``,
-    ``<key> delta_ci95_low``, ``<key> delta_ci95_high``, ``<key> p``, ``<key> p_holm``,
-    ``<key> p_equivalence_holm``, ``<key> mde80``, ``<key> verdict``, ``<key> mlflow_run_ids``,
-    ``<key> missing``, ``<key> delta_ci90_low``, ``<key> delta_ci90_high``, ``<key> min_margin``,
-    ``<key> p_improvement``, ``<key> p_improvement_ci95_low``, ``<key> p_improvement_ci95_high``,
-    ``<key> within_margin`` and ``<key> holm_family``."""
+    """ACC_FIELDS -> CSV column of an accuracy column, in CSV order: the table's ``acc_csv`` where it gives
+    one (the results table's contract), else ``<key>`` (the mean), then ``<key> <field>`` (``<key> std``, ...)."""
     if table.acc_csv:
         return dict(table.acc_csv)
     key = (table.keys or table.header)[column]

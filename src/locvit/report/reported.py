@@ -1,8 +1,8 @@
 """The papers' reported numbers (``papers_reported.yaml``, package data) and the rows of a study they match.
 
-The paper-shaped tables (:mod:`locvit.report.papers`) put a paper's numbers beside each variant that
+The paper-shaped tables (``locvit.report.papers``) put a paper's numbers beside each variant that
 is the paper's model on the paper's dataset (and, where a row says, trained with or without CutMix as the
-paper's): :func:`paper_row` finds the row, :func:`paper_cells` gives
+paper's): ``paper_row`` finds the row, ``paper_cells`` gives
 its cells (the paper's value and ours minus it) for the columns a table shows.
 """
 
@@ -80,7 +80,7 @@ def paper_row(
 ) -> dict | None:
     """The first row of ``paper`` (of its ``table``, when given) that is ``model`` built with ``kwargs`` on all
     of ``dataset`` (module and data-file docstrings), or None. A row that sets a recipe condition
-    (:data:`RECIPE_FIELDS`, e.g. ``cutmix``) matches only a ``recipe`` (the variant's) that meets it; without
+    (``RECIPE_FIELDS``, e.g. ``cutmix``) matches only a ``recipe`` (the variant's) that meets it; without
     a recipe such a row never matches."""
     if train_fraction < 1:
         return None
@@ -106,7 +106,7 @@ def paper_columns(quantities: tuple[str, ...]) -> list[str]:
 
 
 def paper_formats(first: int, quantities: tuple[str, ...]) -> dict[int, str]:
-    """Column formats of :func:`paper_columns` placed from column ``first``: values plain, Δ signed."""
+    """Column formats of ``paper_columns`` placed from column ``first``: values plain, Δ signed."""
     fmt = {key: f for key, _, f in QUANTITIES}
     out = {}
     for i, q in enumerate(quantities):
@@ -116,7 +116,7 @@ def paper_formats(first: int, quantities: tuple[str, ...]) -> dict[int, str]:
 
 
 def paper_cells(row: dict | None, ours: dict) -> list:
-    """The cells of :func:`paper_columns` for ``ours`` (quantity -> our value or None, in column order):
+    """The cells of ``paper_columns`` for ``ours`` (quantity -> our value or None, in column order):
     the paper's row (``LSA Table 3: WRN28-10``), each paper value and ours minus it (None where either is
     unknown)."""
     if row is None:

@@ -1,6 +1,6 @@
 """The mask search's table (``locvit search-table``): its rounds rendered with the report's table model.
 
-The rounds' rows come from :func:`locvit.analysis.search.search_table` (pure Python); the table is
+The rounds' rows come from ``locvit.analysis.search.search_table`` (pure Python); the table is
 rendered here, in the report's layer, so that the search (which the training job runs) imports
 nothing of the report.
 """
@@ -11,8 +11,8 @@ from locvit.report.render import Table, to_markdown
 
 
 def table_markdown(rows: list[dict], config: dict) -> str:
-    """The rounds (:func:`locvit.analysis.search.search_table`) as a table: one row per round, one seed each.
-    ``config``: the job's (:func:`locvit.config.jobs.search_table_config`)."""
+    """The rounds (``locvit.analysis.search.search_table``) as a table: one row per round, one seed each.
+    ``config``: the job's (``locvit.config.jobs.search_table_config``)."""
     search = config["mask_search"]
     table = Table(
         "mask_search",

@@ -1,43 +1,12 @@
 """Statistics for comparing variants trained over a few seeds and scored on one finite test set.
 
-A variant's test top-1 has two sources of error, and every interval here carries both: the seeds
-(initial weights, data order) and the test set (N images are a sample too). Each run's per-image
-results (``test_hits``, an (images, seeds) 0/1 array per variant) form a crossed seeds x images
-design, and the variance of a mean over it is that of a two-way random-effects model (Searle,
-Casella and McCulloch, *Variance Components*, 1992, ch. 4; Owen, "The pigeonhole bootstrap",
-Ann. Appl. Stat. 2007): an image part sigma2_image / N, a seed part sigma2_seed / n and an
-interaction part sigma2_inter / (N n), each counted once. :func:`crossed` estimates them with
-the ANOVA mean squares (unbiased, no normality needed) and gives the degrees of freedom of their
-sum by Satterthwaite's rule over the terms that remain once a negative image component is truncated at
-zero; benchmarks/coverage.py measures the coverage of the resulting intervals on a simulated crossed
-logistic model.
-
-Without per-image results (an evaluation file of an older locvit) a variant's test-set part is the
-binomial error of its pooled accuracy (Agresti-Coull's), which also holds the interaction the
-seeds' spread already carries: wider than the crossed estimate, never narrower.
-
-For each comparison against a reference:
-
-- :func:`compare`: the difference of means, its 95 % interval and the 90 % one that two one-sided
-  tests (TOST) at 5 % decide on, Welch-Satterthwaite's two-sided p, the TOST p that it lies within
-  ``± margin`` points, and the probability of improvement with its bootstrap interval;
-- :func:`mde`: the smallest difference the comparison detects with 80 % power at a given level
-  (the noncentral t's two tails, :func:`power`);
-- :func:`equivalence_bound`: the smallest margin it could establish as equivalent;
-- :func:`holm`: Holm's step-down correction over one family (equal to statsmodels' ``multipletests``,
-  written out: see the function);
-- :func:`verdict`: ``better`` / ``worse`` (Holm-adjusted p < 0.05), else ``equivalent``
-  (Holm-adjusted TOST p < 0.05), else ``undecided``; :func:`within_margin` flags a difference
-  that is both shown and inside the margin.
-
-Intervals of an accuracy stay inside [0, 100] by construction (:func:`describe`: Wilson's
-interval at the estimate's effective number of images); an interval of a difference is cut to
-[-100, 100], which cannot change whether it covers a true difference (that lies there).
-
-What is ours: the variance decomposition and its Satterthwaite sum (no maintained library's t-test
-takes a crossed design's parts), the degenerate cases, and the verdict's rule; the distributions,
-the power's tails, the Mann-Whitney count and the bootstrap are scipy's; Holm's few lines are ours
-(checked against statsmodels').
+Every interval carries both errors, the seeds' and the test set's. Per-image hits (``test_hits``, (images,
+seeds) 0/1) form a crossed seeds x images design, whose mean's variance is a two-way random-effects model's
+(Searle, Casella and McCulloch, *Variance Components*, 1992, ch. 4; Owen, Ann. Appl. Stat. 2007): ANOVA mean
+squares (``crossed``), df by Satterthwaite's rule; without them the test set's part is Agresti-Coull's
+binomial error (wider, never narrower). ``compare``, ``mde``, ``equivalence_bound``, ``holm`` and ``verdict``
+decide a comparison; accuracy intervals stay in [0, 100] (``describe``), differences are cut to [-100, 100].
+Ours: the decomposition, its degenerate cases, the verdict; scipy's: distributions, power, bootstrap.
 """
 
 from __future__ import annotations
@@ -158,7 +127,7 @@ def crossed(
 
 @dataclass(frozen=True)
 class Components:
-    """A paired difference's variance components in points^2 (:func:`components`): each side's seed component,
+    """A paired difference's variance components in points^2 (``components``): each side's seed component,
     each side's image x seed interaction, and the paired image component."""
 
     seed_a: float
@@ -181,7 +150,7 @@ class Components:
 
 def components(hits_a: np.ndarray, hits_b: np.ndarray) -> Components:
     """The components a pilot's paired hits ((images, seeds) 0/1 each) estimate, negative ones truncated at
-    zero as in :func:`crossed`."""
+    zero as in ``crossed``."""
     _, ra, s2a, ia = _mean_squares(hits_a)
     _, rb, s2b, ib = _mean_squares(hits_b)
     n_img, na, nb = hits_a.shape[0], hits_a.shape[1], hits_b.shape[1]
@@ -190,8 +159,8 @@ def components(hits_a: np.ndarray, hits_b: np.ndarray) -> Components:
 
 
 def seeds_needed(c: Components, delta: float, images: int, alpha: float, most: int = 10_000) -> int | None:
-    """The fewest seeds per variant at which a difference of ``delta`` points is detected with :data:`POWER`
-    at level ``alpha`` on ``images`` test images (:func:`mde` at the projected error); None above ``most``."""
+    """The fewest seeds per variant at which a difference of ``delta`` points is detected with ``POWER``
+    at level ``alpha`` on ``images`` test images (``mde`` at the projected error); None above ``most``."""
 
     def enough(n: int) -> bool:
         se, df = c.error(n, images)
@@ -211,7 +180,7 @@ def seeds_needed(c: Components, delta: float, images: int, alpha: float, most: i
 
 def images_needed(c: Components, delta: float, alpha: float) -> int:
     """The fewest test images at which the image component alone, with unlimited seeds, leaves a difference of
-    ``delta`` points detectable with :data:`POWER` at level ``alpha`` (normal quantiles)."""
+    ``delta`` points detectable with ``POWER`` at level ``alpha`` (normal quantiles)."""
     from scipy.stats import norm
 
     z = float(norm.ppf(1 - alpha / 2) + norm.ppf(POWER))
@@ -267,9 +236,9 @@ class Summary:
 def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndarray | None = None) -> Summary:
     """n, mean, sample std (n - 1), and the 95 % interval of the mean.
 
-    The error: with ``hits`` ((images, seeds) 0/1) the crossed estimate (:func:`crossed`); else the seeds'
+    The error: with ``hits`` ((images, seeds) 0/1) the crossed estimate (``crossed``); else the seeds'
     part plus, with ``n_images``, the test set's binomial part; else the seeds' alone. The interval:
-    :func:`accuracy_interval`."""
+    ``accuracy_interval``."""
     n = len(values)
     if n == 0:
         raise ValueError("describe() needs at least one value")
@@ -332,9 +301,9 @@ def compare(
     """Compare the seeds ``a`` of one variant with the seeds ``b`` of its reference.
 
     The error of the difference: paired over the images when ``hits`` gives both variants' per-image
-    results ((images, seeds) 0/1 arrays on the same images, :func:`crossed`); else both seed parts plus
+    results ((images, seeds) 0/1 arrays on the same images, ``crossed``); else both seed parts plus
     the two binomial parts of ``n_images`` (unpaired, wider), else the seed parts alone (Welch's test).
-    When the paired runs show no spread at all the error is :func:`agreement_floor`'s.
+    When the paired runs show no spread at all the error is ``agreement_floor``'s.
     """
     delta = float(np.mean(a) - np.mean(b))
     if len(a) < 2 or len(b) < 2:
@@ -374,7 +343,7 @@ def compare(
 def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None, float | None]:
     """P(X > Y) for a seed X of ``a`` and a seed Y of ``b`` over all pairs, ties counting 1/2 (rliable's
     probability of improvement, Agarwal et al. 2021, for one task: scipy's Mann-Whitney U over n_a n_b),
-    with rliable's stratified percentile bootstrap interval from :data:`IMPROVEMENT_MIN_SEEDS` seeds a side.
+    with rliable's stratified percentile bootstrap interval from ``IMPROVEMENT_MIN_SEEDS`` seeds a side.
 
     Below that there is no interval (None): at 3 seeds a side the bootstrap has 729 equally likely
     resamples, and when one side wins all nine pairs (1 in 10 with no difference at all) its "95 %"
@@ -431,7 +400,7 @@ def power(nc: float, df: float, alpha: float) -> float:
 
 def mde(se: float, df: float, alpha: float = ALPHA, power_: float = POWER) -> float:
     """The smallest true difference a two-sided t-test with standard error ``se`` and ``df`` degrees of
-    freedom detects with ``power_`` at level ``alpha`` (:func:`power` inverted with scipy's brentq)."""
+    freedom detects with ``power_`` at level ``alpha`` (``power`` inverted with scipy's brentq)."""
     from scipy.optimize import brentq
 
     def short(d: float) -> float:
@@ -465,7 +434,7 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
 
 
 def verdict(delta: float, p_holm: float | None, p_equivalent_holm: float | None) -> str:
-    """``better`` / ``worse`` when the Holm-adjusted p is below :data:`ALPHA`, else ``equivalent``
+    """``better`` / ``worse`` when the Holm-adjusted p is below ``ALPHA``, else ``equivalent``
     when the Holm-adjusted TOST p is, else ``undecided`` (also when nothing could be tested)."""
     if p_holm is not None and p_holm < ALPHA:
         return "better" if delta > 0 else "worse"

@@ -1,16 +1,10 @@
 """What the report reads from one finished study, keyed by its job config's variants and seeds.
 
-The report job's config (:func:`locvit.config.jobs.report_config`, its part of params.yaml
-resolved) names the study, its baseline and margin, and per variant its model, seeds and
-fraction; the report reads nothing else of params.yaml.
-
-The files (where they are: :mod:`locvit.layout`): each run's test score (evaluate), its
-per-epoch history (train's metrics.json), its attention analysis and maps (analyse, per
-seed) and each variant's profile (params, GMACs, throughput, architecture).
-
-Only the variants and seeds of the config are read. A file the study defines but that
-is absent is recorded as missing (it is never replaced by a number); a file that exists
-but is not valid JSON, or that names another run, is an error.
+The report job's config (``locvit.config.jobs.report_config``) names the study, its baseline and margin, and
+per variant its model, seeds and fraction; nothing else of params.yaml is read. The files (``locvit.layout``):
+each run's test score, per-epoch history and attention analysis, and each variant's profile. A file the study
+defines but that is absent is recorded as missing, never replaced by a number; a file that is not valid JSON,
+or that names another run, is an error.
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ def _family_of(model: str, kwargs_json: str, modules: tuple[str, ...]) -> tuple[
 
 @functools.cache
 def _extras(family: str, modules: tuple[str, ...]) -> tuple:
-    """The extras a family declares (:class:`locvit.models.family.Extra`), its module among ``modules`` or locvit's."""
+    """The extras a family declares (``locvit.models.family.Extra``), its module among ``modules`` or locvit's."""
     from locvit import models
     from locvit.models.family import family_named
 
@@ -75,9 +69,9 @@ def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
 class Acc:
     """Test top-1 (%) of one variant over its seeds, and (in tables that compare) its comparison with a reference.
 
-    ``test`` compares it with the reference (:meth:`against`); ``p_holm``, ``p_equivalent_holm``,
+    ``test`` compares it with the reference (``against``); ``p_holm``, ``p_equivalent_holm``,
     ``mde``, ``equivalence_bound``, ``verdict``, ``within_margin`` and ``family`` are set once per
-    study (:attr:`Study.comparisons`: one Holm family per reference), so every table that shows a
+    study (``Study.comparisons``: one Holm family per reference), so every table that shows a
     comparison shows the same numbers.
     """
 
@@ -125,7 +119,7 @@ class Acc:
     def against(self, base: Acc | None, margin: float) -> Acc:
         """This cell compared with ``base`` (none when either has no values): paired over the test images
         when both have per-image results and every evaluation file of both records the same test split
-        (``test_hash``: its content in the order scored); else unpaired, with :attr:`unpaired` saying why."""
+        (``test_hash``: its content in the order scored); else unpaired, with ``unpaired`` saying why."""
         test, why = None, None
         if base is not None and base.n and self.n and base.variant != self.variant:
             same = self.n_images is not None and self.n_images == base.n_images
@@ -200,7 +194,7 @@ class Variant:
 
     @property
     def family(self) -> str:
-        """The family's name (:mod:`locvit.models.family`): from the profile, else from the model built on meta."""
+        """The family's name (``locvit.models.family``): from the profile, else from the model built on meta."""
         return self.arch["family"] if self.arch else self._family()[0]
 
     @property
@@ -212,7 +206,7 @@ class Variant:
 
     @property
     def extras(self) -> tuple:
-        """The analysis outputs its family declares beyond the common ones (:class:`locvit.models.family.Extra`)."""
+        """The analysis outputs its family declares beyond the common ones (``locvit.models.family.Extra``)."""
         return _extras(self.family, tuple(self.model_modules))
 
     @property
@@ -293,7 +287,7 @@ def masked(arch: dict) -> bool:
 
 @dataclass
 class Study:
-    """A finished study's files, and its comparisons (:attr:`comparisons`): each (variant, reference) is
+    """A finished study's files, and its comparisons (``comparisons``): each (variant, reference) is
     computed once and belongs to one Holm family, the comparisons against that reference."""
 
     config: dict  # the report's job config (locvit.config.jobs.report_config)
@@ -355,7 +349,7 @@ class Study:
     @functools.cached_property
     def comparisons(self) -> dict[tuple[str, str], Acc]:
         """(variant, reference) -> the variant's Acc compared with the reference, for every pair of
-        :meth:`pairs`: Holm's correction over each reference's comparisons (one family per reference,
+        ``pairs``: Holm's correction over each reference's comparisons (one family per reference,
         over the whole study), then each one's minimum detectable effect and smallest provable
         equivalence margin at Holm's strictest level (alpha / m) and its verdict."""
         accs = {name: v.acc() for name, v in self.variants.items()}
@@ -385,7 +379,7 @@ class Study:
         return out
 
     def compared(self, v: Variant, ref: Variant) -> Acc:
-        """``v`` compared with ``ref``: the study's one set of numbers for that pair (:attr:`comparisons`)."""
+        """``v`` compared with ``ref``: the study's one set of numbers for that pair (``comparisons``)."""
         try:
             return self.comparisons[(v.name, ref.name)]
         except KeyError:
@@ -449,7 +443,7 @@ def _read_run_file(path: Path, what: str, variant: str, seed: int | None) -> dic
 
 def load_study(config: dict, study_dir: str | Path) -> Study:
     """Read every result file of the config's variants and seeds that exists (``config``: the report's job
-    config, :func:`locvit.config.jobs.report_config`)."""
+    config, ``locvit.config.jobs.report_config``)."""
     study_dir = Path(study_dir)
     layout = StudyLayout(study_dir)
     variants = {}
@@ -492,7 +486,7 @@ EVAL_KEYS = ("variant", "seed", "test_top1", "val_top1", "n", "test_hash", "test
 
 def evaluations(study: Study) -> dict:
     """The study's results table in a few kB: its report config, each run's test score with its per-image hits
-    (packed bits) and each variant's params and architecture; :func:`study_from_evaluations` reads it back."""
+    (packed bits) and each variant's params and architecture; ``study_from_evaluations`` reads it back."""
     return {
         "config": study.config,
         "variants": {
@@ -506,7 +500,7 @@ def evaluations(study: Study) -> dict:
 
 
 def study_from_evaluations(*paths: Path) -> Study:
-    """The study an evaluations.json holds (:func:`evaluations`), enough for its results table.
+    """The study an evaluations.json holds (``evaluations``), enough for its results table.
 
     Several files of one study run on different machines (the same variants, seeds and test images; e.g. the
     demo on AVX-512 and AVX2 kernels) pool into one: each machine's run of a seed is one more run, numbered

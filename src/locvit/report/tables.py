@@ -1,24 +1,10 @@
 """The results table: one row per variant, its test top-1 over seeds compared with the study's baseline.
 
-Files (a stable interface for users' scripts)::
-
-    results.csv        variant, n_seeds, test_top1_mean, test_top1_std, test_top1_ci95_low,
-                       test_top1_ci95_high, reference, delta_vs_baseline, delta_ci95_low,
-                       delta_ci95_high, p_vs_baseline, p_holm, p_equivalence_holm, mde80, verdict,
-                       mlflow_run_ids, missing_seeds, delta_ci90_low, delta_ci90_high,
-                       equivalence_margin_min, p_improvement, p_improvement_ci95_low,
-                       p_improvement_ci95_high, within_margin, holm_family, val_top1_mean, model, params_m
-    results_seeds.csv  variant, seed, test_top1 (one row per evaluated run)
-    results.md/.tex    the same table for people, with a sentence per variant: its difference
-                       to its reference, the interval, the verdict and what the study could see
-    summary.json       the headline numbers per variant
-
-The baseline is the params' ``baseline`` (default: the first DeiT/ViT variant); in a
-data-efficiency study each variant's reference is the baseline at its training fraction.
-Each comparison's verdict, interval and detectable effect come from :mod:`locvit.report.stats`,
-computed once per study (:attr:`locvit.report.study.Study.comparisons`); Holm corrects the
-comparisons against one reference together. A run that the study defines
-but whose evaluation file is missing is named, never filled with a number.
+results.csv (a stable interface: its columns are ``render.acc_csv_names`` and the rest, docs/statistics.md),
+results_seeds.csv (variant, seed, test_top1), results.md/.tex (with a sentence per variant) and summary.json.
+The baseline is params' ``baseline`` (default: the first DeiT/ViT variant); in a data-efficiency study each
+variant's reference is the baseline at its training fraction. The statistics are ``locvit.report.stats``',
+computed once per study (``Study.comparisons``). A run whose evaluation is missing is named, never filled.
 """
 
 from __future__ import annotations
@@ -219,7 +205,7 @@ def write_results(study: Study, out_dir: Path, link: RunLink | None = None, note
 
 
 def read_results_csv(path: Path) -> list[dict]:
-    """The rows of a results.csv, after checking it has the columns :func:`summary_lines` reads (a file
+    """The rows of a results.csv, after checking it has the columns ``summary_lines`` reads (a file
     written before the verdict columns lacks them: re-run its report). Columns added since (the 90 %
     interval, the equivalence margin, the probability of improvement, the Holm family) are read where
     present: a row of an older file has no such key."""
