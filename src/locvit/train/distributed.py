@@ -69,7 +69,7 @@ def distributed() -> Iterator[Dist]:
 
 
 def current() -> Dist:
-    """The distributed state of this process; the group must be joined (:func:`distributed`)."""
+    """The distributed state of this process; the group must be joined (``distributed``)."""
     state = from_env()
     if state.ddp and not dist.is_initialized():
         raise RuntimeError(

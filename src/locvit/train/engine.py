@@ -54,14 +54,9 @@ def channels_last(model: torch.nn.Module) -> torch.nn.Module:
 def set_deterministic(enabled: bool) -> None:
     """Deterministic kernels for this process's next run (``train.deterministic``), on or off.
 
-    On CUDA a run repeats bitwise only with these: the attention (SDPA) and index_select
-    backward passes otherwise add with atomics, in no fixed order. Call before the run's
-    first CUDA work (:func:`locvit.train.loop.train_run` calls it at the start of each run).
-    An op with no deterministic kernel then raises torch's own error naming it. ``False`` turns
-    off what ``True`` turned on, so a run without the key after one with it in the same process
-    (the mask search's rounds, a notebook) gets torch's fast kernels again; cuDNN's benchmark is
-    :func:`locvit.device.set_backends`' to set. On CPU the kernels are deterministic already, so
-    runs repeat without this.
+    On CUDA a run repeats bitwise only with these (SDPA's and index_select's backwards add with atomics);
+    call before the run's first CUDA work. An op with no deterministic kernel then raises torch's error.
+    ``False`` undoes ``True`` for a later run in the same process. The CPU's kernels are deterministic already.
     """
     if enabled:
         # cuBLAS reads this when it first initialises (the process's first CUDA matmul), so it must be
@@ -154,14 +149,11 @@ class EpochStart:
 
 
 class EpochBatches:
-    """An epoch's batches for :func:`train_one_epoch`, ready for the model.
+    """An epoch's batches for ``train_one_epoch``, ready for the model.
 
-    ``loader``'s batches less the ``start.done.batches`` a stopped epoch already trained (read and
-    dropped: FFCV draws for them as before, so the rest come in the uninterrupted order), prepared by
-    ``feed(loader, first_step=...)`` (:class:`locvit.data.feed.TrainFeed` with the run's settings).
-    ``stop()`` (:mod:`locvit.train.state`) is asked before a step whose global number ``read_every``
-    divides (the same steps on every process, so that DDP's all-reduce in it lines up), not the
-    epoch's first: when it says so the batches end there, and ``stopped`` is set.
+    ``loader``'s batches less the ``start.done.batches`` already trained (read and dropped, so the rest come
+    in the uninterrupted order), through ``feed``. ``stop()`` is asked before each step whose global number
+    ``read_every`` divides (the same on every process) but the epoch's first; then the batches end, ``stopped``.
     """
 
     def __init__(
@@ -216,32 +208,16 @@ def train_one_epoch(
     on_step: Callable[[int, torch.Tensor | None], None] | None = None,
     bar: str | None = None,
 ) -> dict:
-    """Train on ``batches`` (x, labels), x the model's input (:class:`EpochBatches`); ``lr_at(step)``
-    sets the lr before every step, the first numbered ``start.step``.
+    """Train on ``batches`` (x, labels) (``EpochBatches``); ``lr_at(step)`` sets the lr before each step.
 
-    ``mixup`` (:class:`locvit.data.augment.BatchMixup`, which also applies the label
-    smoothing) mixes each batch with draws seeded by the step and turns the labels into
-    soft targets; accuracy is still counted on the true labels.
-    ``on_step(step, ok)`` runs after every optimiser step (the EMA update, :func:`update_ema`),
-    with the steps done; ``ok`` is None when the step updated the weights, or a () bool tensor on
-    the device when the optimiser may have skipped the update there (fused, below).
-    ``bar``: the progress bar's label (None: no bar).
-
-    A step whose loss or gradient norm is NaN or inf changes nothing (no update, no EMA;
-    the lr schedule moves on) and is counted in ``bad_steps``. Once the run's count
-    (``start.bad_steps_before`` + this epoch's) exceeds ``recipe.max_bad_steps``,
-    :class:`NonFiniteLoss` is raised, naming the step that exceeded it, before the epoch's
-    checkpoint: last.pt stays the last good epoch's. An epoch that took no optimiser step (no
-    batch, or every step bad) raises :class:`NoOptimiserStep` there too: its result would be
-    the untrained model's. The decision reads the gradient norm after
-    backward, which DDP has already averaged, so every process skips the same steps. A fused
-    optimiser (``fused=True``, as on CUDA) skips on the device (its ``found_inf``) and the count
-    is read every ``recipe.read_every`` steps, so the raise may come up to that many steps later;
-    any other optimiser reads the flag at every step (on the CPU that is no host sync).
-
-    The loss, accuracy and image sums stay on the device between reads; the result holds them as
-    Python numbers, and ``partial`` (:class:`PartialEpoch`) the epoch's progress, carried on from
-    ``start.done``: a stopped epoch resumed from it ends as the uninterrupted one would.
+    ``mixup`` (``BatchMixup``, label smoothing included) makes soft targets; accuracy counts the true labels.
+    ``on_step(step, ok)`` runs after every optimiser step (``update_ema``); ``ok`` is None, or a () bool
+    tensor on the device where a fused optimiser may have skipped the update. A step whose loss or gradient
+    norm (DDP-averaged, so every process agrees) is not finite changes nothing and counts in ``bad_steps``;
+    past ``recipe.max_bad_steps`` in the run ``NonFiniteLoss`` is raised before the epoch's checkpoint, and an
+    epoch with no optimiser step raises ``NoOptimiserStep``. A fused optimiser's count is read every
+    ``recipe.read_every`` steps, so its raise may come that much later. ``partial`` (``PartialEpoch``) carries
+    a stopped epoch's progress: resumed, it ends as the uninterrupted one would.
     """
     model.train()
     done = start.done
@@ -305,8 +281,8 @@ def train_one_epoch(
 
 
 class _Tally:
-    """An epoch's sums on the device, added to at every step without a host sync; :meth:`read` brings
-    them over (one sync) and raises :class:`NonFiniteLoss` when the bad steps exceed the budget.
+    """An epoch's sums on the device, added to at every step without a host sync; ``read`` brings
+    them over (one sync) and raises ``NonFiniteLoss`` when the bad steps exceed the budget.
 
     The loss sum is float64, adding ``loss * batch size`` as the host once added ``loss.item() * n``:
     the same numbers. A bad step adds nothing but its count; the step, loss and gradient norm of the
@@ -356,15 +332,9 @@ class _Tally:
 def update_ema(ema, model: torch.nn.Module, step: int, ok: torch.Tensor | None = None) -> None:
     """``ema`` (timm's ModelEmaV3) after optimiser step ``step`` of ``model``.
 
-    ``ok`` (:func:`train_one_epoch`'s ``on_step``): None, the step updated the weights: timm's
-    update. A () bool tensor on the device: the step may have been skipped there, and the EMA
-    must not move then either, without a host read to know. timm's update takes its weight as a
-    Python number, so this one is ours: ``ema += w * (model - ema)`` over every float tensor of the
-    state dict (buffers included, as ``ModelEmaV3.apply_update_``) with the weight ``w = ok * (1 - decay)``
-    a () tensor on the device, and non-float buffers copied only where ``ok``. Three multi-tensor kernels
-    (``_foreach_sub``, ``_foreach_mul_`` by one tensor, ``_foreach_add_``) whatever the parameter count: a
-    ``_foreach_lerp_`` with a weight tensor per parameter would launch one kernel per parameter. The EMA
-    holds the model's float32 (built without a dtype), so timm's bfloat16 rounding does not arise.
+    ``ok`` None: timm's update. A () bool tensor (a step maybe skipped on the device): ours, with no host read,
+    ``ema += w * (model - ema)`` over the state dict's float tensors, ``w = ok * (1 - decay)`` on the device,
+    non-float buffers copied where ``ok``; three ``_foreach`` kernels whatever the parameter count.
     """
     if ok is None:
         ema.update(model, step=step)

@@ -1,7 +1,7 @@
 """Score trained checkpoints on a split and record the results in their MLflow runs.
 
 Each checkpoint is scored under its run's precision (``train.amp``: bf16 autocast and TF32 on
-CUDA; :func:`locvit.device.set_backends`) and memory format (``train.channels_last``), as its run validated.
+CUDA; ``locvit.device.set_backends``) and memory format (``train.channels_last``), as its run validated.
 
 Several checkpoints (the seeds of one variant) are scored by one process with one
 FFCV loader: building a loader JIT-compiles its pipeline, which costs far more than

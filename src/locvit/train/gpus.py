@@ -1,16 +1,11 @@
 """A local run's sizes, and each local training job's own GPUs.
 
-A run without the cluster profile sizes its training jobs by this machine (:func:`locvit.device.machine`: CPUs
-from ``os.cpu_count``, memory from psutil, GPUs from ``torch.cuda.device_count``), and Snakemake
-runs as many of them at once as the machine has GPUs (a ``gpu`` resource limited to that count;
-workflow/rules/common.smk). Snakemake does not say which GPU a job gets, so there a training
-job starts through ``python -m locvit.train.gpus [COUNT] -- COMMAND...`` (:data:`CLAIM`, which
-the Snakefile turns on with :data:`CLAIM_ENV` in a local run on GPUs): it takes COUNT of the GPUs
-this process sees that no other job holds (by default as many as COMMAND starts processes:
-torchrun's ``--nproc_per_node``, else one; a lock file per GPU, held until COMMAND and every
-process it starts have exited), shows COMMAND only those (``CUDA_VISIBLE_DEVICES``) and runs it
-in its place. Being a shell expansion, not a rule param, it leaves what Snakemake records of a
-training job the same on a laptop, a GPU machine and a cluster.
+Without the cluster profile, training jobs are sized by this machine (``locvit.device.machine``) and
+Snakemake runs as many at once as there are GPUs (a ``gpu`` resource). Snakemake does not say which GPU a job
+gets, so a job starts through ``python -m locvit.train.gpus [COUNT] -- COMMAND...`` (``CLAIM``, on with
+``CLAIM_ENV``): it takes COUNT free GPUs (default: the processes COMMAND starts) by a lock file per GPU, held
+until COMMAND and its children exit, sets ``CUDA_VISIBLE_DEVICES`` and runs COMMAND in its place. A shell
+expansion, not a rule param, it leaves Snakemake's records the same on every machine.
 """
 
 from __future__ import annotations
@@ -31,15 +26,15 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks for free GPUs while other jobs (another study's) hold them.
 POLL_S = 5.0
-#: Set (to 1) in a local run on a machine with GPUs: training jobs then take their GPUs through :data:`CLAIM`.
+#: Set (to 1) in a local run on a machine with GPUs: training jobs then take their GPUs through ``CLAIM``.
 CLAIM_ENV = "LOCVIT_CLAIM_GPUS"
-#: What a training rule's command starts with: ``python -m locvit.train.gpus --`` where :data:`CLAIM_ENV` is
+#: What a training rule's command starts with: ``python -m locvit.train.gpus --`` where ``CLAIM_ENV`` is
 #: set, nothing elsewhere (bash's ``${VAR:+...}``).
 CLAIM = f'${{{CLAIM_ENV}:+"$LOCVIT_PYTHON" -m locvit.train.gpus --}}'
 
 
 def local_resources(sizes: dict, here: dict[str, int]) -> dict[str, int | str | None]:
-    """A training job's resources in a local run (the keys of :func:`locvit.train.launch.slurm_resources`):
+    """A training job's resources in a local run (the keys of ``locvit.train.launch.slurm_resources``):
     the variant's ``resources`` (locvit.config.run.train_resources) cut to what ``here`` has, on one
     machine (several nodes' GPUs become this machine's), with no time limit."""
     return {

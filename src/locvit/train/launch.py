@@ -1,35 +1,12 @@
 """Starting a training job's processes: one, one per GPU of a node, or one torchrun per node of a SLURM job.
 
-The train rule (workflow/rules/common.smk) puts :func:`prefix` before ``train ...``:
-
-- one process: ``python -m locvit``;
-- one node, G > 1 GPUs: ``torchrun --standalone --nproc_per_node G`` (a private rendezvous
-  on a free local port, so jobs sharing a node never meet);
-- N > 1 nodes: ``locvit launch --nodes N --gpus-per-node G -- train ...``. That runs in the
-  SLURM job's batch step on its first node (the rule has the SLURM executor's ``mpi``
-  resource, so nothing wraps it in ``srun``) and does two things:
-
-  1. :func:`job_command`: reads the allocation with ``scontrol show job`` (the executor
-     drops the ``SLURM_*`` variables before the rule's shell), picks the rendezvous
-     endpoint — the job's first node and a port free there — and runs ``srun --nodes N
-     --ntasks-per-node 1 --kill-on-bad-exit=1`` of
-  2. :func:`agent_command`, one per task (node): ``torchrun --nnodes N --nproc-per-node max(G, 1)
-     --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id <job id>``. Task 0, on the
-     first node, hosts the rendezvous store (``is_host`` set from ``SLURM_PROCID``, not
-     guessed from host names); torchrun assigns the ranks, and the world size is N x G.
-
-Nodes are reached by their SLURM names unless ``LOCVIT_NODE_ADDRESS`` maps a name to an
-address, e.g. ``{node}-ib`` for a faster network: it is applied to the rendezvous host and
-passed to each node's torchrun as ``--local-addr``, the address the process group's
-master (rank 0) is reached at.
-
-A rendezvous that cannot complete (the endpoint unreachable, a node that never joins)
-fails after ``LOCVIT_RDZV_TIMEOUT`` seconds (default 300; torchrun's ``join_timeout`` and
-store timeouts) with a message naming the endpoint and what to check, and a non-zero
-exit: srun's ``--kill-on-bad-exit`` then ends the other nodes' agents. Training itself is
-the same code for any number of processes (locvit.train.distributed): global batch, lr,
-sharded validation, rank 0 writing and exact resume do not depend on how the processes
-were started, so 2 nodes x 1 process end with the weights of 1 node x 2 processes.
+The train rule puts ``prefix`` before ``train ...``: ``python -m locvit``; on one node with G > 1 GPUs
+``torchrun --standalone`` (a private rendezvous on a free port); on N > 1 nodes ``locvit launch``, in the job's
+batch step: ``job_command`` reads the allocation (``scontrol show job``: the executor drops ``SLURM_*``), takes
+the first node and a free port as rendezvous and runs ``srun --kill-on-bad-exit=1`` of ``agent_command``, one
+torchrun per node (task 0 hosts the store, from ``SLURM_PROCID``). ``LOCVIT_NODE_ADDRESS`` maps node names to
+addresses (``{node}-ib``); a rendezvous that cannot complete fails after ``LOCVIT_RDZV_TIMEOUT`` seconds
+(default 300) naming the endpoint. Training is the same for any process layout (``locvit.train.distributed``).
 """
 
 from __future__ import annotations
@@ -75,7 +52,7 @@ def prefix(nodes: int, gpus_per_node: int, python: str | None = None) -> str:
     """The command before ``train ...`` for a job of ``nodes`` nodes with ``gpus_per_node`` GPUs each.
 
     One process per GPU, or one per node without GPUs (gloo on the CPU). ``python``: the interpreter's
-    path; by default the shell's :data:`PYTHON_ENV`.
+    path; by default the shell's ``PYTHON_ENV``.
     """
     py = PYTHON if python is None else shlex.quote(python)
     if nodes > 1:
@@ -141,7 +118,7 @@ def shape(resources) -> tuple[int, int]:
 
 
 def rule_prefix(resources, python: str | None = None) -> str:
-    """:func:`prefix` for a job of these resources (see :func:`shape`)."""
+    """``prefix`` for a job of these resources (see ``shape``)."""
     return prefix(*shape(resources), python)
 
 
@@ -179,7 +156,7 @@ def expand_hostlist(hostlist: str) -> list[str]:
 
 
 def parse_scontrol(text: str) -> Allocation:
-    """An :class:`Allocation` from ``scontrol show job -o <id>`` (``Key=Value`` fields)."""
+    """An ``Allocation`` from ``scontrol show job -o <id>`` (``Key=Value`` fields)."""
     fields = dict(re.findall(r"(\S+?)=(\S*)", text))
     missing = [k for k in ("JobId", "NodeList") if not fields.get(k)]
     if missing or fields["NodeList"] in ("(null)", "None"):
@@ -250,12 +227,9 @@ def job_command(
 ) -> list[str]:
     """``srun`` of one agent per node of ``alloc`` (run on the job's first node).
 
-    One task a node, task 0 on the first (SLURM's block distribution), where the endpoint
-    is: SLURM runs the batch script, and so this launcher, on an allocation's first node, so
-    the port is checked free where the rendezvous binds it. An allocation of fewer nodes than
-    agents (the one-node test cluster) puts several on a node. The step asks for the job's CPUs
-    per task and each node's GPUs itself: the executor removed the variables through which
-    srun would inherit them.
+    Task 0 runs on the first node, where this launcher runs and checks the port free; fewer nodes than agents
+    (the one-node test cluster) put several on a node. The step asks for CPUs and GPUs itself: the executor
+    removed the variables srun would inherit them from.
     """
     host = node_address(alloc.nodes[0], env)
     step = ["srun", f"--ntasks={nodes}"]

@@ -1,14 +1,9 @@
 """One training run (a variant at a seed): data, model, optimiser, the epochs, checkpoints.
 
-Paths come from the caller (the CLI, called by a Snakemake rule or a DVC stage);
-nothing here re-derives where files live.
-
-One process or several (torchrun, one per GPU; :mod:`locvit.train.distributed`): the
-recipe's ``batch_size`` is the global batch, split evenly over the processes; the
-model is DDP-wrapped; only rank 0 writes files, logs to MLflow (:mod:`locvit.tracking`)
-and prints. A run
-that was stopped continues where it stopped when started again, and a finished one
-is not retrained (:mod:`locvit.train.state`).
+Paths come from the caller (the CLI); nothing here re-derives where files live. With several processes
+(torchrun; ``locvit.train.distributed``) ``batch_size`` is the global batch, split evenly, the model is
+DDP-wrapped, and only rank 0 writes, logs to MLflow and prints. A stopped run continues where it stopped;
+a finished one is not retrained (``locvit.train.state``).
 """
 
 from __future__ import annotations
@@ -87,7 +82,7 @@ def per_process_batch(recipe: dict, world_size: int) -> int:
 @dataclass
 class Run:
     """A built run's setting: what it is, where it writes, its processes, data and batch preparation.
-    What training changes is its :class:`~locvit.train.state.TrainState`."""
+    What training changes is its ``TrainState``."""
 
     cfg: dict
     key: str  # resume's run key: config and data hash
@@ -113,8 +108,8 @@ class Run:
         return RunCheckpoints(self.files, self.cfg, self.key)
 
     def batches(self, start: EpochStart) -> EpochBatches:
-        """The training loader's batches from ``start`` (an :class:`~locvit.train.engine.EpochStart`), prepared
-        (:class:`~locvit.data.feed.TrainFeed`) and ending at a stop request (:mod:`locvit.train.state`)."""
+        """The training loader's batches from ``start`` (an ``EpochStart``), prepared
+        (``TrainFeed``) and ending at a stop request (``locvit.train.state``)."""
         recipe = self.cfg["train"]
         feed = functools.partial(
             TrainFeed,
@@ -128,7 +123,7 @@ class Run:
         return EpochBatches(self.train_loader, feed, start, recipe["read_every"], self.stop_requested)
 
     def stop_requested(self) -> bool:
-        """Whether any process was asked to stop (:mod:`locvit.train.state`; a collective under DDP)."""
+        """Whether any process was asked to stop (``locvit.train.state``; a collective under DDP)."""
         return REQUEST.agreed(self.dist, self.device)
 
 
@@ -264,9 +259,9 @@ def train_run(
     keep_finished: bool = False,
     system_metrics_s: float = 0.0,
 ) -> dict:
-    """Train ``cfg`` (a :func:`locvit.config.run.run_config`); write last.pt, best.pt, metrics.json (rank 0).
+    """Train ``cfg`` (a ``locvit.config.run.run_config``); write last.pt, best.pt, metrics.json (rank 0).
 
-    Skips a finished run and resumes an interrupted one (:func:`locvit.train.state.plan_run`;
+    Skips a finished run and resumes an interrupted one (``locvit.train.state.plan_run``;
     ``keep_finished``: a finished run whose metrics.json was removed is restored, not retrained).
     ``system_metrics_s``: seconds between samples of MLflow's system metrics (0: none).
     """
@@ -328,12 +323,9 @@ def train_run(
 def train_epochs(run: Run, state: TrainState) -> None:
     """Train from epoch ``state.epoch`` to the end; after each: evaluate, checkpoint, log (rank 0).
 
-    The generators a resume saved are put back first, so that nothing draws in between.
-    A stop request (:mod:`locvit.train.state`) ends training at the next step whose number
-    ``train.read_every`` divides (the next read of the device): last.pt
-    then holds the step, the epoch's sums so far and the generators, numpy's as they were
-    at the epoch's start (FFCV's loader thread draws from it ahead of the steps; the resumed
-    epoch reads its first batches again to draw the same), and :class:`Stopped` is raised.
+    A resume's saved generators are put back first. A stop request ends training at the next step
+    ``train.read_every`` divides: last.pt holds the step, the epoch's sums and the generators (numpy's as at
+    the epoch's start, since FFCV's loader thread draws ahead), and ``Stopped`` is raised.
     """
     state.restore_generators(run.dist, run.device, run.cfg["seed"])
     cfg, recipe = run.cfg, run.cfg["train"]
@@ -484,7 +476,7 @@ def open_tracking(
 ) -> TrainingTracker:
     """The run's MLflow run (rank 0 only): created, or resumed with the epochs it lacks.
 
-    A new run's id is recorded (:attr:`locvit.layout.RunFiles.record`) before any epoch, and a run resumed into a new
+    A new run's id is recorded (``locvit.layout.RunFiles.record``) before any epoch, and a run resumed into a new
     MLflow run rewrites best.pt, which names it.
     """
 

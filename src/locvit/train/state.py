@@ -1,10 +1,10 @@
 """The state that survives a restart: the generators, the training state and its checkpoints, resume and stop.
 
-- :func:`seed_everything`, :func:`rng_state`: the generators a step draws from, saved into last.pt, put back;
-- :class:`TrainState` and :class:`RunCheckpoints`: what the epochs change, and the one writer of last.pt and
+- ``seed_everything``, ``rng_state``: the generators a step draws from, saved into last.pt, put back;
+- ``TrainState`` and ``RunCheckpoints``: what the epochs change, and the one writer of last.pt and
   best.pt (timm's ``CheckpointSaver``);
-- :func:`plan_run`: skip, resume or start over, from what a run folder holds;
-- :data:`REQUEST` and :func:`listen`: a stop at a step boundary when the scheduler asks, so that the run
+- ``plan_run``: skip, resume or start over, from what a run folder holds;
+- ``REQUEST`` and ``listen``: a stop at a step boundary when the scheduler asks, so that the run
   resumes exactly.
 """
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # The generators ------------------------------------------------------------------------------------------------
 # The random number generators a training step draws from: seeded, saved into last.pt, put back.
 #
-# A checkpoint holds plain tensors and lists only (:mod:`locvit.checkpoint`): :func:`rng_state`
+# A checkpoint holds plain tensors and lists only (``locvit.checkpoint``): ``rng_state``
 # turns the generators' states into those.
 
 
@@ -67,7 +67,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Put back what :func:`rng_state` saved."""
+    """Put back what ``rng_state`` saved."""
     version, keys, gauss = state["python"]
     random.setstate((version, tuple(keys), gauss))
     np_state = state["numpy"]
@@ -88,9 +88,9 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 # The training state and its files ------------------------------------------------------------------------------
 # A run's training state, and the two files that keep it: last.pt (all of it) and best.pt.
 #
-# :class:`TrainState` is what the epochs change and a resume puts back. :class:`RunCheckpoints`
+# ``TrainState`` is what the epochs change and a resume puts back. ``RunCheckpoints``
 # is the one writer of a run folder's last.pt and best.pt (timm's ``CheckpointSaver``), in
-# :mod:`locvit.checkpoint`'s format; :meth:`TrainState.restore` reads last.pt back.
+# ``locvit.checkpoint``'s format; ``TrainState.restore`` reads last.pt back.
 
 
 @dataclass
@@ -123,14 +123,14 @@ class TrainState:
         return self.ema.module if self.ema is not None else self.model
 
     def epoch_start(self) -> EpochStart:
-        """Where the next epoch starts (:func:`locvit.train.engine.train_one_epoch`)."""
+        """Where the next epoch starts (``locvit.train.engine.train_one_epoch``)."""
         return EpochStart(
             self.step, sum(row.get("bad_steps", 0) for row in self.history), self.partial or PartialEpoch()
         )
 
     def restore(self, last: dict[str, Any]) -> None:
         """Put back what last.pt holds: weights (in place: DDP and compile wrappers see them), optimiser,
-        EMA and progress. The generators wait in ``generators`` for :meth:`restore_generators`."""
+        EMA and progress. The generators wait in ``generators`` for ``restore_generators``."""
         self.model.load_state_dict(last["model"])
         self.optimizer.load_state_dict(last["optimizer"])
         if self.ema is not None:
@@ -143,7 +143,7 @@ class TrainState:
 
     def restore_generators(self, dist: Dist, device: torch.device, seed: int) -> None:
         """Put back this rank's generators (the run's loop calls it just before its first epoch: nothing
-        may draw in between); a no-op unless :meth:`restore` left some."""
+        may draw in between); a no-op unless ``restore`` left some."""
         saved, self.generators = self.generators, None
         if saved is None:
             return
@@ -174,7 +174,7 @@ class RunCheckpoints:
 
     files: RunFiles
     cfg: dict
-    key: str  # the run key (:func:`run_key`)
+    key: str  # the run key (``run_key``)
 
     def write_last(
         self,
@@ -184,7 +184,7 @@ class RunCheckpoints:
         finished: bool = False,
         slurm_job_ids: list[str] | None = None,
     ) -> None:
-        """``rng``: every rank's :func:`rng_state`; ``finished``: never resumed."""
+        """``rng``: every rank's ``rng_state``; ``finished``: never resumed."""
         contents = {
             "model": state.model.state_dict(),  # the raw module: no 'module.' (DDP) or '_orig_mod.' (compile) prefixes
             "optimizer": state.optimizer.state_dict(),
@@ -239,8 +239,8 @@ def read_last(files: RunFiles) -> dict[str, Any]:
 # Resume --------------------------------------------------------------------------------------------------------
 # Resume: skip, resume or start over, planned from what a run folder holds.
 #
-# ``locvit train`` decides from the files in the run's folder (:func:`plan_run`, which only reads;
-# the loop restores the state, :meth:`TrainState.restore`):
+# ``locvit train`` decides from the files in the run's folder (``plan_run``, which only reads;
+# the loop restores the state, ``TrainState.restore``):
 #
 # * ``metrics.json`` and ``best.pt`` exist and ``metrics.json``'s run key is this run's:
 #   **skip**, the run is finished.
@@ -254,18 +254,18 @@ def read_last(files: RunFiles) -> dict[str, Any]:
 # * anything else: **train from scratch** (and say why when files were there: another
 #   config or data). Rank 0 then overwrites the folder.
 #   A run killed before its first last.pt starts over into the MLflow run it had
-#   created (recorded in ``mlflow_run.json`` with the run key, :attr:`locvit.layout.RunFiles.record`),
+#   created (recorded in ``mlflow_run.json`` with the run key, ``locvit.layout.RunFiles.record``),
 #   so a run keeps one MLflow run however often it is killed.
 #
 # The run key hashes the resolved run config, the training data's hash (from the manifest) and the
 # model's code: a changed recipe, model, model code or dataset never continues an old run.
 #
-# What last.pt holds: :class:`RunCheckpoints`.
+# What last.pt holds: ``RunCheckpoints``.
 
 
 @dataclass
 class Plan:
-    """What :func:`plan_run` decided; the loop carries it out."""
+    """What ``plan_run`` decided; the loop carries it out."""
 
     action: str  # "fresh", "resume" or "skip"
     key: str  # this run's run key
@@ -286,7 +286,7 @@ def recorded_run(files: RunFiles) -> dict:
 
 
 def run_key(cfg: dict, data_hash: str) -> str:
-    """The config, the data's hash and the model's code (:func:`locvit.checkpoint.model_code`): a change to any
+    """The config, the data's hash and the model's code (``locvit.checkpoint.model_code``): a change to any
     of them trains the run again rather than restoring or resuming it."""
     code = model_code(cfg)
     text = json.dumps({"config": cfg, "data_hash": data_hash, **({"model_code": code} if code else {})}, sort_keys=True)
@@ -363,11 +363,11 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
 # Stopping a run at a step boundary when the scheduler asks, so that it resumes exactly.
 #
 # A SLURM job asks for a warning before its time limit (``sbatch --signal=URG@<seconds>``,
-# cluster/config.yaml). :func:`listen` makes SIGURG or SIGUSR1 set a flag; the epoch's batches ask it
-# every ``read_every`` optimiser steps (:class:`locvit.train.engine.EpochBatches`; :meth:`StopRequest.agreed`:
+# cluster/config.yaml). ``listen`` makes SIGURG or SIGUSR1 set a flag; the epoch's batches ask it
+# every ``read_every`` optimiser steps (``locvit.train.engine.EpochBatches``; ``StopRequest.agreed``:
 # with several processes the flags are summed, so every rank stops after the same step), the loop writes
-# ``last.pt`` with the epoch's position and raises :class:`locvit.errors.Stopped`. ``locvit train`` then exits
-# with :data:`locvit.errors.EXIT_STOPPED`; Snakemake's retry (or SLURM's requeue) starts the job again and
+# ``last.pt`` with the epoch's position and raises ``locvit.errors.Stopped``. ``locvit train`` then exits
+# with ``locvit.errors.EXIT_STOPPED``; Snakemake's retry (or SLURM's requeue) starts the job again and
 # the run resumes at that step, as if it had never stopped.
 
 
@@ -379,7 +379,7 @@ STOP_SIGNALS = (signal.SIGURG, signal.SIGUSR1)
 
 
 class StopRequest:
-    """Whether one of :data:`STOP_SIGNALS` arrived (set by :func:`listen`'s handler)."""
+    """Whether one of ``STOP_SIGNALS`` arrived (set by ``listen``'s handler)."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -397,7 +397,7 @@ REQUEST = StopRequest()
 
 
 def listen() -> None:
-    """Let :data:`STOP_SIGNALS` set :data:`REQUEST` (call from the main thread)."""
+    """Let ``STOP_SIGNALS`` set ``REQUEST`` (call from the main thread)."""
 
     def handler(signum, frame) -> None:
         REQUEST.requested = True  # nothing else here: the loop reports it (a print could re-enter one)
