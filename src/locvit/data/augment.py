@@ -1,40 +1,12 @@
-"""Per-sample training augmentations FFCV's loader lacks: DeiT's RandAugment and random erasing.
+"""Per-sample training augmentations FFCV's loader lacks: DeiT's RandAugment, random erasing, MixUp/CutMix.
 
-Where each augmentation of DeiT's recipe runs (key in parentheses):
-
-- random-resized crop: FFCV's decoder, on a training file written whole (data.max_resolution)
-- CIFAR's RandomCrop(S, padding): FFCV's RandomTranslate, the same draw (train.translate;
-  see :func:`locvit.data.ffcv_io.make_loader`)
-- horizontal flip: FFCV's pipeline (train.hflip)
-- repeated augmentation: FFCV's traversal order (train.repeated_aug)
-- RandAugment: here, on the uint8 batch before normalisation (train.randaugment)
-- random erasing: here, on the normalised batch (train.random_erasing)
-- MixUp / CutMix: here (:class:`BatchMixup`, timm's Mixup in its batch mode), in the engine
-  after erasing (train.mixup, train.cutmix)
-
-Both augmentations here draw per image (its own ops, magnitudes and box). RandAugment is
-timm's (``rand_augment_transform``: DeiT's spec strings mean what they mean in DeiT). Two
-backends apply the same draws (``TrainAugment(..., backend=...)``): ``"tensor"`` (the
-default), batched tensor ops on the batch's device (:func:`apply_plans`: images grouped by
-the op they drew, geometric ops through one ``grid_sample`` with each image's PIL matrix,
-random erasing with timm's semantics), and ``"pil"``, timm's PIL ops image by image, kept to
-measure against. The tensor ops equal PIL's to the bit except the interpolation kernels
-(bicubic, Gaussian blur); by how much, per op, and the speed of each backend:
-docs/benchmarks.md#augmentation (benchmarks/bench_augment.py; tests/test_augment.py holds
-each op to bounds).
-
-Randomness: every draw comes from a numpy Generator seeded by (run seed, rank, step,
-which augmentation: 0 RandAugment, 1 random erasing, 2 MixUp/CutMix), so a seeded run
-repeats exactly, a resumed run continues as the uninterrupted one would (the engine passes
-the global step), the result does not depend on the thread count or the backend's
-grouping, and the global generators keep their streams. timm's level functions pick signs
-with Python's ``random``: it is seeded from our Generator for the draw and restored after
-it (:meth:`TrainAugment._plans`, the same on both backends). The tensor backend's erasing
-noise comes from a ``torch.Generator`` of its own seeded from the same Generator, so the
-boxes are the same on every device and the noise differs between CPU and CUDA (their
-generators differ). The PIL backend's RandomErasing draws from Python's ``random`` and
-torch's default generator, seeded for the call and restored after it; that is safe because
-nothing else uses them concurrently (FFCV's loader thread draws from numpy only).
+FFCV does the crop, translation (CIFAR's RandomCrop), flip and repeated augmentation's order; here
+RandAugment (timm's ``rand_augment_transform``, on the uint8 batch), random erasing (normalised batch) and
+``BatchMixup`` (timm's Mixup, batch mode, in the engine). Two backends apply the same draws: ``tensor``
+(default; batched, geometric ops through one ``grid_sample``) and ``pil`` (timm's, kept to measure against);
+they agree to the bit but for interpolation kernels (docs/benchmarks.md#augmentation). Every draw comes from a
+numpy Generator seeded by (seed, rank, step, augmentation), so runs repeat and resume exactly whatever the
+threads; timm's Python ``random`` is seeded for each draw and restored. Erasing noise differs CPU vs CUDA.
 """
 
 from __future__ import annotations
@@ -331,14 +303,8 @@ def apply_plans(images: torch.Tensor, plans: list[list]) -> torch.Tensor:
 class TrainAugment:
     """RandAugment (``before_normalise``) and random erasing (``after_normalise``), per image.
 
-    ``randaugment``: a timm spec such as DeiT's ``'rand-m9-mstd0.5-inc1'``, or None.
-    ``random_erasing``: the probability per image (DeiT 0.25), 0 for none. ``mean`` /
-    ``std``: the model's normalisation (RandAugment fills uncovered pixels with the mean
-    colour, as timm does). ``seed`` / ``rank``: the run's seed and the process's rank.
-    ``backend``: ``"tensor"`` (batched tensor ops on the batch's device) or ``"pil"``
-    (timm's PIL ops image by image on the CPU, and timm's RandomErasing); both draw
-    RandAugment's ops and magnitudes the same way. ``workers``: threads for the PIL
-    backend's pixel work (1: none); the tensor backend uses torch's threads.
+    ``randaugment``: a timm spec (DeiT's ``'rand-m9-mstd0.5-inc1'``) or None; ``random_erasing``: the
+    probability per image; ``mean``/``std`` fill uncovered pixels, as timm; ``workers``: the PIL backend's threads.
     """
 
     def __init__(
@@ -518,15 +484,9 @@ class BatchMixup:
     """MixUp / CutMix of a batch with soft targets: timm's ``Mixup`` in its default batch mode, drawing
     from the run's seeded Generator (seed, rank, step) instead of numpy's global one.
 
-    timm's ``Mixup`` draws from numpy's global generator, which FFCV's loader thread draws
-    from at the same time (its translation and flip, with ``loader_jit: false``), so a run
-    with it did not repeat even on one machine. Here each step's draws come from its own
-    Generator, in timm's order and with timm's meaning: with probability ``prob`` the batch is
-    mixed; with both alphas on, CutMix is chosen with ``switch_prob``; lam ~ Beta(alpha, alpha);
-    CutMix pastes a box of side ``sqrt(1 - lam)`` times the image's, centred uniformly and
-    clipped at the border, and lam is corrected to the pasted area (timm's ``correct_lam``);
-    each image is mixed with the batch reversed. The targets are timm's ``mixup_target``
-    (label smoothing included).
+    FFCV's loader thread draws from numpy's global generator at the same time, so timm's own did not repeat.
+    Draws in timm's order and meaning (``prob``, ``switch_prob``, lam ~ Beta, ``correct_lam``, the batch
+    reversed); targets are timm's ``mixup_target``, label smoothing included.
     """
 
     def __init__(

@@ -1,31 +1,11 @@
 """Training batches ready for the model, prepared ahead of the training step.
 
-FFCV's loader hands over uint8 batches (decoded, cropped, flipped, translated, on the
-run's device). What DeiT's recipe does after that, per image (RandAugment, normalisation
-to the model's mean and std, channels_last when asked, random erasing), runs here.
-
-With ``ahead`` > 0 a background thread takes the loader's batches and prepares the next
-``ahead`` of them while the training step runs: on CPU its torch ops use a core the step
-does not, as a DataLoader's worker processes would; on CUDA it launches the augmentation
-kernels (and draws their ops and boxes on the host) while the step's kernels run. Its
-kernels go to the same CUDA stream as the step's, so they run in the order they were
-queued and need no synchronisation. With ``workers`` > 1 that thread hands each batch to
-a pool of ``workers`` threads, which prepare different batches at once (torch's kernels
-release Python's GIL, so on a CPU with cores to spare they run side by side). With
-``ahead`` = 0 every batch is prepared in the training thread, just before its step.
-
-FFCV reuses a ring of ``batches_ahead + 2`` pinned host buffers and queues each batch's copy to
-the device without waiting for it; a CPU write into a slot whose copy the device has not run yet
-would hand the model pixels of another batch. The training step never waits for the device (no
-host sync per step), so the taking of batches is bounded (:func:`bounded`): a CUDA event is
-recorded after each batch is consumed (its kernels queued), and before the next batch is taken
-the host waits on the event of the batch ring size - 1 batches back. The device may lag at most
-that far behind the loader, and on a device that keeps up the waits cost nothing.
-
-A batch's draws depend only on (seed, rank, step) (:class:`locvit.data.augment.TrainAugment`),
-so preparing it early or late, in one thread or another, gives the same tensor: a seeded
-run repeats bitwise and a resumed run continues as the uninterrupted one would, whatever
-``ahead`` and ``workers`` are.
+After FFCV's uint8 batches: RandAugment, normalisation, channels_last, random erasing. With ``ahead`` > 0 a
+background thread (and with ``workers`` > 1 a pool) prepares the next batches while the step runs, on the
+step's CUDA stream (no synchronisation needed); ``ahead`` = 0 prepares each in the training thread. FFCV
+reuses ``batches_ahead + 2`` pinned buffers whose device copies it does not wait for, so taking batches is
+``bounded``: the host waits on a CUDA event ring size - 1 batches back (free on a device that keeps up). A
+batch's draws depend only on (seed, rank, step), so results are bitwise the same whatever ``ahead``/``workers``.
 """
 
 from __future__ import annotations
@@ -59,7 +39,7 @@ def bounded(loader: Iterable, ring: int | None = None, new_event: Callable[[], A
     After the consumer is done with a batch (it asks for the next: the batch's kernels are queued) an event
     (``new_event()``, recorded on the current stream) marks it; before batch k is taken, the host waits on batch
     k - (ring - 1)'s (``event.synchronize()``). ``new_event`` None: ``torch.cuda.Event`` where the batches are on
-    CUDA, else no events (on the CPU a batch is consumed when the consumer returns). ``ring``: :func:`ring_size`.
+    CUDA, else no events (on the CPU a batch is consumed when the consumer returns). ``ring``: ``ring_size``.
     """
     lag = (ring or ring_size(loader)) - 1
     events: collections.deque = collections.deque()
@@ -84,8 +64,8 @@ def bounded(loader: Iterable, ring: int | None = None, new_event: Callable[[], A
 class TrainFeed:
     """Iterate ``loader`` (uint8 (B, 3, H, W), labels) as (x, labels), x the model's float input.
 
-    ``augment``: :class:`locvit.data.augment.TrainAugment` or None; ``compute``:
-    :class:`locvit.train.engine.Compute` (normalisation and memory format); ``first_step``:
+    ``augment``: ``locvit.data.augment.TrainAugment`` or None; ``compute``:
+    ``locvit.train.engine.Compute`` (normalisation and memory format); ``first_step``:
     the global step of the epoch's first batch (the augmentations draw from it); ``ahead``
     (``train.feed_ahead``) and ``workers`` (``train.feed_workers``): see the module.
     """
@@ -109,7 +89,7 @@ class TrainFeed:
         self.loader, self.augment, self.compute = loader, augment, compute
         self.mean, self.std, self.first_step = mean, std, int(first_step)
         self.ahead, self.workers = int(ahead), int(workers)
-        self.new_event = new_event  # :func:`bounded`'s (None: CUDA events where the batches are on CUDA)
+        self.new_event = new_event  # ``bounded``'s (None: CUDA events where the batches are on CUDA)
 
     def _batches(self) -> Iterator:
         return bounded(self.loader, ring_size(self.loader), self.new_event)

@@ -1,13 +1,8 @@
-"""Everything locvit does with FFCV, in one small module so FFCV can be swapped.
+"""Everything locvit does with FFCV (pinned, source-only), in one small module so FFCV can be swapped.
 
-FFCV (pinned, source-only, barely maintained upstream) writes each split to one
-``.beton`` file and reads it back with its JIT-compiled ``Loader``: random order
-for training, sequential order for evaluation, on CPU and on CUDA. Decoding and the
-cheap augmentations (random-resized crop of files written whole, random translation,
-horizontal flip, repeated augmentation's order) run inside the loader; float
-conversion and normalisation happen on the device in :func:`to_model_input`, and the
-per-sample augmentations FFCV lacks (RandAugment, random erasing) in
-:mod:`locvit.data.augment`.
+Each split is one ``.beton`` file read back by FFCV's ``Loader`` (random order for training, sequential
+for evaluation). Decoding and the cheap augmentations run inside the loader; float conversion and
+normalisation on the device (``to_model_input``); the rest in ``locvit.data.augment``.
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ class _Subset:
     FFCV's writer processes die on an exception and its main process then waits for them
     forever. So an error (an unreadable image) is caught here: the first one is sent to
     the main process through ``errors`` and ``failed`` tells every writer process to skip
-    the remaining images; :func:`write_beton` raises it once the writer returns.
+    the remaining images; ``write_beton`` raises it once the writer returns.
     """
 
     def __init__(self, source, indices: Sequence[int], crop: bool, failed, errors):
@@ -220,24 +215,11 @@ def make_loader(
 ):
     """An FFCV ``Loader`` yielding ``(images uint8 (B, 3, H, W), labels int64 (B,))``.
 
-    Training: random order (seeded), optional random translation and flip.
-    Evaluation: sequential order, no augmentation, every sample exactly once.
-
-    ``translate`` is CIFAR's ``RandomCrop(S, padding=translate)`` exactly, not an
-    approximation: FFCV's RandomTranslate zero-pads by ``translate`` and draws both
-    offsets uniformly from 0..2 x translate inclusive, per image, which is torchvision's
-    RandomCrop with constant zero padding; before or after the flip makes no difference
-    (the shift is symmetric). ``image_size``: the side the loader yields, needed for a
-    file written whole (``data.max_resolution``), which it crops (:func:`_image_decoder`);
-    files of image_size squares are read as stored. ``repeated_aug`` > 1: DeiT's repeated
-    augmentation order (:func:`repeated_aug_order`; training only).
-
-    ``jit``: FFCV compiles its pipeline with numba on the first batch (about 10 s on a
-    2-core CPU, in every process); worth it for large datasets, not for small ones,
-    where the plain-Python pipeline is as fast per epoch. Without it FFCV's random
-    augmentations draw from numpy's global generator, which the run's seed sets (numba
-    keeps its own, unseeded one), so runs repeat exactly. The switch is process-wide
-    (FFCV's ``Compiler``): every loader of a process should use the same value.
+    Training: seeded random order; evaluation: sequential, every sample exactly once. ``translate`` is
+    exactly CIFAR's ``RandomCrop(S, padding=translate)`` (FFCV zero-pads and draws offsets in 0..2 x translate).
+    ``image_size`` is needed for a file written whole (``data.max_resolution``), which it crops. ``jit``:
+    numba compiles on the first batch (seconds, per process); without it FFCV draws from numpy's global
+    generator, which the seed sets, so runs repeat. Process-wide (FFCV's ``Compiler``): one value per process.
     """
     from ffcv.fields.decoders import IntDecoder
     from ffcv.loader import OrderOption

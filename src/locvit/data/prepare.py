@@ -1,18 +1,10 @@
 """The prepare step: dataset source -> seeded stratified split -> one FFCV file per split.
 
-Besides the ``.beton`` files it writes a small JSON manifest: the split sizes and
-counts per class, the image size, a content hash of the images and labels of each
-split (deterministic: the same config always gives the same hash), and the size and
-SHA-256 of each written file, so a later step can detect a truncated or corrupted file.
-The content hash covers the pixels of in-memory datasets (digits, CIFAR) and, for image
-folders, each file's name and byte size with the preparation sizes: hashing ImageNet's
-pixels would decode every image a second time.
-
-Every split is stored as squares of ``image_size`` (the evaluation view), except the
-training split of an image folder when ``max_resolution`` is set: that one is stored
-whole, longer side capped at ``max_resolution`` (FFCV's ImageNet example: 400-500 px),
-so the training loader can take DeiT's random-resized crops from the whole picture
-instead of from a centre square chosen once at preparation.
+Beside the ``.beton`` files, a JSON manifest: split sizes and counts per class, the image size, a
+deterministic content hash per split (pixels of in-memory datasets; an image folder's file names and byte
+sizes, since hashing ImageNet's pixels would decode it twice), and each file's size and SHA-256, so a later
+step detects a truncated or corrupt file. Splits are squares of ``image_size``, except an image folder's
+training split with ``max_resolution``: stored whole (longer side capped) for DeiT's random-resized crops.
 """
 
 from __future__ import annotations
@@ -128,9 +120,9 @@ def manifest_digest(manifest: dict) -> str:
 def load_manifest(path: str | Path, check_files: dict[str, Path] | None = None) -> dict:
     """Read a manifest and check it; with ``check_files`` check each split file too.
 
-    The manifest's own digest (written by :func:`prepare`; a manifest from before
+    The manifest's own digest (written by ``prepare``; a manifest from before
     digests were recorded is read unchecked) and each file's recorded size and SHA-256
-    (:func:`locvit.io.verified_sha256`: a large file is hashed once per version and
+    (``locvit.io.verified_sha256``: a large file is hashed once per version and
     machine). A missing, truncated, bit-flipped or replaced file raises an error that
     names it and how to rebuild it, before anything is read from it.
     """

@@ -1,17 +1,10 @@
-"""Dataset sources behind one small interface.
+"""Dataset sources behind one small interface: classes, and ``(image, label)`` as uint8 RGB (H, W, 3).
 
-A source knows its classes and yields ``(image, label)`` pairs as uint8 RGB arrays of
-shape (H, W, 3). The prepare step does the stratified split and writes FFCV files; it
-never needs to know where images come from. A source with an official test set (CIFAR,
-an image folder's ``val/``) names it in ``fixed_test``; the prepare step then keeps it as
-the test split. New sources add a class here and a name to ``SOURCES``.
-
-Image sizes: ``image(i)`` is the evaluation view, a square of ``image_size``. Sources
-whose images come in their own shapes (``variable_size``: the image folders) can also
-give ``image(i, crop=False)``, the whole image with its longer side capped at
-``max_resolution`` (what FFCV's ``RGBImageField(max_resolution=...)`` does too): the
-training split is stored that way when ``data.max_resolution`` is set, so the loader can
-take random-resized crops from the whole picture.
+The prepare step splits and writes FFCV files without knowing where images come from; a source with an
+official test set (CIFAR, an image folder's ``val/``) names it in ``fixed_test``. A new source is a class
+here and a name in ``SOURCES``. ``image(i)`` is a square of ``image_size``; a ``variable_size`` source also
+gives ``image(i, crop=False)``, the whole image with its longer side capped at ``max_resolution`` (stored so
+for training when ``data.max_resolution`` is set, for random-resized crops).
 """
 
 from __future__ import annotations
@@ -60,12 +53,12 @@ class DatasetSource:
         return None
 
     def known_labels(self) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The labels and the official test split's indices as :meth:`load` will give them, known without
+        """The labels and the official test split's indices as ``load`` will give them, known without
         the images (so ``locvit validate`` can check the split's sizes), or None where only the files tell."""
         return None
 
     def fetch(self) -> str:
-        """Download what :meth:`load` reads and nothing else (``locvit fetch``); what was done, in a line."""
+        """Download what ``load`` reads and nothing else (``locvit fetch``); what was done, in a line."""
         return f"{self.name}: nothing to download"
 
 
@@ -148,13 +141,9 @@ def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 class CifarSource(InMemorySource):
     """CIFAR-10 / CIFAR-100 (32x32 RGB; 50,000 train + 10,000 official test images).
 
-    Read from the python-pickle release: the folder ``<root>/cifar-10-batches-py`` (or
-    ``<root>/cifar-100-python``; CIFAR-100: the 100 fine labels), or else the archive
-    ``<root>/cifar-10-python.tar.gz`` (``cifar-100-python.tar.gz``) as downloaded. An
-    archive's MD5 must be the published one (:data:`ARCHIVE_MD5`) before it is unpacked,
-    into a temporary folder renamed into place, so a killed job never leaves a half
-    folder. With ``download`` a missing or corrupt archive is fetched first. The official
-    test images are the test split; validation is drawn from the training images.
+    From the python-pickle release's folder under ``root`` (CIFAR-100: fine labels), else its archive, whose MD5
+    must be ``ARCHIVE_MD5``'s before it is unpacked (into a temporary folder renamed into place). ``download``
+    fetches a missing or corrupt archive. The official test images are the test split.
     """
 
     RELEASES = {  # name -> (folder, train files, test files, label key, meta file, names key, url)
@@ -224,7 +213,7 @@ class CifarSource(InMemorySource):
 
     def _download(self) -> None:
         """Fetch the archive under a temporary name, check its MD5, then give it its name: a download cut
-        short or another file never sits where :meth:`load` looks."""
+        short or another file never sits where ``load`` looks."""
         from torchvision.datasets.utils import download_url
 
         with atomic_path(self.archive) as tmp:
@@ -337,15 +326,9 @@ class CifarSource(InMemorySource):
 class ImageFolderSource(DatasetSource):
     """Images in class folders: ``<folder>/train/<class>/*.jpg``, optionally ``<folder>/val/<class>/``.
 
-    The class folders of ``train``, sorted by name, are the labels (torchvision's
-    ImageFolder rule). ``val``, when there, is the test split (its class folders must be
-    among train's) and the validation split is drawn from ``train``; without ``val`` both
-    are drawn from ``train``. Images are read lazily with PIL: the square view resizes the
-    shorter side (bilinear, antialiased) to ``image_size`` and takes the centre square;
-    the whole view caps the longer side at ``max_resolution``.
-
-    ``num_classes``: a fixed count to check (ImageNet's 1000), or None to count the class
-    folders of ``train``.
+    Labels: ``train``'s class folders sorted (torchvision's rule). ``val``, when there, is the test split (its
+    classes among train's). The square view resizes the shorter side (bilinear, antialiased) and takes the
+    centre. ``num_classes``: a count to check, or None.
     """
 
     EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".webp")

@@ -1,8 +1,8 @@
 """The seeded stratified split of a dataset into train, val and test, and what it leaves in each.
 
-The prepare step splits with :func:`split_indices`; ``locvit validate`` runs the same function on
-the labels of a source whose labels are known without its images (:meth:`locvit.data.sources.
-DatasetSource.known_labels`: digits, CIFAR), so a study whose training split would be smaller than
+The prepare step splits with ``split_indices``; ``locvit validate`` runs the same function on
+the labels of a source whose labels are known without its images (``locvit.data.sources.
+DatasetSource.known_labels``: digits, CIFAR), so a study whose training split would be smaller than
 one batch, would leave a class without a training image, or asks to analyse more test images than
 there are, is refused before anything runs. numpy only (scikit-learn's splitter is imported when called).
 """
@@ -27,7 +27,7 @@ def split_indices(
     Without ``fixed_test`` the test split is ``test_fraction`` of everything and val is
     ``val_fraction`` of everything. With an official test split, it is the test split
     and val is ``val_fraction`` of the rest. ``train_fraction`` < 1 then keeps a
-    stratified subset of the training split (:func:`fraction_subset`); val and test do
+    stratified subset of the training split (``fraction_subset``); val and test do
     not depend on it.
     """
     from sklearn.model_selection import train_test_split  # 4 s to import: only the prepare step needs it
