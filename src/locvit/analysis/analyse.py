@@ -1,36 +1,12 @@
 """The analyse step: attention analyses of trained checkpoints and a profile of the model.
 
-For each checkpoint (the seeds of one variant) it runs the model once on a fixed
-evaluation batch (the first ``images`` of the test split, in order, as the model sees
-them in evaluation) and writes
-
-* ``<seed>.json``: every attention layer (kind, heads, tokens, patch grid), the
-  Attention Locality Score of every head of every layer that has a patch grid (MaiT
-  Eq. 3, over the ``als_kernel`` neighbourhood, mean over the batch), the mean attention
-  distance in pixels of the same heads (ViT Fig. 7), both per stage (``stages``: the layers
-  on one full token grid, a pyramid's levels) and as one mean over the same layers for both
-  (``als_mean``, ``mad_mean``: DVC metrics; ``locality_layers``: the layers whose ALS the
-  kernel does not make 1 by construction, ``als_by_construction`` per layer), the cross-layer
-  similarity of those layers when they share one token count (MaiT App. A.3), what could not
-  run and why (``not_run``), and the family's ``values`` extras
-  (:class:`locvit.models.family.Extra`: MaiT's soft-mask ``alphas``), each under its name;
-* ``<seed>.npz``: the batch (uint8, H x W x 3), the class-token attention rollout for
-  models whose layers follow a class token over one grid, and the family's ``images``
-  extras (IBiT's ``learned_masks`` around the centre patch). An extra the model has none of
-  (MaiT with hard masks) is left out of both.
-
-Everything comes from the model's family (:mod:`locvit.models.family`): no family is named
-here. What applies to a layer follows from its map kind's declared properties
-(:class:`locvit.models.family.MapKind`): ALS and distance to token-by-token maps over the patch
-grid whose keys are the queries' tokens, distance also to maps whose keys lie on a pooled grid;
-maps whose rows do not sum to one (IBiT's Frobenius-normalised maps, CaiT's talking-heads maps)
-enter as |A| normalised per row. A model without attention layers (a CNN) gets an empty
-``layers`` list and null ALS and distance; attention layers that no reader knows are named in
-``unread_attention``.
-
-The profile (params, GMACs, the model's facts) is written once per variant, from the
-first checkpoint. The report step reads all three files. Speed is not measured here, beside
-other jobs, but by the study's one throughput job (:mod:`locvit.analysis.throughput`).
+Per seed, one pass over a fixed evaluation batch (the test split's first ``images``) writes ``<seed>.json``
+(per layer: kind, heads, grid; ALS (MaiT Eq. 3) and mean attention distance (ViT Fig. 7) per head, per
+stage and as one mean, ``als_mean``/``mad_mean``, over ``locality_layers``; cross-layer similarity (MaiT App.
+A.3); ``not_run``; ``values`` extras) and ``<seed>.npz`` (the batch, rollout, ``images`` extras). What applies
+follows from each map's ``MapKind``; no family is named here; unsigned rows enter as |A| normalised per row.
+A CNN gets empty ``layers``; unreadable layers are in ``unread_attention``. The profile is written once per
+variant; speed is the throughput job's (``locvit.analysis.throughput``). Fields: docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -69,7 +45,7 @@ def _row_mass(probs: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def _layout(m, images: int) -> tuple[tuple[int, int], int]:
-    """A record's full token grid and the step between its group's neighbouring keys (:meth:`MapKind.layout`)."""
+    """A record's full token grid and the step between its group's neighbouring keys (``MapKind.layout``)."""
     kind = map_kind(m.kind)
     return kind.layout(tuple(m.grid), m.probs.shape[0] // images if kind.windows else 1)
 
@@ -84,7 +60,7 @@ def locality(maps: list, kernel: tuple[int, int], images: int) -> tuple[list, li
     """ALS per layer and head (None for layers without a grid), those layers, their similarity.
 
     The neighbourhood is the kernel around each query on the layer's full grid, so a dilated kind's group
-    (:attr:`MapKind.dilated`) counts only the keys that lie inside it there."""
+    (``MapKind.dilated``) counts only the keys that lie inside it there."""
     als, layers, stack = [], [], []
     for m in maps:
         if not map_kind(m.kind).spatial:
@@ -118,13 +94,13 @@ def covered(maps: list, kernel: tuple[int, int], images: int) -> list:
 def distances(maps: list, image_size: int, images: int) -> list:
     """Mean attention distance in pixels per layer and head (None for layers without a patch grid).
 
-    Maps over the grid whose keys are its tokens (:attr:`MapKind.spatial`) and maps whose keys lie on a
-    pooled grid (``keys: pooled``: PVT, Twins; :func:`locvit.analysis.metrics.pooled_distance`) have one.
+    Maps over the grid whose keys are its tokens (``MapKind.spatial``) and maps whose keys lie on a
+    pooled grid (``keys: pooled``: PVT, Twins; ``locvit.analysis.metrics.pooled_distance``) have one.
 
     The pixels between neighbouring tokens are the image width over the layer's full grid: the patch size
     for a ViT, more at a pyramid's later levels; a windowed kind's maps (NesT's blocks, Swin's windows) hold
     ``images * K`` groups of one level, whose full grid is ``sqrt(K)`` groups wide, and a dilated kind's
-    neighbouring keys lie ``sqrt(K)`` tokens apart on it (:meth:`MapKind.layout`).
+    neighbouring keys lie ``sqrt(K)`` tokens apart on it (``MapKind.layout``).
     """
     out = []
     for m in maps:
@@ -215,7 +191,7 @@ def _mean(per_layer: list) -> float | None:
 
 
 def _by_construction(layers: list[int], als: list, trivial: list) -> bool:
-    """Whether these layers have an ALS and every one of them is 1 by construction (:func:`covered`)."""
+    """Whether these layers have an ALS and every one of them is 1 by construction (``covered``)."""
     flags = [trivial[i] for i in layers if als[i] is not None]
     return bool(flags) and all(flags)
 

@@ -1,12 +1,12 @@
 """Attention maps of any model family, read from one ordinary forward pass.
 
-:func:`collect_attention` hooks every attention layer the model's family declares
-(:mod:`locvit.models.family`: the layers, the patch grid each sees, and a reader per
+``collect_attention`` hooks every attention layer the model's family declares
+(``locvit.models.family``: the layers, the patch grid each sees, and a reader per
 layer), runs the model once in eval mode, and recomputes each layer's attention weights
 from the layer's own input with the layer's own projections: the weights the layer
 applies to its values, whatever kernel (fused SDPA or eager) the layer itself runs.
 Hooks only read, so the logits are those of a plain forward pass; no flag of the model
-is touched. Record kinds, shapes and properties: :mod:`locvit.models.family`.
+is touched. Record kinds, shapes and properties: ``locvit.models.family``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
 
     Records come in forward order. The model is left as it was: hooks removed, every
     module's train/eval mode restored. A model no family claims is read by
-    :func:`locvit.models.family.generic_family` (a CNN has no records). Raises ``ValueError`` for an
+    ``locvit.models.family.generic_family`` (a CNN has no records). Raises ``ValueError`` for an
     attention layer its family cannot read, or a map of a kind no family declares.
     """
     names = {module: name for name, module in model.named_modules()}

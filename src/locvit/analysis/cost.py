@@ -1,9 +1,9 @@
 """What a study costs before it runs: per variant its runs, epochs, images seen, training FLOPs and GPU-hours.
 
 Training FLOPs are 3 x the forward's (backward twice the forward) x 2 FLOPs a multiply-accumulate, the forward
-counted on the meta device as the profile step counts it (:func:`locvit.analysis.profile.gmacs`: matmuls and
+counted on the meta device as the profile step counts it (``locvit.analysis.profile.gmacs``: matmuls and
 convolutions). GPU-hours divide them by a rate: a GPU visit's measured MFU for the same model where one is
-committed (``benchmarks/results/gpu/mfu.json``), else :data:`ASSUMED_MFU` of :data:`PEAK_TFLOPS`, said so.
+committed (``benchmarks/results/gpu/mfu.json``), else ``ASSUMED_MFU`` of ``PEAK_TFLOPS``, said so.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Numbers and images from attention maps: locality, cross-layer similarity, rollout.
 
-* :func:`attention_locality_score`: MaiT's ALS (Eq. 3), the attention mass each patch
-  row puts inside its spatial neighbourhood (the mask of
-  :func:`locvit.models.family.neighbourhood_mask`, the one MaiT's masks keep).
-* :func:`mean_attention_distance`: the ViT paper's Fig. 7 (Dosovitskiy et al. 2021; Raghu
-  et al. 2021), the attention-weighted mean distance between a query patch and the patches
-  it attends to: the locality measure of any family, read from the same maps.
-* :func:`pooled_distance`: the same distance for maps whose keys lie on a pooled grid (PVT, Twins).
-* :func:`cross_layer_similarity`: MaiT App. A.3 (DeepViT's metric), the cosine similarity
-  of a head's attention rows in two layers, averaged over tokens.
-* :func:`attention_rollout`: Abnar & Zuidema (2020), as the IBiT paper's Fig. 5 uses it.
+``attention_locality_score``: MaiT's ALS (Eq. 3), mass inside ``family.neighbourhood_mask``;
+``mean_attention_distance``: ViT's Fig. 7 (Dosovitskiy et al. 2021; Raghu et al. 2021), and
+``pooled_distance`` for keys on a pooled grid; ``cross_layer_similarity``: MaiT App. A.3 (DeepViT's);
+``attention_rollout``: Abnar & Zuidema (2020), as IBiT's Fig. 5.
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ def attention_locality_score(attn: torch.Tensor, mask: torch.Tensor, num_prefix:
     """MaiT's attention locality score (Eq. 3): (..., T, T) maps -> (...) scores.
 
     For each patch row n, ``ALS_n = sum_i (M * A)[n, i]``, the weight inside the row's
-    neighbourhood ``M`` (bool (T, T), e.g. :func:`locvit.models.family.neighbourhood_mask`); the score is the
+    neighbourhood ``M`` (bool (T, T), e.g. ``locvit.models.family.neighbourhood_mask``); the score is the
     mean over the N patch rows, the ``num_prefix`` class/distillation rows excluded. Leading
     dims (batch, layer, head) are kept. Meant for row-stochastic maps: a uniform map
     scores (neighbours) / T, one attending only inside the neighbourhood scores 1.
@@ -88,7 +82,7 @@ def pooled_distance(attn: torch.Tensor, grid: tuple[int, int], spacing: float = 
 
     The N queries are the patches of ``grid`` (gh, gw), row-major; the M keys the cells of that grid
     pooled by R in each direction (PVT's spatial reduction, Twins' sub-sampling: a stride-R conv), so
-    ``M = (gh / R) * (gw / R)``; a key sits at its cell's centre. As :func:`mean_attention_distance`,
+    ``M = (gh / R) * (gw / R)``; a key sits at its cell's centre. As ``mean_attention_distance``,
     the attention-weighted Euclidean distance (times ``spacing``, the pixels between neighbouring
     patches) averaged over the queries; with R = 1 the two agree.
     """
@@ -162,7 +156,7 @@ def rollout_blocker(maps: Sequence[AttentionMap]) -> str | None:
 
 
 def rollout_applies(maps: Sequence[AttentionMap]) -> bool:
-    """Whether the layers follow a class token over one patch grid (:func:`rollout_blocker`)."""
+    """Whether the layers follow a class token over one patch grid (``rollout_blocker``)."""
     return rollout_blocker(maps) is None
 
 

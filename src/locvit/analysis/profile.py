@@ -6,7 +6,7 @@ attention kernels hide them from the counter, so the count runs on the eager pat
 Element-wise work (softmax, norms, masks, LSA's attention over its T shifted variants)
 is not counted. Throughput (images/s) is not measured here, beside whatever else runs,
 but by the study's one throughput job, every variant side by side and alone
-(:mod:`locvit.analysis.throughput`).
+(``locvit.analysis.throughput``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def gmacs(model: torch.nn.Module, image_size: int) -> float:
 
 def device_name(device: torch.device) -> str:
     """The device as a measurement names it: the GPU's name, or the CPU's model, the instruction set torch's
-    kernels use and torch's threads (:func:`locvit.device.describe`)."""
+    kernels use and torch's threads (``locvit.device.describe``)."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return (

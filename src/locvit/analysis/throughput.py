@@ -1,36 +1,11 @@
-"""Inference throughput of a study's variants, measured side by side and alone.
+"""Inference throughput of a study's variants, measured side by side in one process, alone on the machine.
 
-Why: images/s measured by each variant's own analyse job measured its neighbours as well.
-Those jobs share the machine's cores with training and with each other, so a variant's
-number depended on what happened to run beside it (a hard-masked MaiT, strictly more work
-than DeiT, came out faster). Here one process builds every variant and times them in turns,
-and the ``throughput`` job that calls it runs alone: on one machine it takes every core
-after all training; on a cluster, a node of its own.
-
-The choices:
-
-* **Random weights, inference only** (eval mode, no autograd): speed does not depend on the
-  weights, so the job needs no checkpoint. Each variant is built from its entry in the job's
-  config (:func:`locvit.config.jobs.throughput_config`: model, keyword arguments at the study's
-  image size and class count, its run's device, precision and memory format) by
-  :func:`locvit.models.create`, and timed under its run's precision (``train.amp``: bf16 autocast,
-  TF32 on CUDA; :func:`locvit.device.set_backends`) and memory format (``train.channels_last``), cuDNN's
-  autotuner on (the batch's shape is fixed).
-* **Alternating rounds**: ``analysis.throughput_rounds`` rounds (at least 3), and each round
-  times every variant once. The order is rotated by one place every round, so no variant
-  always runs first. A slow spell of the machine then lands on one round of every variant
-  instead of on all rounds of one.
-* **Within a round**: ``WARMUP`` untimed batches (allocator, caches, lazy buffers; before the
-  first round every variant also runs once untimed, for the process's own first passes), then
-  ``analysis.profile_repeats`` timed batches of ``analysis.profile_batch`` random images;
-  the round's images/s is the batch size over the median batch time.
-* **Per variant**: the median over rounds, its low and high (min and max over rounds, the
-  spread to read a difference against), and ``ratio_vs_baseline``: the median over rounds of
-  the variant's images/s over the baseline's *in the same round* (the pairs ran moments
-  apart, so the ratio cancels what the rounds share); empty when the study has no baseline.
-
-The CSV (:data:`locvit.io.THROUGHPUT_COLUMNS`, one row per variant in the study's order) is
-read back by :func:`locvit.io.read_throughput`, which needs no torch.
+Analyse jobs share cores with training and each other, so their own timings measured their neighbours. Here
+every variant is built with random weights (``locvit.models.create`` from ``throughput_config``) and timed in
+eval mode under its run's precision and memory format, in ``analysis.throughput_rounds`` rounds whose order
+rotates, each ``WARMUP`` untimed then ``profile_repeats`` timed batches (images/s from the median). Per
+variant: median, min and max over rounds, and ``ratio_vs_baseline``, the median of same-round ratios. The CSV
+(``locvit.io.THROUGHPUT_COLUMNS``) is read back by ``locvit.io.read_throughput`` without torch.
 """
 
 from __future__ import annotations
@@ -114,11 +89,11 @@ def _rounds(built: dict[str, Built], rounds: int, repeats: int) -> dict[str, lis
 
 
 def measure_throughput(config: dict, out: str | Path, threads: int | None = None) -> dict[str, dict]:
-    """Measure every variant of the throughput job's config (:func:`locvit.config.jobs.throughput_config`)
+    """Measure every variant of the throughput job's config (``locvit.config.jobs.throughput_config``)
     in one process and write the CSV ``out``.
 
     ``threads``: torch's CPU threads while it measures (give it every core the job holds).
-    Returns what the file holds: variant -> row (see :func:`locvit.io.read_throughput`).
+    Returns what the file holds: variant -> row (see ``locvit.io.read_throughput``).
     """
     cfg, baseline, before = config["analysis"], config["baseline"], torch.get_num_threads()
     if threads:
