@@ -1,16 +1,10 @@
 """The MLflow backend: its URI, bounded connections, retries and the study's experiment.
 
-The default backend is a SQLite file in the study's folder (:mod:`locvit.layout`; MLflow 3
-deprecates the file store); ``MLFLOW_TRACKING_URI`` overrides it (an ``mlflow server``
-for clusters). SQLite answers "database is locked" when several jobs write at once, so
-every call goes through :func:`retry` (MLflow's own sessions wait up to 20 s on a lock,
-``PRAGMA busy_timeout``; :func:`retry` tries again after that).
-
-Time spent on a backend that is gone is bounded (see :data:`HTTP_LIMITS`): one probe
-of at most :data:`PROBE_TIMEOUT_S` to connect (:data:`PROBE_READ_TIMEOUT_S` for the
-answer of a server that is up but busy), then MLflow's HTTP client with few retries
-and short timeouts (:func:`bounded_http`). :func:`connect` does all of that for a
-step that reads or writes runs (training, evaluation, the report).
+The default is a SQLite file in the study's folder (``locvit.layout``); ``MLFLOW_TRACKING_URI`` overrides it
+(an ``mlflow server`` on clusters). SQLite answers "database is locked" to concurrent writers, so every call
+goes through ``retry`` (after MLflow's own 20 s ``busy_timeout``). Time on a backend that is gone is bounded
+(``HTTP_LIMITS``): one probe of at most ``PROBE_TIMEOUT_S`` (``PROBE_READ_TIMEOUT_S`` for a busy server),
+then MLflow's HTTP client with few retries and short timeouts (``bounded_http``); ``connect`` does it all.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from locvit.tracking.sqlite import lock as sqlite_lock
 T = TypeVar("T")
 
 #: MLflow's experiment-kind tag: a model-training experiment (MLflow never sets it by itself; newer
-#: UIs choose their view by it, the 3.17 UI by the link's ``workflowType``: :func:`ui_link`).
+#: UIs choose their view by it, the 3.17 UI by the link's ``workflowType``: ``ui_link``).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
@@ -58,7 +52,7 @@ def retry(fn: Callable[..., T], *args, attempts: int | None = None, **kwargs) ->
     ``attempts`` defaults to 8, or to 1 for an HTTP(S) server: MLflow's HTTP client
     retries those itself (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), and a second layer of
     retries would multiply the wait on a server that is gone. An insert that lost a race
-    with a concurrent writer (:data:`LOST_RACE`) gets at least :data:`RACE_ATTEMPTS` tries
+    with a concurrent writer (``LOST_RACE``) gets at least ``RACE_ATTEMPTS`` tries
     either way: MLflow's client does not retry an answer of the server.
     """
     if attempts is None:
@@ -83,9 +77,9 @@ def setup(study: str, db: str | Path) -> str:
     """Point MLflow at the study's backend and make sure its experiment exists; return its id.
 
     With a SQLite backend, the first job to get here creates (or upgrades) the database
-    whole (:func:`locvit.tracking.sqlite.ensure`) and the experiment under a file lock, so parallel jobs never
+    whole (``locvit.tracking.sqlite.ensure``) and the experiment under a file lock, so parallel jobs never
     race on MLflow's schema migrations. Artifacts go to ``mlartifacts/`` beside the database. The experiment
-    is marked for model training (:data:`EXPERIMENT_KIND`), an older one when it lacks the tag.
+    is marked for model training (``EXPERIMENT_KIND``), an older one when it lacks the tag.
     """
     import mlflow
     from sqlalchemy.engine import make_url
@@ -138,7 +132,7 @@ def connect(study: str, db: str | Path):
     """An MlflowClient on the study's backend with its experiment set up, after one bounded probe.
 
     Raises what the backend raised (ConnectionError for a server that does not answer);
-    call it inside :func:`bounded_http` to keep later calls bounded too.
+    call it inside ``bounded_http`` to keep later calls bounded too.
     """
     import mlflow
 
@@ -269,7 +263,7 @@ PROBE_READ_TIMEOUT_S = 30.0
 
 @contextlib.contextmanager
 def bounded_http():
-    """Apply :data:`HTTP_LIMITS` (where the environment does not set them) for the block."""
+    """Apply ``HTTP_LIMITS`` (where the environment does not set them) for the block."""
     added = [k for k in HTTP_LIMITS if k not in os.environ]
     os.environ.update({k: HTTP_LIMITS[k] for k in added})
     try:
@@ -280,9 +274,9 @@ def bounded_http():
 
 
 def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S, read_timeout: float = PROBE_READ_TIMEOUT_S) -> None:
-    """Raise :class:`TrackingUnreachable` (a ConnectionError) unless the HTTP(S) server at ``uri``
+    """Raise ``TrackingUnreachable`` (a ConnectionError) unless the HTTP(S) server at ``uri``
     accepts a connection within ``timeout`` s and answers within ``read_timeout`` s more (one try
-    each for ``/health`` and one read of the tracking API); :class:`TrackingAuthError` when that
+    each for ``/health`` and one read of the tracking API); ``TrackingAuthError`` when that
     read is refused (HTTP 401 or 403) with the credentials in the environment.
 
     Any answer of ``/health`` counts (a proxy may refuse it without credentials): that only

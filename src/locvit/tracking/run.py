@@ -1,9 +1,9 @@
 """A training run's MLflow run, and the test scores logged to it.
 
-Training never stops for tracking (:class:`TrainingTracker`): when the backend cannot
+Training never stops for tracking (``TrainingTracker``): when the backend cannot
 be reached, or fails mid-run, the run trains on, says so loudly on stderr, and its
 ``metrics.json`` keeps everything MLflow would have had; ``locvit sync-tracking``
-(:mod:`locvit.tracking.sync`) uploads those records later. After the first failed
+(``locvit.tracking.sync``) uploads those records later. After the first failed
 call no further call is made. Only rank 0 of a training creates a tracker.
 """
 
@@ -87,7 +87,7 @@ SYSTEM_METRICS_ENV = "LOCVIT_SYSTEM_METRICS_S"
 
 def system_metrics_interval(given: float | None, params: dict | None = None) -> float:
     """Seconds between system-metrics samples: ``given`` (the command line), else the environment's
-    :data:`SYSTEM_METRICS_ENV`, else ``params``' ``tracking.system_metrics_s``, else 0 (none)."""
+    ``SYSTEM_METRICS_ENV``, else ``params``' ``tracking.system_metrics_s``, else 0 (none)."""
     if given is not None:
         return max(0.0, float(given))
     env = os.environ.get(SYSTEM_METRICS_ENV)
@@ -110,17 +110,17 @@ ARTIFACTS = {RunFiles.METRICS: None, RunFiles.BEST: "checkpoints"}
 class TrainingTracker:
     """A training run's MLflow run, kept so that tracking can fail without stopping training.
 
-    Every backend call goes through :meth:`guard`: the first error is recorded, printed
+    Every backend call goes through ``guard``: the first error is recorded, printed
     loudly to stderr (what failed, the backend, the command that uploads the record
-    later) and turns tracking off for the rest of the run. :meth:`record` is what
-    ``metrics.json`` keeps under ``"tracking"`` so that :func:`locvit.tracking.sync.sync_runs`
+    later) and turns tracking off for the rest of the run. ``record`` is what
+    ``metrics.json`` keeps under ``"tracking"`` so that ``locvit.tracking.sync.sync_runs``
     can rebuild the run: status, backend, error, experiment, run name, tags, params and
     artifacts (every epoch's metrics are the record's ``history``).
 
-    A run's life: :meth:`for_run` (tags and params from the run config), :meth:`open`
-    (create the MLflow run under its variant's run, :mod:`locvit.tracking.tree`, or resume it;
-    start sampling system metrics), :meth:`log_epoch` after each epoch, then :meth:`close` or
-    :meth:`mark_failed`. ``seconds``: the wall time spent in MLflow's calls so far.
+    A run's life: ``for_run`` (tags and params from the run config), ``open``
+    (create the MLflow run under its variant's run, ``locvit.tracking.tree``, or resume it;
+    start sampling system metrics), ``log_epoch`` after each epoch, then ``close`` or
+    ``mark_failed``. ``seconds``: the wall time spent in MLflow's calls so far.
     """
 
     def __init__(
@@ -165,16 +165,16 @@ class TrainingTracker:
         system_metrics_s: float = 0.0,
         machine: dict | None = None,
     ) -> TrainingTracker:
-        """The tracker of a training run (a :func:`locvit.config.run.run_config`) on its prepared data.
+        """The tracker of a training run (a ``locvit.config.run.run_config``) on its prepared data.
 
         Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
         config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from
-        last.pt) plus this one (:func:`slurm_provenance`); params: the flattened config, the
+        last.pt) plus this one (``slurm_provenance``); params: the flattened config, the
         model's size, the number of processes and the peak lr. ``data``: split -> FFCV file
         the run reads (``train``, ``val``), logged as the run's dataset inputs. ``system_metrics_s``:
         seconds between samples of MLflow's system metrics (CPU, memory, disk, network; GPU where
         ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``). ``machine``:
-        :func:`locvit.device.describe` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
+        ``locvit.device.describe`` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
         ``machine.cpu_capability``, ``machine.torch``, ``machine.gpu.name``, ...).
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))

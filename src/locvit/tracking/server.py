@@ -1,25 +1,12 @@
 """``locvit mlflow-server``: one MLflow tracking server for a study's jobs on many nodes.
 
-SQLite on a shared file system is not safe for many writers on many machines. On a
-cluster the jobs log over HTTP to one ``mlflow server`` instead, the only process that
-opens the study's ``mlflow.db``; it also stores the artifacts the jobs send (under the
-study's ``mlartifacts/``, :mod:`locvit.layout`). Jobs find it through
-``MLFLOW_TRACKING_URI``.
-
-Who may use it: the server binds to the interface the user names (``--host``, default
-127.0.0.1, this machine only). With ``MLFLOW_TRACKING_USERNAME`` and
-``MLFLOW_TRACKING_PASSWORD`` set it runs MLflow's basic-auth app: that user is its
-administrator, every request needs those credentials, and clients (the jobs) send them
-from the same two variables. A host other than the loopback without credentials is
-refused: the server would be open to everyone who reaches its port. The credentials are
-read from the environment only: never from params.yaml or the command line, and never
-written to a file (the auth app's own config, written under the study with mode 0600,
-holds the user name and database path; MLflow takes the admin password from
-``MLFLOW_AUTH_ADMIN_PASSWORD``, set here in the server's environment). The auth app keeps
-its users in ``mlflow-auth/basic_auth.db`` (passwords hashed): the first start creates the
-admin with the password of that start; a later start with another password is refused by
-the stored one, so change it through MLflow's update-password API or remove
-``mlflow-auth/``.
+SQLite on a shared file system is unsafe for many writers, so cluster jobs log over HTTP
+(``MLFLOW_TRACKING_URI``) to one server, the only process that opens ``mlflow.db``; it stores their artifacts.
+It binds to ``--host`` (default 127.0.0.1). With ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD`` it runs MLflow's
+basic-auth app with that user as administrator; another host without them is refused. Credentials come from
+the environment only, never written (the auth config, mode 0600, holds user and database path). Users live in
+``mlflow-auth/basic_auth.db``: the first start sets the password, a later different one is refused
+(docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -74,7 +61,7 @@ def write_auth_config(study_dir: Path, user: str) -> Path:
 
 
 def auth_database(config: Path) -> Path:
-    """The login database of the auth config :func:`write_auth_config` wrote."""
+    """The login database of the auth config ``write_auth_config`` wrote."""
     return config.parent / AUTH_DB
 
 

@@ -1,19 +1,10 @@
 """MLflow's SQLite databases, built and upgraded whole or not at all.
 
-MLflow builds a database's schema with alembic, one migration at a time, each committed on
-its own (about seventy for the tracking store, a second or two), both when it creates a
-new file and when a newer MLflow opens an older one ("not guaranteed to be transactional",
-says ``mlflow db upgrade``). A process killed meanwhile left a file that no later process
-could open: every run after it went untracked, and an upgraded study lost its history.
-
-:func:`ensure` brings a file to this MLflow's schema on a copy under a temporary name
-(:func:`locvit.io.atomic_path`) and renames it into place when whole, so a kill leaves the
-file as it was (or none). Call it under the file's lock (:func:`lock`): that makes it the
-only writer of the temporary names, and serialises the jobs that would build or upgrade
-the same file. A file left half-built by another tool (or a locvit before this) gets an
-error that names it and says what to do, by whether it holds work (runs, users).
-Upgrading MLflow while an older MLflow's jobs still write the file is not supported: their
-writes after the copy are not in the upgraded file.
+MLflow's alembic migrations commit one at a time, so a process killed while creating or upgrading a file left
+one no later process could open. ``ensure`` migrates a copy under a temporary name and renames it into place
+when whole; call it under the file's ``lock`` (the only writer of the temporary names). A file left half-built
+by another tool gets an error saying what to do, by whether it holds work. Upgrading MLflow while an older
+MLflow's jobs still write the file is not supported (their later writes miss the upgraded copy).
 """
 
 from __future__ import annotations
@@ -71,7 +62,7 @@ AUTH = Schema("MLflow basic-auth database", "alembic_version_auth", _auth_head, 
 
 
 def lock(path: Path):
-    """The file lock beside a SQLite database (``<file>.lock``) under which :func:`ensure` runs."""
+    """The file lock beside a SQLite database (``<file>.lock``) under which ``ensure`` runs."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """``locvit sync-tracking``: upload the run records that the tracking backend lacks.
 
 A training whose backend failed keeps everything in its ``metrics.json``
-(:class:`locvit.tracking.run.TrainingTracker`); :func:`sync_runs` rebuilds the MLflow runs
+(``locvit.tracking.run.TrainingTracker``); ``sync_runs`` rebuilds the MLflow runs
 from those records once the backend answers again, and does nothing for records that are
 already complete.
 """
@@ -145,7 +145,7 @@ def sync_runs(
     ``best_val_top1``, the test result when there is one (``<eval_dir>/<variant>/seed<k>.json``,
     ``eval_dir`` defaulting to ``eval/`` beside ``runs_dir``, or ``eval.json`` in the run
     folder), ``metrics.json`` and ``best.pt`` as artifacts, under its variant's run
-    (:mod:`locvit.tracking.tree`), and marked FINISHED; then
+    (``locvit.tracking.tree``), and marked FINISHED; then
     ``metrics.json`` is rewritten (atomically) with the run's id and status ``ok``. A run
     that is complete but lacks its test result gets just that. Anything else is left
     alone, so a second call uploads nothing. Returns the folders by outcome:

@@ -1,20 +1,10 @@
-"""The study's MLflow run tree: one study run, one run per variant under it, the seed runs under those.
+"""The study's MLflow run tree: one study run, a run per variant under it, the seed runs under those.
 
-MLflow nests a run under another by its tag ``mlflow.parentRunId``; the runs table then shows
-the study as one row that opens onto its variants, each opening onto its seeds. The study and
-variant runs are found by their tags (:data:`ROLE`, ``study``, ``variant``), never by name, so
-that a renamed run or a re-run finds the same one.
-
-Any training job may be the first to need a parent, and many start at once, through SQLite or
-a tracking server. MLflow has no "create unless it exists", so :func:`variant_parent` finds or
-creates under a file lock beside the study's database file (in the study's folder, which the
-jobs of a cluster share as they share the runs). Where that lock cannot be had (a file system
-without locks: :data:`LOCK_TIMEOUT_S`), :func:`find_or_create` searches, creates when it finds
-nothing, and searches again, keeping the oldest run and deleting its own if that lost; two jobs
-can then still disagree (one searched before the other's run was visible). The report step
-(:func:`adopt`) settles the tree afterwards either way: one run per role, every seed run under
-its variant run (runs logged by an older locvit, which had no tree, are adopted the same way),
-the duplicates' children moved over and the duplicates deleted.
+Runs nest by ``mlflow.parentRunId`` and are found by their tags (``ROLE``, ``study``, ``variant``), never by
+name. MLflow has no "create unless it exists", so ``variant_parent`` finds or creates under a file lock beside
+the study's database; without locks (``LOCK_TIMEOUT_S``) ``find_or_create`` searches, creates, searches again
+and keeps the oldest, and two jobs may still disagree. The report (``adopt``) settles the tree either way: one
+run per role, every seed under its variant (an older locvit's runs too), duplicates merged and deleted.
 """
 
 from __future__ import annotations

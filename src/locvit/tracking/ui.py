@@ -1,7 +1,7 @@
 """``locvit mlflow-ui``: the MLflow UI on one study's tracking database.
 
 The pipeline's default backend is the study's ``mlflow.db`` with artifacts in
-``mlartifacts/`` beside it (:mod:`locvit.layout`). This runs ``mlflow ui`` on that
+``mlartifacts/`` beside it (``locvit.layout``). This runs ``mlflow ui`` on that
 file, bound to 127.0.0.1 unless told otherwise: the UI has no login, so whoever
 reaches its port can read, rename and delete the runs.
 """
@@ -71,7 +71,7 @@ def ui_command(study_dir: str | Path, host: str = LOCAL_HOST, port: int = 5000, 
 
 def study_links(study_dir: str | Path, study: str, base: str) -> list[str]:
     """What to open: the study's run in the model-training view and MLflow's compare view of its variant
-    runs (:mod:`locvit.tracking.tree`); the study's runs table when it has no study run yet (runs of an
+    runs (``locvit.tracking.tree``); the study's runs table when it has no study run yet (runs of an
     older locvit, before its report re-ran); the UI's home when the study has no experiment."""
     import mlflow
 
@@ -103,7 +103,7 @@ def serve(
 ) -> None:
     """Replace this process by ``mlflow ui`` (so a signal to our pid reaches MLflow itself).
 
-    Prints the links of :func:`study_links` (``study``: default the folder's name).
+    Prints the links of ``study_links`` (``study``: default the folder's name).
     """
     cmd = ui_command(study_dir, host, port, workers)
     if host not in LOOPBACK:
