@@ -1,14 +1,11 @@
 """The one validated config: ``params.yaml`` read and checked against its JSON schema.
 
-``src/locvit/config/params.schema.yaml`` (package data, :data:`SCHEMA`) declares every key once (type, default,
-description). :func:`load_params` reads the YAML, rejects unknown keys, wrong types
-and out-of-range values with a message that names the key and what is allowed,
-refuses NaN and infinity in every number (JSON Schema's bounds let them through), fills
-defaults (the default ``baseline`` from the family protocol), expands ``train_fractions``
-and ``seed_budget`` into variants and seeds, holds the study within its ``limits``, then
-checks what a schema cannot: a coherent recipe, and every variant's model
-(:func:`locvit.config.models.check_model`). Nothing runs and nothing is written before
-this passes. A validated study's runs and their configs: :mod:`locvit.config.run`.
+``params.schema.yaml`` (package data, ``SCHEMA``) declares every key once (type, default, description).
+``load_params`` rejects unknown keys, wrong types, out-of-range values and NaN/infinity naming the key and
+what is allowed, fills defaults (the default ``baseline`` from the family protocol), expands
+``train_fractions`` and ``seed_budget``, holds the study within its ``limits``, then checks what a schema
+cannot: a coherent recipe and every variant's model (``locvit.config.models.check_model``). Nothing runs or is
+written before this passes. A validated study's runs and their configs: ``locvit.config.run``.
 """
 
 from __future__ import annotations
@@ -92,7 +89,7 @@ def non_finite(value: Any, path: tuple = ()) -> list[str]:
 
 
 def schema_errors(params: Any, schema: dict) -> list[str]:
-    """One line per way ``params`` breaks ``schema`` (a part of :func:`load_schema`'s), sorted by key."""
+    """One line per way ``params`` breaks ``schema`` (a part of ``load_schema``'s), sorted by key."""
     validator = jsonschema.Draft202012Validator(schema)
     problems = []
     for err in sorted(validator.iter_errors(params), key=lambda e: list(map(str, e.absolute_path))):
@@ -187,13 +184,13 @@ def fraction_recipe(recipe: dict, fraction: float, protocol: str) -> dict:
 
 def seed_cost(fraction: float, protocol: str) -> float:
     """What one seed on ``fraction`` of the training split costs, in full runs' images seen: f at the same
-    epochs, a whole run at the same images seen (:func:`fraction_recipe`)."""
+    epochs, a whole run at the same images seen (``fraction_recipe``)."""
     return fraction if protocol == "same_epochs" else 1.0
 
 
 def budget_seeds(seeds: list[int], fraction: float, budget: dict | None, protocol: str = "same_epochs") -> list[int]:
     """The seeds of a variant trained on ``fraction`` of the training split under ``seed_budget``:
-    ``round(full_runs / cost)`` of them, with a seed's cost in full runs' images seen (:func:`seed_cost`:
+    ``round(full_runs / cost)`` of them, with a seed's cost in full runs' images seen (``seed_cost``:
     f under ``same_epochs``, 1 under ``same_images``), at least the study's ``seeds`` and at most
     ``max_seeds``; the extra ones count up from the largest of ``seeds``."""
     if not budget:
@@ -214,7 +211,7 @@ def _budget_seeds(params: dict) -> None:
 
 def _check_limits(params: dict, own_seeds: set[str]) -> list[str]:
     """The study stays within ``limits``: seeds per variant (seed_budget's included) and runs in all, each
-    counted as :func:`locvit.config.run.variant_seeds` counts them. ``own_seeds``: the variants that set
+    counted as ``locvit.config.run.variant_seeds`` counts them. ``own_seeds``: the variants that set
     their own ``seeds`` (the others' come from ``seeds`` or seed_budget)."""
     limits, problems = params["limits"], []
     most = load_schema()["properties"]["limits"]["properties"]  # how far each limit may be raised
@@ -245,7 +242,7 @@ def _check_limits(params: dict, own_seeds: set[str]) -> list[str]:
 
 def default_baseline(variants: dict, modules: list[str] = ()) -> str | None:
     """The variant the results table compares every other one with when ``baseline`` is not given: the
-    first whose model a baseline family claims (:attr:`locvit.models.family.Family.baseline`: DeiT/ViT,
+    first whose model a baseline family claims (``locvit.models.family.Family.baseline``: DeiT/ViT,
     ``deit*``, ``vit_*``), else none. ``modules``: params' ``model_modules``, whose families count too."""
     return next(
         (
@@ -338,7 +335,7 @@ def _check_semantics(params: dict) -> list[str]:
 def _check_sizes(params: dict, source) -> list[str]:
     """Where the source knows its labels without its images (digits, CIFAR): each variant's training split
     holds at least one batch and an image of every class, and the test split ``analysis.images``. The split
-    is the prepare step's own (:func:`locvit.data.splits.split_indices`); other sources are checked when
+    is the prepare step's own (``locvit.data.splits.split_indices``); other sources are checked when
     prepared and when trained (the loop refuses an epoch without an optimiser step)."""
     known = source.known_labels()
     if known is None:
@@ -442,7 +439,7 @@ def _check_search(params: dict, num_classes: int) -> list[str]:
 
 
 def validate_params(params: Any, source: str = "params.yaml", check_models: bool = True) -> dict:
-    """Validate a parsed config; return it with defaults filled, or raise :class:`ConfigError`."""
+    """Validate a parsed config; return it with defaults filled, or raise ``ConfigError``."""
     schema = load_schema()
     if not isinstance(params, dict):
         raise ConfigError([f"the file must hold a mapping of keys, not {type(params).__name__}"], source)

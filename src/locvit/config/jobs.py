@@ -1,20 +1,10 @@
 """Each job's part of params.yaml, resolved and written to a small file it takes as input.
 
-A job's config file (``<study>/config/``, :meth:`locvit.layout.StudyLayout.job_config`) is
-rewritten only when its content changes, so a params change reaches exactly the jobs whose
-part changed, through the two records that watch files: Snakemake re-runs a job whose input
-is newer than its output (which holds in a fresh clone too, where Snakemake has no record of
-past params), and DVC compares the file's hash (the ``configs`` stage writes them, the other
-stages depend on their own). Like a source file under make, a param changed and changed back
-before its jobs ran still re-runs them. A plan (``snakemake -n``) writes none of them: it reads
-the changed ones from copies in Snakemake's own folder (:func:`write_plan_copies`), so it plans
-exactly what the run will do. The files are strict JSON: a NaN or an infinity is an error.
-
-Every job reads its config file and nothing else of params.yaml: the training, data, analysis
-and mask-search jobs, the throughput job (:func:`throughput_config`), the report
-(:func:`report_config`) and the mask search's table (:func:`search_table_config`). The command
-line reads each file as a :class:`locvit.io.JobConfig`, so a job that reads a key its file lacks
-fails naming the key (``tests/test_job_configs.py`` runs each job on its exact config).
+A job's config file (``StudyLayout.job_config``) is rewritten only when its content changes, so a params
+change re-runs exactly the jobs whose part changed, in Snakemake (by file times, in a fresh clone too) and DVC
+(by hash). A plan (``snakemake -n``) writes none: it reads copies in Snakemake's folder (``write_plan_copies``).
+Strict JSON: NaN or infinity is an error. Every job reads its file and nothing else of params.yaml, as a
+``locvit.io.JobConfig``, so a key its file lacks fails by name (``tests/test_job_configs.py``).
 """
 
 from __future__ import annotations
@@ -64,7 +54,7 @@ def _first_runs(params: dict, runs: dict | None) -> dict[str, dict]:
 
 
 def throughput_config(params: dict, runs: dict | None = None) -> dict:
-    """What the throughput job reads (:mod:`locvit.analysis.throughput`): its rounds, batch and repeats, the
+    """What the throughput job reads (``locvit.analysis.throughput``): its rounds, batch and repeats, the
     baseline and each variant's model on its device, with its run's precision and memory format. Another
     model, device, precision or baseline re-runs it, another recipe otherwise does not (the same model at
     random weights)."""
@@ -90,7 +80,7 @@ REPORT_RECIPE_KEYS = ("cutmix", "mixup")
 
 
 def report_config(params: dict, runs: dict | None = None) -> dict:
-    """What the report reads (:func:`locvit.report.study.load_study`): the study, the baseline and margin, the
+    """What the report reads (``locvit.report.study.load_study``): the study, the baseline and margin, the
     dataset's name and fraction, the tracking UI's address, the batch the profiles were measured at, and per
     variant its model, seeds, fraction and the recipe keys its tables show."""
     return {
@@ -141,7 +131,7 @@ def changed_job_configs(params: dict) -> dict[Path, str]:
 
 def write_job_configs(params: dict, changed: dict[Path, str] | None = None) -> list[Path]:
     """Write every job's config file whose content changed (atomically; ``changed``: the
-    :func:`changed_job_configs` of ``params``, when found before); the files written."""
+    ``changed_job_configs`` of ``params``, when found before); the files written."""
     changed = changed_job_configs(params) if changed is None else changed
     for path, text in changed.items():
         write_text(path, text)
@@ -149,7 +139,7 @@ def write_job_configs(params: dict, changed: dict[Path, str] | None = None) -> l
 
 
 def write_plan_copies(changed: dict[Path, str], folder: Path) -> dict[Path, Path]:
-    """A plan's copies of the ``changed`` configs (:func:`changed_job_configs`) under ``folder``, which they
+    """A plan's copies of the ``changed`` configs (``changed_job_configs``) under ``folder``, which they
     replace: path -> its copy, at the path's place under ``folder``. A plan that takes a changed config from
     its copy (written now: newer than every output) plans the jobs that read it, and leaves the study as it was."""
     shutil.rmtree(folder, ignore_errors=True)

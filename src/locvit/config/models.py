@@ -1,18 +1,11 @@
 """What params.yaml says about models, checked against the models themselves, and remembered.
 
-A variant's model is checked by building it on the meta device (no memory, no compute):
-it must be a registered timm model, build with the variant's keyword arguments at the
-data's image size (which goes to the models that take one: :func:`locvit.models.create`), pass its
-family's own check (:attr:`locvit.models.family.Family.check`: Swin's and Twins' windows must divide
-each stage's grid), and have a patch size that divides the image (:func:`check_model`).
-Choices made from params alone ask the family protocol (:mod:`locvit.models.family`)
-which family claims a model's name (:func:`claiming_family`): the default ``baseline``.
-
-Importing timm (and torch, torchvision) costs 5-10 s, paid by every ``snakemake -n`` and
-every job that parses the Snakefile, so an answer is remembered in a cache file keyed by
-its inputs, timm's and torch's versions and the code of ``locvit.models`` and of the
-study's own ``model_modules``: timm is imported only for what was not asked before.
-Failures are never cached: their message is always fresh.
+``check_model`` builds a variant's model on the meta device: a registered timm model, built with its keywords
+at the data's image size (``locvit.models.create``), passing its family's ``check`` (Swin's and Twins'
+windows), with a patch size that divides the image. ``claiming_family`` answers choices from params alone
+(the default ``baseline``). Importing timm costs seconds in every ``snakemake -n``, so answers are cached,
+keyed by their inputs, timm's and torch's versions and the code of ``locvit.models`` and the study's
+``model_modules``; failures are never cached.
 """
 
 from __future__ import annotations
@@ -152,7 +145,7 @@ def _taken(model: str, image_size: int, num_classes: int) -> list[str]:
 
 def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
     """``{"family": name, "baseline": bool}`` of the family that claims the timm model name ``model``
-    (:func:`locvit.models.family.family_claiming`; ``modules``: params' ``model_modules``), or None.
+    (``locvit.models.family.family_claiming``; ``modules``: params' ``model_modules``), or None.
     Remembered, so a study whose models were asked about before imports no timm."""
     path = _cache_file("model-families", [model], modules)
     if path.exists():

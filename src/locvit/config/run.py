@@ -1,13 +1,9 @@
 """A validated study's runs: each variant's seeds and training fraction, and each run's resolved config.
 
-A run config (:func:`run_config`) is everything one training run needs of params.yaml, fully
-resolved: the model and its keyword arguments (with the data's image size and class count),
-the data section at the variant's training fraction, and the variant's recipe over the
-study's, with the epochs and warm-up its fraction trains under params' ``fraction_protocol``
-(:func:`locvit.config.fraction_recipe`; the protocol itself is resolved away, like seed_budget:
-a run at the same epochs is the same run under either). It is what a training job takes as JSON (checked by
-:func:`validate_run_config`) and what MLflow records as params (:func:`flatten`). Reads params that
-:func:`locvit.config.load_params` validated.
+A run config (``run_config``) is all one training run needs of params.yaml, resolved: model and keywords (with
+the data's image size and class count), the data section at the variant's fraction, the variant's recipe over
+the study's, with the epochs and warm-up of params' ``fraction_protocol`` (resolved away, like seed_budget). A
+training job takes it as JSON (``validate_run_config``); MLflow records it as params (``flatten``).
 """
 
 from __future__ import annotations
@@ -68,7 +64,7 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
 
 
 def validate_run_config(cfg: dict) -> dict:
-    """Check a resolved run config (from :func:`run_config`) handed to a job as JSON."""
+    """Check a resolved run config (from ``run_config``) handed to a job as JSON."""
     missing = [k for k in RUN_CONFIG_KEYS if k not in cfg]
     extra = [k for k in cfg if k not in RUN_CONFIG_KEYS + OPTIONAL_RUN_CONFIG_KEYS]
     if missing or extra:
