@@ -1,18 +1,10 @@
 """Checkpoints: written atomically, read with ``torch.load(weights_only=True)``, checked by a digest.
 
-A checkpoint is a plain dict of tensors and Python primitives (no pickled objects),
-so loading one never executes code from the file (the generators' states in last.pt
-are saved as tensors and lists too).
-
-Each file records :func:`content_digest` of what it holds (key ``content_sha256``),
-computed when it is written and checked when it is read: a truncated or bit-flipped
-file either fails to load or loads into something whose digest differs, and
-either way :func:`load_checkpoint` names the file and how to rebuild it. (A flip in
-bytes that carry no content, e.g. zip padding, loads exactly what was written.)
-
-A checkpoint of a run records the code of its model too (key ``model_code``, :func:`model_code`):
-loaded after that code changed, it stops with the changed modules named, unless the caller says
-``allow_code_change=True``. A checkpoint written before the key existed loads as before.
+A checkpoint is a plain dict of tensors and Python primitives, so loading never runs code from the file. Each
+records ``content_digest`` of its content (``content_sha256``), checked on reading: a truncated or flipped file
+fails to load or differs, and ``load_checkpoint`` names the file and how to rebuild it. A run's checkpoint
+records its model's code (``model_code``): loaded after that code changed, it stops naming the changed
+modules unless ``allow_code_change=True``; a checkpoint without the key loads as before.
 """
 
 from __future__ import annotations
@@ -28,15 +20,15 @@ from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
 from locvit.model_modules import NOT_FOUND, module_digests, user_code
 
-#: The key under which a checkpoint records its own :func:`content_digest`.
+#: The key under which a checkpoint records its own ``content_digest``.
 DIGEST_KEY = "content_sha256"
-#: The key under which a run's checkpoint records its model's code (:func:`model_code`).
+#: The key under which a run's checkpoint records its model's code (``model_code``).
 CODE_KEY = "model_code"
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically with its :func:`content_digest`, and, for a run's checkpoint
-    (it holds the run ``config``), its :func:`model_code`."""
+    """Write ``state`` to ``path`` atomically with its ``content_digest``, and, for a run's checkpoint
+    (it holds the run ``config``), its ``model_code``."""
     if isinstance(state.get("config"), dict) and "model" in state["config"] and CODE_KEY not in state:
         state = {**state, CODE_KEY: model_code(state["config"])}
     with atomic_path(path) as tmp:
@@ -46,7 +38,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
 def model_code(cfg: dict) -> dict[str, str]:
     """``{module: digest of its file}`` of the code that defines a run config's model: the module that
     registered it with timm where that is locvit's (a family file) or a user's, the config's ``model_modules``,
-    and the user's modules they import (:func:`locvit.model_modules.module_digests`). The modules of locvit's
+    and the user's modules they import (``locvit.model_modules.module_digests``). The modules of locvit's
     that a family file imports are not followed (a job's code digest covers them, and so re-runs the job);
     timm's own models record none of timm (an installed package)."""
     modules = list(cfg.get("model_modules", ()))
@@ -86,10 +78,10 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Read a checkpoint and check its recorded digest; a missing, corrupt or unchecked file raises.
 
-    A checkpoint whose model's code changed since it was written (its ``model_code``, :func:`changed_code`)
+    A checkpoint whose model's code changed since it was written (its ``model_code``, ``changed_code``)
     raises too, naming the modules, unless ``allow_code_change``; one written before checkpoints recorded
     their model's code (no ``model_code``) loads as before, unchecked. The error names the file and ``fix``
-    (default :func:`rebuild_hint`). What it gives back is what :func:`save_checkpoint` was given.
+    (default ``rebuild_hint``). What it gives back is what ``save_checkpoint`` was given.
     """
     path = Path(path)
     fix = fix or rebuild_hint(path)

@@ -1,18 +1,10 @@
 """The ``locvit`` command line: one subcommand per pipeline step.
 
-Snakemake rules and DVC stages call these with explicit input and output paths.
-Two ways to say what to run:
-
-* Snakemake validates ``params.yaml`` once and hands each job exactly its part of
-  it, a JSON file (``--data-config`` / ``--run-config``, :mod:`locvit.config.jobs`)
-  rewritten only when that part changes, so editing one variant re-runs only that variant.
-* People give ``--params params.yaml`` (with ``train --variant``); the file is
-  validated before anything is written.
-
-A user's mistake (a :class:`locvit.errors.LocvitError`: a bad config, argument or file)
-is printed as one line naming it, and the command exits 1 (2 for a config that breaks the
-schema); any other exception is a bug or a failure below locvit and keeps its traceback,
-after a line saying where to report it.
+Rules and stages call it with explicit paths and each job's own config file (``--data-config`` /
+``--run-config``, ``locvit.config.jobs``), rewritten only when that part of params.yaml changes; people give
+``--params params.yaml`` (with ``train --variant``), validated before anything is written. A user's mistake
+(``locvit.errors.LocvitError``) prints as one line and exits 1 (2 for a config that breaks the schema); any
+other exception keeps its traceback, after a line saying where to report it.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ def config_file(path: Path, option: str):
 
 def job_config(args, option: str, build):
     """A job's config: the file ``option`` names (Snakemake's), else built from ``--params`` by ``build`` (one
-    of :mod:`locvit.config.jobs`' functions), read as a :class:`locvit.io.JobConfig`: the job reads nothing
+    of ``locvit.config.jobs``' functions), read as a ``locvit.io.JobConfig``: the job reads nothing
     else of the study's params, and a key it reads that the config lacks is an error naming it."""
     path = getattr(args, option.lstrip("-").replace("-", "_"))
     if path:

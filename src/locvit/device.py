@@ -1,15 +1,10 @@
 """The machine and its device: what made a number, which device a run takes, its precision, Triton's toolchain.
 
-- :func:`describe`: the CPU, the instruction set torch's kernels use, torch's build and the GPU, named in
-  every run record and benchmark file (docs/reproducibility.md);
-- :func:`machine`: a local run's sizes (CPUs, memory, the GPUs this process sees), without importing torch
-  where there is no GPU driver; :func:`device_for`: the device of ``train.device``;
-- :func:`amp_dtype` and :func:`set_backends`: bf16 autocast, TF32 and cuDNN's autotuner from ``train.amp``
-  and ``train.deterministic``;
-- :func:`missing_toolchain` and :func:`require_toolchain`: whether this node can build Triton's launchers
-  (a C compiler and Python's headers).
-
-Torch is imported where it is used, so that the Snakefile's look at the machine stays quick.
+``describe``: CPU, torch's kernels' instruction set, torch's build and the GPU, in every run record and
+benchmark file (docs/reproducibility.md); ``machine``: a local run's sizes, without importing torch where no
+GPU driver is; ``device_for``: ``train.device``'s device; ``amp_dtype``, ``set_backends``: bf16 autocast, TF32,
+cuDNN's autotuner; ``missing_toolchain``, ``require_toolchain``: a C compiler and Python's headers for Triton.
+Torch is imported where used, so the Snakefile's look at the machine stays quick.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ if TYPE_CHECKING:
 # picks its CPU kernels by the instruction set it finds (``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY``
 # caps it), and kernels of different vector widths add floating-point numbers in different orders, so a long
 # training run drifts apart. Every run record (metrics.json, its MLflow tags, the evaluation files) and every
-# benchmark file names the machine with :func:`describe`, so that two numbers can be told apart by what made them.
+# benchmark file names the machine with ``describe``, so that two numbers can be told apart by what made them.
 
 
 def cpu_model() -> str:
@@ -80,7 +75,7 @@ def describe(device: torch.device | str | None = None) -> dict:
     ``cpu``: the model name; ``cpu_capability``: the instruction set torch's CPU kernels use
     (``torch.backends.cpu.get_cpu_capability()``, after ``ATEN_CPU_CAPABILITY``); ``cores``, and
     ``torch_threads`` now; torch's build (``torch``, its ``torch_git`` commit and the ``torch_cuda`` it was
-    built with, None for a CPU build), ``python``; ``gpu``: :func:`gpu` of ``device`` when it is a CUDA
+    built with, None for a CPU build), ``python``; ``gpu``: ``gpu`` of ``device`` when it is a CUDA
     device, or (``device`` None) of the current GPU when there is one, else None.
     """
     import torch
@@ -138,7 +133,7 @@ def device_for(name: str, local_rank: int = 0) -> torch.device:
     """The device of ``train.device`` (``auto``: CUDA when there is one); ``local_rank`` picks the GPU.
 
     ``auto`` on a machine whose ``nvidia-smi`` lists GPUs that torch cannot use (a driver too old for this
-    torch's CUDA, a CPU-only torch) stops with :class:`CudaUnusable` saying what to install, instead of
+    torch's CUDA, a CPU-only torch) stops with ``CudaUnusable`` saying what to install, instead of
     training on the CPU without a word."""
     import torch
 
@@ -238,7 +233,7 @@ def set_backends(device: torch.device, dtype: torch.dtype | None, deterministic:
 # Triton (behind ``torch.compile``'s inductor backend and the compiled FlexAttention of MaiT's
 # ``restrict_kernel``) compiles a small C launcher for each kernel the first time it runs, with the C compiler
 # Triton picks (``$CC``, else ``cc`` or ``gcc`` on PATH) against ``Python.h``. Without either, a compiled run
-# fails at its first step; :func:`missing_toolchain` says so beforehand, with what to install. Inductor on the CPU
+# fails at its first step; ``missing_toolchain`` says so beforehand, with what to install. Inductor on the CPU
 # compiles C++ with the same compiler, so ``torch.compile`` needs it on any device. ``gpu_node/gpu_check.py``
 # reports the same probes in its node check.
 
@@ -267,7 +262,7 @@ def probe_python_headers() -> dict:
 
 
 def missing_pieces(compiler: dict | None = None, headers: dict | None = None) -> dict[str, str]:
-    """Each piece (:data:`PIECES`) this node lacks, mapped to what is missing and what to install; ``{}`` when
+    """Each piece (``PIECES``) this node lacks, mapped to what is missing and what to install; ``{}`` when
     it can build Triton's launchers. Probes afresh (``compiler`` and ``headers``: probes already made)."""
     compiler = compiler if compiler is not None else probe_compiler()
     headers = headers if headers is not None else probe_python_headers()
@@ -294,7 +289,7 @@ def _missing_once() -> tuple[tuple[str, str], ...]:
 
 
 def missing_toolchain() -> dict[str, str]:
-    """:func:`missing_pieces`, probed once per process (the node does not change under a run)."""
+    """``missing_pieces``, probed once per process (the node does not change under a run)."""
     return dict(_missing_once())
 
 
@@ -304,7 +299,7 @@ def describe_missing(found: dict[str, str]) -> str:
 
 
 def require_toolchain(what: str, way_out: str) -> None:
-    """Raise :class:`ToolchainError` when this node lacks the compiler or headers, naming ``what`` needs
+    """Raise ``ToolchainError`` when this node lacks the compiler or headers, naming ``what`` needs
     them, what is missing, what to install, and ``way_out`` (how to run without)."""
     found = missing_toolchain()
     if found:

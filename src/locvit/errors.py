@@ -1,17 +1,11 @@
-"""The errors locvit raises for its users (bad input named with what to do, printed as one line), and the
-console its log messages go to.
+"""The errors locvit raises for its users (printed as one line), and the console its log messages go to.
 
-``locvit``'s command line prints a :class:`LocvitError` as one line (the file, key or command it
-names, and what to do) and exits non-zero; any other exception is a bug or a failure of something
-below locvit (numpy, torch, timm, the file system) and keeps its traceback, with a line saying where
-to report it. The subclasses also derive from the built-in type a caller would catch (ValueError,
-FileNotFoundError), so code that catches those keeps working.
-
-Every module logs to ``logging.getLogger(__name__)``; :func:`configure_logging` (called by the CLI, and by the
-tests) sends what ``locvit.*`` logs to the console: information to stdout as plain lines, warnings and errors to
-stderr after ``WARNING:`` or ``ERROR:``, so a job's log reads as before. A command's own output (a table, a path
-it wrote) stays ``print``; so do progress bars (tqdm, on stderr). The streams are looked up at each message, so
-a test that swaps ``sys.stdout`` sees what is logged after.
+The command line prints a ``LocvitError`` as one line (the file, key or command, and what to do) and exits
+non-zero; any other exception is a bug or a failure below locvit and keeps its traceback, with where to report
+it. The subclasses also derive from the built-in type a caller would catch (ValueError, FileNotFoundError).
+``configure_logging`` sends ``locvit.*``'s logs to the console: information to stdout, warnings and errors to
+stderr after ``WARNING:``/``ERROR:``; the streams are looked up per message (a test may swap them). A command's
+own output and progress bars stay ``print``/tqdm.
 """
 
 from __future__ import annotations
@@ -37,14 +31,14 @@ EXIT_STOPPED = 75
 
 
 class Stopped(Exception):
-    """A run stopped on request at a step boundary; last.pt holds that step (:mod:`locvit.train.state`).
+    """A run stopped on request at a step boundary; last.pt holds that step (``locvit.train.state``).
 
-    Not a mistake: the command line exits with :data:`EXIT_STOPPED`, and the job resumes when run again.
+    Not a mistake: the command line exits with ``EXIT_STOPPED``, and the job resumes when run again.
     Here, beside the errors, so that the command line catches it without importing the trainer."""
 
 
 def allowed(name: str, value, choices) -> None:
-    """Raise :class:`InputError` naming ``name``, ``value`` and the allowed values unless ``value`` is one."""
+    """Raise ``InputError`` naming ``name``, ``value`` and the allowed values unless ``value`` is one."""
     choices = tuple(choices)
     if value not in choices:
         raise InputError(f"{name}: {value!r} is not allowed; allowed values: {', '.join(map(str, choices))}")

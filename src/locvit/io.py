@@ -1,11 +1,9 @@
 """Small file helpers shared by every step: atomic writes, content hashes, and the throughput CSV's format.
 
-Every file a step produces is written to a temporary name in the same folder and
-renamed into place, so a killed job never leaves a half-written output that a later
-step would trust; the step that owns those files removes such leftovers when it runs
-again (:func:`remove_temporaries`). The last step, :func:`rename_into_place`, is where the
-kill tests stop a process (written in full, not yet renamed). The throughput job's CSV is written and
-read here, below both the job (which measures with torch) and the report (which reads it without torch).
+Every output is written under a temporary name in its folder and renamed into place, so a killed job never
+leaves a half-written file; the owning step removes leftovers when it runs again (``remove_temporaries``).
+``rename_into_place`` is where the kill tests stop a process. The throughput CSV lives here, below both the
+job (torch) and the report (no torch).
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ def rename_into_place(tmp: Path, path: Path) -> None:
 
 
 def temporaries(path: str | os.PathLike) -> list[Path]:
-    """The temporary files :func:`atomic_path` has (or had, in a killed process) open for ``path``."""
+    """The temporary files ``atomic_path`` has (or had, in a killed process) open for ``path``."""
     path = Path(path)
     return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
@@ -118,7 +116,7 @@ def read_json(path: str | os.PathLike, what: str = "file", fix: str = "") -> Any
 
 
 class JobConfig(dict):
-    """A job's config (:mod:`locvit.config.jobs`) that raises, naming the key, when the job reads a key it lacks.
+    """A job's config (``locvit.config.jobs``) that raises, naming the key, when the job reads a key it lacks.
 
     A job config holds every key its job reads (a ``get`` with a default is a read too): a job that reads
     one more than its config holds is a config gone out of step with its job, an error rather than a
@@ -155,7 +153,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 def verified_sha256(path: str | os.PathLike) -> str:
-    """:func:`sha256_file`, remembered per file version (``$LOCVIT_CACHE_DIR/verified``).
+    """``sha256_file``, remembered per file version (``$LOCVIT_CACHE_DIR/verified``).
 
     A version is the file's real path, inode, size, modification and change times: any
     write, rename onto it or ``touch`` makes a new version, which is hashed again. So a
@@ -191,7 +189,7 @@ def pack_bits(bits) -> str:
 
 
 def unpack_bits(text: str, n: int):
-    """The ``n`` booleans :func:`pack_bits` wrote (a numpy bool array); ValueError when the text cannot hold them."""
+    """The ``n`` booleans ``pack_bits`` wrote (a numpy bool array); ValueError when the text cannot hold them."""
     import base64
     import binascii
 
@@ -217,7 +215,7 @@ def _format_float(value: float | None) -> str:
 
 def write_throughput(path: str | Path, rows: list[tuple]) -> None:
     """Write the CSV atomically: one row per variant, ``(variant, median, low, high, ratio or None, rounds,
-    device)`` in :data:`THROUGHPUT_COLUMNS`' order."""
+    device)`` in ``THROUGHPUT_COLUMNS``' order."""
     text = StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(THROUGHPUT_COLUMNS)

@@ -1,24 +1,11 @@
-"""Where the files of a study live: the one module that knows the study's folder layout.
+"""Where the files of a study live: the one module that knows ``<results_dir>/<study>/``'s layout.
 
-Everything of a study sits under ``<results_dir>/<study>/`` (both keys of params.yaml)::
-
-    data/                     train.beton, val.beton, test.beton, manifest.json (at data.train_fraction)
-    data_<pct>pct/            the same at another training fraction (train_fractions)
-    runs/<variant>/seed<k>/   last.pt, best.pt, metrics.json, mlflow_run.json: one training run
-    eval/<variant>/seed<k>.json        its test score
-    analysis/<variant>/seed<k>.json    its attention analysis (DVC metrics)
-    analysis/<variant>/profile.json    the variant's params, GMACs, architecture
-    maps/<variant>/seed<k>.npz         the arrays the attention figures are drawn from
-    search/round<r>/                   one round of the mask search (spec, checkpoint, analysis)
-    config/                            each job's part of params.yaml, resolved (locvit.config.jobs)
-    report/                            tables, figures, summary.json, index.md, throughput.csv
-    logs/                              one log per Snakemake job
-    mlflow.db, mlartifacts/            the default MLflow backend and its artifact store
-
-The Snakemake rules (``workflow/rules/common.smk``), the CLI, the report, tracking and
-the MLflow UI ask this module; ``dvc.yaml`` spells the same folders from ``results_dir``
-and ``study`` (checked by ``tests/test_layout.py``). A variant or seed may be a Snakemake
-wildcard (``"{variant}"``, ``"{seed}"``): every method formats what it is given.
+``data/`` (and ``data_<pct>pct/`` per training fraction): the FFCV files and manifest.json;
+``runs/<variant>/seed<k>/``: last.pt, best.pt, metrics.json, mlflow_run.json; ``eval/``, ``analysis/``,
+``maps/<variant>/seed<k>``: test score, attention analysis (and profile.json), arrays; ``search/round<r>/``;
+``config/``: each job's resolved part of params.yaml; ``report/``; ``logs/``; ``mlflow.db``, ``mlartifacts/``.
+The rules, the CLI, the report and tracking ask this module; ``dvc.yaml`` spells the same folders
+(``tests/test_layout.py``). A variant or seed may be a Snakemake wildcard (``"{variant}"``): methods format it.
 """
 
 from __future__ import annotations
@@ -121,7 +108,7 @@ class StudyLayout:
 
     @classmethod
     def of(cls, params: dict) -> StudyLayout:
-        """The layout of a validated params.yaml (:func:`locvit.config.load_params`)."""
+        """The layout of a validated params.yaml (``locvit.config.load_params``)."""
         return cls(Path(params["results_dir"]) / params["study"], params["data"]["train_fraction"])
 
     # data ------------------------------------------------------------------------------------
@@ -155,7 +142,7 @@ class StudyLayout:
         return self.runs_dir(variant) / seed_name(seed)
 
     def run_files(self, variant: str, seed: int | str) -> RunFiles:
-        """The files of one run's folder (:class:`RunFiles`)."""
+        """The files of one run's folder (``RunFiles``)."""
         return RunFiles.at(self.run_dir(variant, seed))
 
     @property
@@ -201,7 +188,7 @@ class StudyLayout:
         return self.search / f"round{r}"
 
     def round_file(self, r: int | str, role: str) -> Path:
-        """A round's spec, test result, analysis, maps or profile (:data:`ROUND_FILES`); its run's files are
+        """A round's spec, test result, analysis, maps or profile (``ROUND_FILES``); its run's files are
         ``RunFiles.at(search_round(r))``."""
         return self.search_round(r) / ROUND_FILES[role]
 
@@ -230,7 +217,7 @@ class StudyLayout:
         return self.root / "report"
 
     def report_file(self, role: str) -> Path:
-        """A file of the report (:data:`REPORT_FILES`: ``md``, ``csv``, ``seeds``, ...) or one of its folders."""
+        """A file of the report (``REPORT_FILES``: ``md``, ``csv``, ``seeds``, ...) or one of its folders."""
         return self.report / (REPORT_FILES.get(role) or REPORT_FOLDERS[REPORT_FOLDERS.index(role)])
 
     @property

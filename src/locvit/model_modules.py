@@ -1,13 +1,9 @@
 """params' ``model_modules`` (model families outside locvit) are found on PYTHONPATH or in the working directory.
 
-A study keeps its own family beside ``params.yaml`` (``my_family.py``), and its jobs run in
-that folder, so the working directory goes first on ``sys.path`` while such a module is looked
-up (:func:`locvit.config.models.check_model`'s cache key) or imported (:func:`locvit.models.import_modules`),
-and comes off again after: nothing else is resolved against it.
-
-Such a module is code of the study's, so its content is provenance like locvit's own
-(:func:`module_files`): a rule's code digest (:func:`locvit.versioning.code_digest`) and a checkpoint's
-``model_code`` (:mod:`locvit.checkpoint`) hold it, by module name and content, never by place.
+A study keeps its family beside ``params.yaml`` and its jobs run there, so the working directory goes first on
+``sys.path`` only while such a module is looked up or imported. Its content is provenance like locvit's own
+(``module_files``): a rule's code digest and a checkpoint's ``model_code`` hold it by name and content, never
+by place.
 """
 
 from __future__ import annotations
@@ -36,16 +32,16 @@ def working_dir_on_path() -> Iterator[str]:
         sys.path.remove(cwd)  # the first occurrence: the one inserted here
 
 
-#: What :func:`module_digests` gives a module that is not found.
+#: What ``module_digests`` gives a module that is not found.
 NOT_FOUND = "missing"
 
 
 def module_files(modules: Iterable[str]) -> dict[str, Path | None]:
     """The files of ``modules`` (params' ``model_modules``), wherever they are, and of the modules they import,
-    transitively, that are a user's code (:func:`user_code`: a helper beside the family), by module name,
+    transitively, that are a user's code (``user_code``: a helper beside the family), by module name,
     sorted; None for a named module that is not found.
 
-    Found as a job imports them (the working directory first, :func:`working_dir_on_path`), without
+    Found as a job imports them (the working directory first, ``working_dir_on_path``), without
     importing anything; imports are read from the source (``ast``), inside functions too.
     """
     importlib.invalidate_caches()  # a file written since the last look (a test, an editor) is seen
@@ -68,7 +64,7 @@ def module_files(modules: Iterable[str]) -> dict[str, Path | None]:
 
 
 def module_digests(modules: Iterable[str]) -> dict[str, str]:
-    """``{module: SHA-256 of its file (16 hex digits)}`` of :func:`module_files`; :data:`NOT_FOUND` for a
+    """``{module: SHA-256 of its file (16 hex digits)}`` of ``module_files``; ``NOT_FOUND`` for a
     named module that is not found."""
     return {
         name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND

@@ -1,13 +1,9 @@
-"""DVC and Snakemake keeping one record: the files each DVC stage stands for, the commit after a
-Snakemake run, and ``locvit pull``.
+"""DVC and Snakemake keeping one record: the files each DVC stage stands for, the commit after a run, ``locvit pull``.
 
-Each stage in ``dvc.yaml`` runs its Snakemake targets (``snakemake ... $(locvit targets <stage>
-[<variant>])``), so Snakemake records what it ran (params, code, inputs per output) whether a
-user runs ``snakemake`` or ``dvc repro``: one executor, two records. A Snakemake run of the
-study of ``params.yaml`` in a DVC repository ends with ``dvc commit -f`` (the Snakefile's
-``onsuccess``, :func:`commit_after_snakemake`), so ``dvc.lock`` holds the hashes of what it
-made and ``dvc status`` is clean; inside ``dvc repro`` the stages pass ``dvc_commit=false``
-(DVC records the stage itself, and holds the repository's lock).
+Each ``dvc.yaml`` stage runs its Snakemake targets (``locvit targets <stage>``), so Snakemake records what ran
+whether a user runs ``snakemake`` or ``dvc repro``: one executor, two records. A Snakemake run of params.yaml's
+study in a DVC repository ends with ``dvc commit -f`` (``commit_after_snakemake``), so ``dvc status`` is
+clean; inside ``dvc repro`` the stages pass ``dvc_commit=false`` (DVC records the stage and holds the lock).
 """
 
 from __future__ import annotations
@@ -155,19 +151,19 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
 PACKAGE_DATA = {"locvit.config": ("config/params.schema.yaml",)}
 
 
-#: The commands that build models (:func:`locvit.models.create`, on the meta device for the report's family
+#: The commands that build models (``locvit.models.create``, on the meta device for the report's family
 #: names), so run the study's ``model_modules``: their code is the user's modules too.
 MODEL_COMMANDS = ("train", "evaluate", "analyse", "throughput", "report")
 
 
 def code_digest(*commands: str, package: Path = PACKAGE, model_modules: Iterable[str] = ()) -> str:
-    """A digest of the source ``locvit <command>`` runs (:func:`command_modules`), from the modules'
+    """A digest of the source ``locvit <command>`` runs (``command_modules``), from the modules'
     names and contents only: the same code gives the same digest wherever it is installed or checked
     out. A rule's ``code`` param (workflow/rules/common.smk), so Snakemake re-runs the jobs whose code
     changed, as DVC does from each stage's code dependencies.
 
-    For the :data:`MODEL_COMMANDS`, the study's ``model_modules`` and the user's modules they import
-    (:func:`locvit.model_modules.module_digests`: a helper beside the family) follow, each as
+    For the ``MODEL_COMMANDS``, the study's ``model_modules`` and the user's modules they import
+    (``locvit.model_modules.module_digests``: a helper beside the family) follow, each as
     ``name=digest`` of its content, so that Snakemake's reason (params changed, before and now) names the
     module that changed; without any, the digest is locvit's alone."""
     modules = set().union(*(command_modules(c, package) for c in commands))
@@ -183,7 +179,7 @@ def code_digest(*commands: str, package: Path = PACKAGE, model_modules: Iterable
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The source a DVC stage's jobs run, relative to the repository: each module its commands can import
     (a package folder where they can import every module in it), the package data those modules read
-    (:data:`PACKAGE_DATA`) and the workflow files of its rules."""
+    (``PACKAGE_DATA``) and the workflow files of its rules."""
     modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
     files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
     files |= {package / data for module in modules for data in PACKAGE_DATA.get(module, ())}
@@ -217,7 +213,7 @@ DVC_YAML_HEAD = """\
 
 def dvc_yaml() -> str:
     """The text of dvc.yaml: the study's paths from the layout (``${results_dir}/${study}`` and the
-    foreach ``${key}`` as templating), each stage's code from :func:`stage_code`."""
+    foreach ``${key}`` as templating), each stage's code from ``stage_code``."""
     layout, v = StudyLayout(Path("${results_dir}/${study}")), "${key}"
 
     def stage(name: str, deps: list, outs: list, logs: list, per_variant: bool = False, **more) -> dict:
