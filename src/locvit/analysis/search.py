@@ -1,15 +1,11 @@
 """MaiT's ALS-guided mask search (MaiT Sec. 4.2), one round at a time.
 
-Round 0 masks head 0 in every layer. Round 1 *assigns* masks per layer from round 0's
-Attention Locality Score of head 0: at or above ``all_above`` ("close to 1") every head
-of the layer is masked, below ``remove_below`` ("close to 0") the layer loses its mask,
-in between ("close to 0.5") head 0 keeps its mask. Every later round *calibrates*: a
-masked head whose ALS in the previous round fell below ``remove_below`` loses its mask.
-The paper gives no numbers for "close to"; the thresholds are ``mask_search`` keys.
-
-Each round's spec is the ``masked_heads`` the round's model is trained with: ``sch1``
-in round 0, then a list of head indices per layer. Pure Python: the Snakemake checkpoint that derives a
-round's spec from the previous round's ALS file starts no torch.
+Round 0 masks head 0 in every layer. Round 1 assigns masks per layer from round 0's ALS of head 0: at or
+above ``all_above`` ("close to 1") every head is masked, below ``remove_below`` ("close to 0") none, in between
+head 0 keeps its mask. Each later round calibrates: a masked head whose ALS fell below ``remove_below`` loses
+its mask. The paper gives no numbers for "close to": the thresholds are ``mask_search`` keys. A round's spec
+is its ``masked_heads`` (``sch1``, then head indices per layer). Pure Python: the Snakemake checkpoint that
+derives a spec starts no torch.
 """
 
 from __future__ import annotations
