@@ -110,17 +110,11 @@ ARTIFACTS = {RunFiles.METRICS: None, RunFiles.BEST: "checkpoints"}
 class TrainingTracker:
     """A training run's MLflow run, kept so that tracking can fail without stopping training.
 
-    Every backend call goes through ``guard``: the first error is recorded, printed
-    loudly to stderr (what failed, the backend, the command that uploads the record
-    later) and turns tracking off for the rest of the run. ``record`` is what
-    ``metrics.json`` keeps under ``"tracking"`` so that ``locvit.tracking.sync.sync_runs``
-    can rebuild the run: status, backend, error, experiment, run name, tags, params and
-    artifacts (every epoch's metrics are the record's ``history``).
-
-    A run's life: ``for_run`` (tags and params from the run config), ``open``
-    (create the MLflow run under its variant's run, ``locvit.tracking.tree``, or resume it;
-    start sampling system metrics), ``log_epoch`` after each epoch, then ``close`` or
-    ``mark_failed``. ``seconds``: the wall time spent in MLflow's calls so far.
+    Every backend call goes through ``guard``: the first error is printed loudly to stderr (what failed, the
+    backend, the command that uploads later) and turns tracking off for the run. ``record`` is what
+    ``metrics.json`` keeps under ``"tracking"`` for ``sync_runs`` to rebuild the run. Life: ``for_run``,
+    ``open`` (create under its variant's run, or resume), ``log_epoch``, then ``close`` or ``mark_failed``.
+    ``seconds``: wall time spent in MLflow's calls so far.
     """
 
     def __init__(
@@ -167,15 +161,9 @@ class TrainingTracker:
     ) -> TrainingTracker:
         """The tracker of a training run (a ``locvit.config.run.run_config``) on its prepared data.
 
-        Tags: study, variant, model, seed, dataset, data hash, git commit, device, the run
-        config (JSON) and the SLURM jobs that worked on the run so far (``slurm_job_ids``, from
-        last.pt) plus this one (``slurm_provenance``); params: the flattened config, the
-        model's size, the number of processes and the peak lr. ``data``: split -> FFCV file
-        the run reads (``train``, ``val``), logged as the run's dataset inputs. ``system_metrics_s``:
-        seconds between samples of MLflow's system metrics (CPU, memory, disk, network; GPU where
-        ``nvidia-ml-py`` finds one), 0 for none (params' ``tracking.system_metrics_s``). ``machine``:
-        ``locvit.device.describe`` of the run's device, logged as ``machine.*`` tags (``machine.cpu``,
-        ``machine.cpu_capability``, ``machine.torch``, ``machine.gpu.name``, ...).
+        ``slurm_job_ids``: the SLURM jobs that worked on the run so far (from last.pt), tagged with this one;
+        ``data``: split -> FFCV file, logged as dataset inputs; ``system_metrics_s``: seconds between MLflow's
+        system-metric samples, 0 for none; ``machine``: ``locvit.device.describe``'s, as ``machine.*`` tags.
         """
         jobs, provenance = slurm_provenance(list(slurm_job_ids))
         tags = {

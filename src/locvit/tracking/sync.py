@@ -138,18 +138,12 @@ def sync_runs(
 ) -> dict[str, list[str]]:
     """Upload every run record under ``runs_dir`` (any depth) that the tracking backend lacks.
 
-    A run folder (one with a training ``metrics.json``) is uploaded when its record says
-    tracking failed, its ``mlflow_run_id`` is unknown to the backend, or its MLflow run is
-    not FINISHED: the run is created in the study's experiment (or, when the backend
-    knows it, completed), with params, tags, every epoch's metrics at their steps,
-    ``best_val_top1``, the test result when there is one (``<eval_dir>/<variant>/seed<k>.json``,
-    ``eval_dir`` defaulting to ``eval/`` beside ``runs_dir``, or ``eval.json`` in the run
-    folder), ``metrics.json`` and ``best.pt`` as artifacts, under its variant's run
-    (``locvit.tracking.tree``), and marked FINISHED; then
-    ``metrics.json`` is rewritten (atomically) with the run's id and status ``ok``. A run
-    that is complete but lacks its test result gets just that. Anything else is left
-    alone, so a second call uploads nothing. Returns the folders by outcome:
-    ``uploaded``, ``evaluation`` (test result only), ``up_to_date``, ``failed``.
+    A run folder (with a training ``metrics.json``) whose tracking failed, whose run id the backend does not
+    know, or whose run is not FINISHED is created or completed (params, tags, metrics per step, the test
+    result from ``eval_dir``, default ``eval/`` beside ``runs_dir``, artifacts) under its variant's run and
+    marked FINISHED, and its ``metrics.json`` rewritten with id and status ``ok``; a complete run gets only a
+    missing test result. A second call uploads nothing. Returns the folders by outcome: ``uploaded``,
+    ``evaluation``, ``up_to_date``, ``failed``.
     """
     import mlflow
 
