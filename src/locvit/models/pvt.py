@@ -274,7 +274,7 @@ SIZES = {
     "pvt_v1_medium": (3, 4, 18, 3),
     "pvt_v1_large": (3, 8, 27, 3),
 }
-#: LSA Table 3's CIFAR setting (module docstring): a variant at 32 px with 10 classes sets this.
+#: LSA Table 3's CIFAR setting (docs/models.md, pvt.py): a variant at 32 px with 10 classes sets this.
 CIFAR = dict(patch_size=1)
 default_cfgs = generate_default_cfgs({name: _cfg() for name in SIZES})
 
