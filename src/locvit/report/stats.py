@@ -23,6 +23,7 @@ POWER = 0.80  # the power of the minimum detectable effect
 VERDICTS = ("baseline", "better", "worse", "equivalent", "undecided")
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0  # the probability of improvement's interval repeats bitwise
+MOST_SEEDS = 10_000  # the most seeds per variant a power plan considers (seeds_needed)
 IMPROVEMENT_MIN_SEEDS = 10  # seeds a side below which P(improvement) has no interval (probability_of_improvement)
 
 
@@ -158,9 +159,11 @@ def components(hits_a: np.ndarray, hits_b: np.ndarray) -> Components:
     return Components(*(1e4 * max(float(x), 0.0) for x in (s2a - ia / n_img, s2b - ib / n_img, ia, ib, image)))
 
 
-def seeds_needed(c: Components, delta: float, images: int, alpha: float, most: int = 10_000) -> int | None:
+def seeds_needed(c: Components, delta: float, images: int, alpha: float, most: int | None = None) -> int | None:
     """The fewest seeds per variant at which a difference of ``delta`` points is detected with ``POWER``
     at level ``alpha`` on ``images`` test images (``mde`` at the projected error); None above ``most``."""
+
+    most = most or MOST_SEEDS
 
     def enough(n: int) -> bool:
         se, df = c.error(n, images)

@@ -279,7 +279,7 @@ def plan_markdown(study: Study, delta: float) -> str:
     80 % power at its Holm level, from the variance components its per-image hits estimate: the seed part
     shrinks with seeds, the image part only with test images."""
     lines = [
-        f"Power plan for a difference of {delta:g} points (80 % power, two-sided, at each Holm family's "
+        f"Power plan for a difference of {points(delta)} (80 % power, two-sided, at each Holm family's "
         f"level alpha / m), from study {study.name!r}'s per-image results.",
         "",
         "| Comparison | Holm m | Seeds now | Test images | MDE now | Seed var. per seed (pts²) | "
@@ -295,11 +295,10 @@ def plan_markdown(study: Study, delta: float) -> str:
         c = stats.components(acc.hits, base.hits)
         images, alpha = acc.hits.shape[0], stats.ALPHA / acc.family_size
         n = stats.seeds_needed(c, delta, images, alpha)
-        need = (
-            f"not reachable with {images} test images"
-            if n is None or images < stats.images_needed(c, delta, alpha)
-            else str(n)
-        )
+        if images < stats.images_needed(c, delta, alpha):
+            need = f"not reachable with {images} test images"
+        else:
+            need = f"over {stats.MOST_SEEDS:,}" if n is None else str(n)
         lines.append(
             f"| {name} vs {ref} | {acc.family_size} | {acc.n}/{base.n} | {images} | {mde_text(acc.mde)} | "
             f"{c.seed_a + c.seed_b:.3g} | {c.image:.3g} | {need} | {stats.images_needed(c, delta, alpha):,} |"
