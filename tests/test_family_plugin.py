@@ -235,6 +235,7 @@ def toy_study(tmp_path_factory):
     params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
     del params["mask_search"]
     params.update(study="toy", seeds=[0], model_modules=["toy_family"])
+    params["train"]["epochs"] = 1  # the smallest study that trains, analyses and reports the family
     shape = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
     params["variants"] = {
         "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
