@@ -13,7 +13,8 @@ time from a bench_pipeline.py result (pipeline.json); ``machines`` a folder's re
 row each with the machine it records (CPU, its instruction set as torch used it, cores, torch, Python, GPU) and
 the commit that made it, "not recorded" where an older file lacks a field; ``models`` the params and GMACs of
 every entrypoint and baseline beside the papers' (doctools/model_table.py's model_table.csv); ``budgets`` a GPU
-visit's groups, sections and budgets (gpu_node/visit.py); ``cost`` a study's cost before it runs (a preset);
+visit's groups, sections and budgets (gpu_node/visit.py); ``cost`` a study's cost before it runs (a preset;
+``FILE#N``: an image folder's N training images);
 ``coverage`` benchmarks/coverage.py's
 intervals per cell; ``plan`` ``locvit plan`` on a study's evaluations.json at its equivalence margin;
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
@@ -214,7 +215,8 @@ def cost_lines(path: Path) -> list[list[str]]:
     from locvit.analysis.cost import ASSUMED_MFU, PEAK_TFLOPS, study_cost
     from locvit.config import load_params
 
-    rows = study_cost(load_params(path, check_models=False), measured={})
+    params, _, train_images = str(path).partition("#")  # an image folder's training images: FILE#N
+    rows = study_cost(load_params(params, check_models=False), {}, int(train_images) if train_images else None)
     lines = [
         [
             "variant",
