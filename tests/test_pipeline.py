@@ -200,6 +200,7 @@ def test_a_report_rerun_updates_the_tree_in_place_and_a_new_seed_joins_it(study,
     assert links and all(link.startswith(f"{served}/#/experiments/{exp}/runs/") for link in links)
 
     cfg = run_config(params, "deit_a", 7)  # a seed added to the study: it joins the variant's run
+    cfg["train"]["epochs"] = 1  # joining is decided at the run's start; one epoch is enough
     run_dir = tmp_path / "seed7"
     subprocess.run(train_cmd(cfg, prepared, run_dir, db), check=True, env=env_with_venv(), capture_output=True)
     added = client.get_run(json.loads((run_dir / "metrics.json").read_text())["mlflow_run_id"])
