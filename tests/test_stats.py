@@ -2,6 +2,7 @@
 their own two-sample functions where the two must agree (no test-set part)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -367,3 +368,24 @@ def test_intervals_cover_on_a_crossed_model():
     assert any(c["truncated"] >= 100 for c in cells), "the truncation never fires: the conditional check is void"
     assert all(c["type_i"] <= 0.065 for c in cells), cells
     assert all(c["variant_coverage"] >= 0.92 for c in cells), cells
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = {  # a committed results table -> the evaluations.json files it is computed from
+    "demo": ["demo"],
+    "demo_avx2": ["demo_avx2"],
+    "demo_pooled": ["demo", "demo_avx2"],  # the two kernels' runs as one study (locvit stats A B)
+}
+
+
+@pytest.mark.parametrize("study", sorted(COMMITTED))
+def test_a_committed_results_table_rebuilds_from_its_evaluations(study, tmp_path):
+    """`locvit stats` on the committed evaluations.json (each run's score and per-image hits) gives the committed
+    results.csv and results_seeds.csv byte for byte: anyone can recompute every interval from the repo alone."""
+    from locvit.report.study import study_from_evaluations
+    from locvit.report.tables import write_results
+
+    sources = [REPO / "benchmarks" / "results" / name / "evaluations.json" for name in COMMITTED[study]]
+    write_results(study_from_evaluations(*sources), tmp_path)
+    for name in ("results.csv", "results_seeds.csv"):
+        assert (tmp_path / name).read_text() == (REPO / "benchmarks" / "results" / study / name).read_text(), name
