@@ -41,7 +41,8 @@ def collect_attention(model: nn.Module, images: torch.Tensor) -> tuple[torch.Ten
             tokens = args[0].shape[-2]  # the layer's input tokens: prefix + patches (per block for NesT)
             patches = site.grid[0] * site.grid[1]
             prefix = tokens - patches if site.num_prefix is None else site.num_prefix
-            if declared.grid and declared.keys == "tokens" and (prefix < 0 or probs.shape[-1] != prefix + patches):
+            keys = probs.shape[-1]  # fewer keys than patches: attention within windows (LSA), not a prefix's fault
+            if declared.grid and declared.keys == "tokens" and keys >= patches and keys != prefix + patches:
                 raise ValueError(
                     f"{names[module]}: its {kind} maps have {probs.shape[-1]} keys, not num_prefix {prefix} + the "
                     f"{patches} patches of its grid {tuple(site.grid)}; set the family's AttentionSite.num_prefix "
