@@ -10,19 +10,13 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 import locvit.models  # noqa: F401
+from locvit.models.family import family_named
 from locvit.models.lsa import SHIFTS, LocalShiftAttention, LSAAttention, resolve_shifts
 
-# A demo-sized LSA: 16x16 input, 4x4 non-overlapping patches (4x4 grid), two levels.
-SMALL = dict(
-    img_size=16,
-    kernel_size=4,
-    stride=4,
-    padding=0,
-    embed_dims=24,
-    depths=(2, 1),
-    num_heads=3,
-    num_classes=5,
-    drop_path_rate=0.0,
+# The family's own small build (16x16 input, a 4x4 grid of 4-pixel patches, two levels) less its shifts, which
+# the tests choose, with 5 classes and no drop path.
+SMALL = {k: v for k, v in family_named("lsa").small.kwargs.items() if k != "shifts"} | dict(
+    num_classes=5, drop_path_rate=0.0
 )
 
 
