@@ -123,6 +123,7 @@ test-fast: install
 
 # The floor lane: the fast lane in a second environment (.venv-floor, CPython 3.12 as on the GPU node) holding the
 # oldest versions pyproject.toml's ranges allow (constraints-floor.txt: torch 2.11 and the other floors).
+# No pip cache: CI holds three venvs with CUDA wheels on one disk (gpu_node/link_torch.py shares one of them).
 FLOOR_VENV := .venv-floor
 FLOOR_PYTHON ?= $(shell for p in $$(command -v python3.12) $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
   "$$p" -c '' 2>/dev/null && echo "$$p" && break; done)
@@ -132,7 +133,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 	@test -n "$(FLOOR_PYTHON)" || { echo "the floor lane needs CPython 3.12 (python3.12 on PATH or pyenv's)"; exit 1; }
 	@test -x $(FLOOR_VENV)/bin/python || $(FLOOR_PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
-	$(FLOOR_VENV)/bin/python -m pip install -q -e '.[test]' -c constraints-floor.txt
+	$(FLOOR_VENV)/bin/python -m pip install -q --no-cache-dir -e '.[test]' -c constraints-floor.txt
 	@touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
