@@ -59,6 +59,18 @@ def test_a_users_modules_are_found_by_name_with_the_users_modules_they_import(tm
     assert files["myfams"] == tmp_path / "myfams" / "__init__.py"  # the package Python runs first
 
 
+def test_packages_of_another_environment_on_the_path_are_not_a_users_code(tmp_path, monkeypatch):
+    """A site-packages reached by PYTHONPATH or a .pth file (a cluster's module system, a venv seeing another's
+    packages) holds installed packages: not walked as a user's code (it once walked all of torch, minutes)."""
+    other = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    (other / "extlib").mkdir(parents=True)
+    (other / "extlib" / "__init__.py").write_text("import json\n")
+    monkeypatch.syspath_prepend(str(other))
+    monkeypatch.chdir(study(tmp_path / "study"))
+    (tmp_path / "study" / "uses_ext.py").write_text("import extlib\nimport pool_helper\n")
+    assert list(module_files(["uses_ext"])) == ["pool_helper", "uses_ext"]
+
+
 def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_path, monkeypatch):
     """Only the commands that build models hold the user's modules; the same files elsewhere give the same
     digests; a change to the family's helper (its pooling) changes them all."""

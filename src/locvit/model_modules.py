@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -102,18 +103,23 @@ def _find_spec(name: str, path: list[str] | None):
 
 def user_code(name: str, path: Path) -> bool:
     """Whether module ``name`` at ``path`` is a user's code: not locvit (its own digests cover it), not the
-    standard library's and not an installed package's (under site-packages)."""
+    standard library's and not an installed package's (under a site-packages or dist-packages folder)."""
     if name.split(".")[0] == "locvit":
         return False
     path = path.resolve()
-    return not any(path.is_relative_to(root) for root in _installed_roots())
+    return not any(path.is_relative_to(root) for root in _installed_roots(tuple(sys.path)))
 
 
-def _installed_roots() -> set[Path]:
+@functools.cache
+def _installed_roots(search_path: tuple[str, ...]) -> set[Path]:
+    """This interpreter's library folders, and every folder on ``sys.path`` named site-packages or dist-packages:
+    another environment's packages reached by a ``.pth`` file or PYTHONPATH (a cluster's module system), which
+    would otherwise count as a user's code and be walked, all of torch with them."""
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     roots |= set(getattr(site, "getsitepackages", list)())
     roots |= {getattr(site, "getusersitepackages", lambda: "")()} - {""}
+    roots |= {p for p in search_path if Path(p).name in ("site-packages", "dist-packages")}
     return {Path(root).resolve() for root in roots}
 
 
