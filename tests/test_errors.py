@@ -67,6 +67,14 @@ def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("command", [None, *sorted(cli.build_parser()._subparsers._group_actions[0].choices)])
+def test_every_help_renders(command, capsys):
+    """`locvit --help` and each command's (a bare % in a help string once made `locvit --help` a traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, "--help"] if command else ["--help"])
+    assert exit_.value.code == 0 and "usage: locvit" in capsys.readouterr().out
+
+
 def test_a_users_mistake_is_one_line_without_a_traceback_and_exit_1():
     proc = run("targets", "deploy", "--params", str(TINY))
     assert proc.returncode == 1, proc.stderr[-3000:]

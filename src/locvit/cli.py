@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_.replace("%", "%%"), description=help_)  # help is %-formatted
         p.add_argument(
             "--params", type=Path, default=Path("params.yaml"), help="the study config (default params.yaml)"
         )
