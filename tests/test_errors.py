@@ -66,7 +66,6 @@ def test_user_facing_errors_are_locvit_errors_and_keep_their_builtin_bases():
         assert issubclass(cls, LocvitError) and issubclass(cls, base), cls
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("command", [None, *sorted(cli.build_parser()._subparsers._group_actions[0].choices)])
 def test_every_help_renders(command, capsys):
     """`locvit --help` and each command's (a bare % in a help string once made `locvit --help` a traceback)."""
@@ -75,6 +74,7 @@ def test_every_help_renders(command, capsys):
     assert exit_.value.code == 0 and "usage: locvit" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_a_users_mistake_is_one_line_without_a_traceback_and_exit_1():
     proc = run("targets", "deploy", "--params", str(TINY))
     assert proc.returncode == 1, proc.stderr[-3000:]
