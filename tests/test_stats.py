@@ -401,3 +401,41 @@ def test_a_committed_results_table_rebuilds_from_its_evaluations(study, tmp_path
     write_results(study_from_evaluations(*sources), tmp_path)
     for name in ("results.csv", "results_seeds.csv"):
         assert cells(tmp_path / name) == cells(REPO / "benchmarks" / "results" / study / name, approx=True), name
+
+
+def test_the_machine_as_a_factor(tmp_path):
+    """`locvit stats A B` tests each variant's machine effect (B's runs against A's, paired over the images): none
+    for a copy of A, where a seed's runs on both machines agree on every image; 40 images that every seed gets
+    wrong on B are found in every variant. The committed pooled demo's machines.md rebuilds."""
+    import json
+
+    from locvit.io import pack_bits, unpack_bits
+    from locvit.report.study import study_from_evaluations
+    from locvit.report.tables import machines_markdown
+
+    source = REPO / "benchmarks" / "results" / "demo" / "evaluations.json"
+    data = json.loads(source.read_text())
+    copy, shifted = tmp_path / "copy" / "evaluations.json", tmp_path / "shifted" / "evaluations.json"
+    for path in (copy, shifted):
+        path.parent.mkdir()
+    copy.write_text(json.dumps(data))
+    for variant in data["variants"].values():
+        for run in variant["evals"].values():
+            hits = unpack_bits(run["test_hits"], run["n"])
+            hits[:40] = False  # images 0-39 wrong on machine B, whatever A did
+            run["test_hits"], run["test_top1"] = pack_bits(hits), float(hits.mean())
+    shifted.write_text(json.dumps(data))
+
+    def rows(paths) -> list[list[str]]:
+        text = machines_markdown([study_from_evaluations(p) for p in paths], [p.parent.name for p in paths])
+        return [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ") and "Δ" not in line]
+
+    same = rows([source, copy])
+    assert len(same) == len(data["variants"]) and all(r[2] == "+0.00" and r[5] == "0.0" for r in same), same
+    moved = rows([source, shifted])
+    assert all(float(r[2]) < -5 and float(r[4]) < 0.05 for r in moved), moved
+
+    pooled = REPO / "benchmarks" / "results" / "demo_pooled"
+    sources = [REPO / "benchmarks" / "results" / name / "evaluations.json" for name in COMMITTED["demo_pooled"]]
+    rebuilt = machines_markdown([study_from_evaluations(p) for p in sources], [p.parent.name for p in sources])
+    assert rebuilt == (pooled / "machines.md").read_text()

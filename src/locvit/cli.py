@@ -239,12 +239,18 @@ def cmd_report(args) -> None:
 
 
 def cmd_stats(args) -> None:
+    from locvit.io import write_text
     from locvit.report.study import study_from_evaluations
-    from locvit.report.tables import write_results
+    from locvit.report.tables import machines_markdown, write_results
 
     write_results(study_from_evaluations(*args.evaluations), args.out_dir)
     sources = " + ".join(map(str, args.evaluations))
     print(f"results table from {sources}: {args.out_dir / REPORT_FILES['md']} (also .csv, .tex)")
+    if len(args.evaluations) > 1:  # several machines' runs pooled: is there a machine effect?
+        names = [path.parent.name for path in args.evaluations]
+        text = machines_markdown([study_from_evaluations(path) for path in args.evaluations], names)
+        write_text(args.out_dir / "machines.md", text)
+        print(f"the machine as a factor: {args.out_dir / 'machines.md'}")
 
 
 def cmd_plan(args) -> None:

@@ -305,11 +305,46 @@ def plan_markdown(study: Study, delta: float) -> str:
         )
     lines += [
         "",
-        "Seed var.: both sides' seed components (their sum over n seeds each is the seed part of the difference's "
-        "variance); image var.: the paired image component (over N images, the image part, which no number of "
-        "seeds reduces); the image x seed interaction is in the projection but not shown. Estimates from one "
-        "pilot: a plan, not a promise.",
+        "Seed var.: both sides' seed components (over n seeds each: the seed part); image var.: the paired image "
+        "component (over N images: the image part, which seeds do not reduce); the interaction is in the "
+        "projection, not shown. One pilot's estimates: a plan, not a promise.",
     ]
     if skipped:
         lines.append(f"Not planned (no per-image results on both sides, or not tested): {', '.join(skipped)}.")
+    return "\n".join(lines) + "\n"
+
+
+def machines_markdown(studies: list[Study], names: list[str]) -> str:
+    """Whether the runs of one study on several machines (the same variants, seeds and test images; e.g. two CPU
+    kernels) may pool as more runs (``study_from_evaluations``): per variant, each later machine's mean against
+    the first's (paired over the test images, each machine's seeds as independent runs, one Holm family per
+    machine), and how many test images a seed's runs on the two machines disagree on beside two seeds of one."""
+    first = studies[0]
+    lines = [
+        f"The machine as a factor: each machine's runs against {names[0]}'s, per variant (the same seeds and test "
+        "images). Pooling the machines' runs as more runs (locvit stats with several files) assumes no machine "
+        "effect, and that a seed's runs on two machines differ as two seeds do.",
+        "",
+        "| Machine | Variant | Δ vs first (pts) | 95 % interval | p (Holm) | Images disagreeing: a seed on both "
+        "machines | two seeds of one machine |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for name, other in zip(names[1:], studies[1:]):
+        rows = []
+        for variant in first.variants:
+            a, b = other.variants[variant].acc(), first.variants[variant].acc()
+            if a.hits is None or b.hits is None or a.hits.shape[0] != b.hits.shape[0]:
+                continue
+            test = stats.compare(list(a.values.values()), list(b.values.values()), 0.0, hits=(a.hits, b.hits))
+            col_a, col_b = (
+                {s: i for i, s in enumerate(sorted(a.values))},
+                {s: i for i, s in enumerate(sorted(b.values))},
+            )
+            same = [(a.hits[:, col_a[s]] != b.hits[:, col_b[s]]).sum() for s in col_a if s in col_b]
+            seeds = [(h[:, i] != h[:, j]).sum() for h in (a.hits, b.hits) for i in range(h.shape[1]) for j in range(i)]
+            rows.append((variant, test, sum(same) / max(len(same), 1), sum(seeds) / max(len(seeds), 1)))
+        for (variant, test, same, seeds), p_holm in zip(rows, stats.holm([t.p for _, t, _, _ in rows])):
+            interval = "" if test.ci_low is None else f"[{test.ci_low:+.2f}, {test.ci_high:+.2f}]"
+            p = "" if p_holm is None else f"{p_holm:.3g}"
+            lines.append(f"| {name} | {variant} | {test.delta:+.2f} | {interval} | {p} | {same:.1f} | {seeds:.1f} |")
     return "\n".join(lines) + "\n"
