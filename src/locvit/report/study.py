@@ -504,8 +504,8 @@ def study_from_evaluations(*paths: Path) -> Study:
 
     Several files of one study run on different machines (the same variants, seeds and test images; e.g. the
     demo on AVX-512 and AVX2 kernels) pool into one: each machine's run of a seed is one more run, numbered
-    ``1000 * k + seed`` for the k-th file, so the machine's effect enters the runs' spread as one more random
-    factor, and the test images stay paired."""
+    ``1000 * k + seed`` for the k-th file, and the test images stay paired. That assumes no machine effect
+    (``tables.machines_markdown`` tests it) and runs of one seed on two machines as apart as two seeds."""
     studies = []
     for path in paths:
         data = read_json(path, "evaluations file", "Give the evaluations.json a report wrote.")
