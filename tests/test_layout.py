@@ -38,6 +38,33 @@ def test_paths_of_a_study():
     assert per_seed("a/b", [0, 3], ".json") == [Path("a/b/seed0.json"), Path("a/b/seed3.json")]
 
 
+def test_dvc_yaml_lists_a_studys_own_model_code(tmp_path, monkeypatch, raw_tiny, capsys):
+    """`locvit dvc-yaml` beside a params.yaml with ``model_modules``: the family's file and the user's helper it
+    imports are dependencies of every stage that builds models, so editing them re-runs those under `dvc repro`
+    as under Snakemake (tests/test_family_plugin.py); `locvit validate` says when dvc.yaml lacks them."""
+    from locvit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_family.py").write_text("import my_helper\n")
+    (tmp_path / "my_helper.py").write_text("SIDE = 3\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**raw_tiny, "model_modules": ["my_family"]}))
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml())  # the study's dvc.yaml before its family
+    assert "dvc.yaml does not list my_family.py, my_helper.py" in _validate_note(main, capsys)
+    main(["dvc-yaml"])
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    deps = {name: stage.get("do", stage)["deps"] for name, stage in stages.items()}
+    for name in ("train", "evaluate", "analyse", "report"):
+        assert {"my_family.py", "my_helper.py"} <= set(deps[name]), name
+    assert not {"my_family.py", "my_helper.py"} & set(deps["configs"] + deps["prepare"])
+    assert "dvc.yaml does not list" not in _validate_note(main, capsys)
+
+
+def _validate_note(main, capsys) -> str:
+    capsys.readouterr()
+    main(["validate", "--params", "params.yaml"])
+    return capsys.readouterr().out
+
+
 def test_snakemake_wildcards_pass_through():
     layout = StudyLayout(Path("r/s"))
     assert str(layout.run_dir("{variant}", "{seed}")) == "r/s/runs/{variant}/seed{seed}"

@@ -39,6 +39,8 @@ def job_config(args, option: str, build):
 
 
 def cmd_validate(args) -> None:
+    from locvit.versioning import DVC_PARAMS, stale_dvc_yaml
+
     params = load_params(args.params)
     n = sum(len(variant_seeds(params, v)) for v in params["variants"])
     seeds = sorted({len(variant_seeds(params, v)) for v in params["variants"]})
@@ -46,6 +48,13 @@ def cmd_validate(args) -> None:
         f"{args.params}: valid; study {params['study']!r}, {len(params['variants'])} variant(s) x "
         f"{'-'.join(map(str, seeds))} seed(s) = {n} training run(s)"
     )
+    if params["model_modules"] and args.params.resolve() == Path(DVC_PARAMS).resolve() and Path("dvc.yaml").is_file():
+        unlisted = stale_dvc_yaml(Path("dvc.yaml"), params["model_modules"])
+        if unlisted:
+            print(
+                f"note: dvc.yaml does not list {', '.join(unlisted)} (model_modules): dvc repro would not re-run "
+                "after a change to them; run locvit dvc-yaml"
+            )
     if args.cost:
         from locvit.analysis.cost import cost_lines, study_cost
 
@@ -366,13 +375,17 @@ def cmd_job_configs(args) -> None:
 
 def cmd_dvc_yaml(args) -> None:
     from locvit.io import write_text
-    from locvit.versioning import dvc_yaml
+    from locvit.versioning import dvc_yaml, model_files
 
-    text = dvc_yaml()
+    modules = load_params(args.params, check_models=False)["model_modules"] if args.params.is_file() else []
+    text = dvc_yaml(model_files(modules))
     same = args.out.is_file() and args.out.read_text() == text
     if not same:
         write_text(args.out, text)
-    print(f"{args.out}: {'up to date' if same else 'written'} (from locvit.layout and each stage's imports)")
+    print(
+        f"{args.out}: {'up to date' if same else 'written'} (from locvit.layout, each stage's imports"
+        + (f" and {args.params}'s model_modules)" if modules else ")")
+    )
 
 
 def cmd_pull(args) -> None:
@@ -677,8 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "dvc-yaml",
         cmd_dvc_yaml,
-        "write dvc.yaml: its paths from locvit.layout, each stage's code from the "
-        "imports of its commands (after a change to either)",
+        "write dvc.yaml: its paths from locvit.layout, each stage's code from the imports of its commands "
+        "and the files of --params' model_modules (after a change to any)",
     )
     p.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="where to write it (default dvc.yaml)")
 

@@ -22,7 +22,7 @@ import yaml
 from locvit.config.run import variant_seeds
 from locvit.errors import InputError, allowed
 from locvit.layout import REPORT_FILES, StudyLayout
-from locvit.model_modules import module_digests
+from locvit.model_modules import module_digests, module_files
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
 #: The one study dvc.yaml describes: its templating reads params.yaml.
@@ -211,10 +211,27 @@ DVC_YAML_HEAD = """\
 """
 
 
-def dvc_yaml() -> str:
+def model_files(modules: Iterable[str]) -> list[str]:
+    """The files of a study's ``model_modules`` and the user's modules they import (``module_files``), relative
+    to the working directory where inside it: the code dvc.yaml's model stages depend on beside locvit's."""
+    cwd = Path.cwd().resolve()
+    paths = [p.resolve() for p in module_files(modules).values() if p is not None]
+    return sorted(str(p.relative_to(cwd)) if p.is_relative_to(cwd) else str(p) for p in paths)
+
+
+def stale_dvc_yaml(path: Path, modules: Iterable[str]) -> list[str]:
+    """The ``model_files`` of ``modules`` that no stage of the dvc.yaml at ``path`` depends on."""
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+    deps = {str(d) for stage in stages.values() for d in stage.get("do", stage).get("deps", [])}
+    return [f for f in model_files(modules) if f not in deps]
+
+
+def dvc_yaml(user_files: Iterable[str] = ()) -> str:
     """The text of dvc.yaml: the study's paths from the layout (``${results_dir}/${study}`` and the
-    foreach ``${key}`` as templating), each stage's code from ``stage_code``."""
+    foreach ``${key}`` as templating), each stage's code from ``stage_code``, and ``user_files`` (``model_files``
+    of params.yaml's ``model_modules``) in the stages whose commands build models."""
     layout, v = StudyLayout(Path("${results_dir}/${study}")), "${key}"
+    user_files = list(user_files)
 
     def stage(name: str, deps: list, outs: list, logs: list, per_variant: bool = False, **more) -> dict:
         # The jobs' logs are outputs that persist: a stage with one is never restored from DVC's run
@@ -222,7 +239,9 @@ def dvc_yaml() -> str:
         # others), while DVC still removes the other outputs, so the stage's jobs run again.
         body = {
             "cmd": f"${{snakemake}} $(locvit targets {name}{' ' + v if per_variant else ''})",
-            "deps": [str(d) for d in deps] + stage_code(name),
+            "deps": [str(d) for d in deps]
+            + stage_code(name)
+            + (user_files if set(STAGE_COMMANDS[name]) & set(MODEL_COMMANDS) else []),
             **more,
             "outs": outs + [{str(log): {"persist": True}} for log in logs],
         }
