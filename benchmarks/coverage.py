@@ -101,11 +101,53 @@ def run_grid() -> list[dict]:
     ]
 
 
+#: (seeds a side, accuracy, b better) of the probability-of-improvement cells; their replicates (each a bootstrap)
+IMPROVEMENT_GRID = [(s, acc, better) for s in (10, 20) for acc in (0.70, 0.95) for better in (False, True)]
+IMPROVEMENT_REPLICATES = 400
+
+
+def improvement_coverage(seeds: int, accuracy: float, better: bool, rng, images: int = 360) -> dict:
+    """Coverage of rliable's percentile bootstrap 95 % interval (scipy's, 4000 resamples) of P(a seed of a beats
+    a seed of b), the truth given the replicate's test images from 400 more seeds a side, and how often the
+    interval is one point (one side wins every pair). Why the report shows no such interval."""
+    from scipy.stats import bootstrap, mannwhitneyu
+
+    mu_a = location_for(accuracy)
+    mu_b = location_for(1 - 0.7 * (1 - accuracy)) if better else mu_a
+    covered = points = 0
+    for _ in range(IMPROVEMENT_REPLICATES):
+        difficulty = rng.standard_normal((images, 1)) * SIGMA["image"]
+        own = {side: rng.standard_normal((images, 1)) * SIGMA["variant_image"] for side in ("a", "b")}
+
+        def runs(side: str, mu: float, n: int) -> np.ndarray:
+            seed = rng.standard_normal((1, n)) * SIGMA["seed"] + rng.standard_normal((images, n)) * SIGMA["interaction"]
+            return 100 * (rng.random((images, n)) < expit(mu + difficulty + own[side] + seed)).mean(0)
+
+        truth = mannwhitneyu(runs("a", mu_a, 400), runs("b", mu_b, 400)).statistic / 400**2
+        a, b = runs("a", mu_a, seeds), runs("b", mu_b, seeds)
+
+        def share(x, y, axis=-1):
+            x, y = np.moveaxis(x, axis, -1)[..., :, None], np.moveaxis(y, axis, -1)[..., None, :]
+            return (x > y).mean((-2, -1)) + (x == y).mean((-2, -1)) / 2
+
+        ci = bootstrap((a, b), share, n_resamples=4000, method="percentile", vectorized=True, random_state=rng)
+        low, high = ci.confidence_interval
+        covered += bool(low <= truth <= high)
+        points += bool(low == high)
+    return {"coverage": covered / IMPROVEMENT_REPLICATES, "one_point": points / IMPROVEMENT_REPLICATES}
+
+
 def main() -> None:
     from benchmarks.common import write_result
 
     cells = run_grid()
-    print(f"wrote {write_result('coverage', {'replicates': REPLICATES, 'sigma': SIGMA, 'cells': cells})}")
+    rng = np.random.default_rng(21)
+    improvement = [
+        {"seeds": s, "accuracy": acc, "b_better": better, **improvement_coverage(s, acc, better, rng)}
+        for s, acc, better in IMPROVEMENT_GRID
+    ]
+    result = {"replicates": REPLICATES, "sigma": SIGMA, "cells": cells, "improvement": improvement}
+    print(f"wrote {write_result('coverage', result)}")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,6 @@ ACC_FIELDS = (
     "delta_ci90_high",
     "equivalence_margin_min",
     "p_improvement",
-    "p_improvement_ci95_low",
-    "p_improvement_ci95_high",
     "within_margin",
     "holm_family",
 )
@@ -65,9 +63,9 @@ def verdicts_note(families: dict[str, int], margin: float | None) -> str:
         f"'(within {within})' marks a difference shown that is also inside the margin. MDE: the smallest "
         "difference the comparison could detect with 80 % power at Holm's strictest level; min. margin: the "
         "smallest margin it could show equivalence within, at the estimated standard error; P(>ref): the share "
-        "of seed pairs in which the variant beats the reference (ties ½), with its bootstrap 95 % interval from "
-        f"{stats.IMPROVEMENT_MIN_SEEDS} seeds a side (below that a bootstrap over so few pairs gives no honest "
-        "interval, so none is shown). MDE over 100 points: no difference is detectable. Holm families (the "
+        "of seed pairs in which the variant beats the reference (ties ½), without an interval (no standard one "
+        "holds its coverage at a few seeds, docs/statistics.md). MDE over 100 points: no difference is "
+        "detectable. Holm families (the "
         f"comparisons against one reference, over the whole study): {groups}."
     )
 
@@ -187,7 +185,7 @@ def _detail_header(name: str, reference: str) -> list[str]:
         "p (Holm)",
         "MDE",
         "min. margin",
-        "P(>ref) [95% CI]",
+        "P(>ref)",
         "verdict",
         "Holm family",
     ]
@@ -203,12 +201,9 @@ def mde_text(mde: float | None) -> str:
 
 
 def improvement_text(acc: Acc) -> str:
-    """``0.89 [0.56, 1.00]``: the probability of improvement and its bootstrap interval."""
+    """``0.89``: the probability of improvement (no interval: ``stats.probability_of_improvement``)."""
     t = acc.test
-    if t is None or t.p_improvement is None:
-        return "–"
-    interval = "" if t.p_improvement_low is None else f" [{t.p_improvement_low:.2f}, {t.p_improvement_high:.2f}]"
-    return f"{t.p_improvement:.2f}{interval}"
+    return "–" if t is None or t.p_improvement is None else f"{t.p_improvement:.2f}"
 
 
 def _detail_cells(acc: Acc, pm: str = "±") -> list[str]:
@@ -348,8 +343,6 @@ def acc_csv_names(table: Table, column: int) -> dict[str, str]:
         " delta_ci90_high",
         " min_margin",
         " p_improvement",
-        " p_improvement_ci95_low",
-        " p_improvement_ci95_high",
         " within_margin",
         " holm_family",
     )
@@ -383,8 +376,6 @@ def _acc_csv_values(acc: Acc | None, order) -> list:
         "delta_ci90_high": t.ci90_high if t else None,
         "equivalence_margin_min": acc.equivalence_bound,
         "p_improvement": t.p_improvement if t else None,
-        "p_improvement_ci95_low": t.p_improvement_low if t else None,
-        "p_improvement_ci95_high": t.p_improvement_high if t else None,
         "within_margin": ("yes" if acc.within_margin else "no") if t and t.p is not None else None,
         "holm_family": acc.family,
     }

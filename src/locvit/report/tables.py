@@ -43,8 +43,6 @@ ACC_CSV = {
     "delta_ci90_high": "delta_ci90_high",
     "equivalence_margin_min": "equivalence_margin_min",
     "p_improvement": "p_improvement",
-    "p_improvement_ci95_low": "p_improvement_ci95_low",
-    "p_improvement_ci95_high": "p_improvement_ci95_high",
     "within_margin": "within_margin",
     "holm_family": "holm_family",
 }
