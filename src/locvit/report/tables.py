@@ -278,7 +278,7 @@ def plan_markdown(study: Study, delta: float) -> str:
     shrinks with seeds, the image part only with test images."""
     lines = [
         f"Power plan for a difference of {points(delta)} (80 % power, two-sided, at each Holm family's "
-        f"level alpha / m), from study {study.name!r}'s per-image results.",
+        f"level alpha / m), from the per-image results of study {study.name!r}.",
         "",
         "| Comparison | Holm m | Seeds now | Test images | MDE now | Seed var. per seed (pts²) | "
         "Image var. per image (pts²) | Seeds per variant needed | Test images needed (any seeds) |",
