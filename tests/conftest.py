@@ -66,6 +66,29 @@ def prepared(tmp_path_factory, tiny_params) -> dict:
 
 
 @pytest.fixture(scope="session")
+def plugin_study(tmp_path_factory):
+    """One finished study (layout, params) shared by test_models and test_family_plugin: the models no preset
+    trains (timm's, locvit's CNNs, PVT v1) and two families written outside locvit (tests/plugins: linear
+    attention, a toy window ViT) named in ``model_modules``; one seed, one epoch, no mask search."""
+    import shutil
+
+    from helpers import PLUGIN_VARIANTS, PLUGINS, copy_workflow, snakemake
+
+    from locvit.layout import StudyLayout
+
+    work = copy_workflow(tmp_path_factory.mktemp("plugins"))
+    for name in ("linear_family", "toy_family"):
+        shutil.copy(PLUGINS / f"{name}.py", work / f"{name}.py")
+    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
+    del params["mask_search"]
+    params["train"]["epochs"] = 1
+    params.update(study="plugins", seeds=[0], model_modules=["linear_family", "toy_family"], variants=PLUGIN_VARIANTS)
+    (work / "plugins.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    snakemake(work, "--cores", "2", "all", "--config", "params=plugins.yaml")
+    return StudyLayout(work / "results" / "plugins"), params
+
+
+@pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("locvit-cache")
 

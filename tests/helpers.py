@@ -31,6 +31,29 @@ DURATIONS = REPO / "test-artifacts" / "durations.json"
 BAD_CONFIGS = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
 
 
+#: Families written outside locvit, copied beside a study's params (tests/plugins).
+PLUGINS = Path(__file__).parent / "plugins"
+_SHAPE = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
+#: The variants of conftest's ``plugin_study``: models no test preset uses, and the two plugin families.
+PLUGIN_VARIANTS = {
+    "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": _SHAPE},
+    "resnet": {"model": "resnet18", "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64], "stem_width": 8}},
+    # 16 px in 4-px patches: a 4 x 4 grid, then 2 x 2; windows of 2 divide both.
+    "swin": {
+        "model": "swin_tiny_patch4_window7_224",
+        "kwargs": {"embed_dim": 16, "depths": [2, 2], "num_heads": [1, 2], "window_size": 2},
+    },
+    "linear": {"model": "linear_vit", "kwargs": _SHAPE},
+    "wrn": {"model": "wrn_16_2", "kwargs": {}},  # WRN-16-2, locvit's CIFAR wide ResNet at its smallest size
+    # PVT v1 in 2-px patches: stages of 8, 4, 2, 1 patches, keys pooled by 8, 4, 2 to one cell, then global
+    "pvt": {
+        "model": "pvt_v1_tiny",
+        "kwargs": {"patch_size": 2, "embed_dims": [16, 32, 32, 32], "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2]},
+    },
+    "toy": {"model": "toy_window_vit", "kwargs": _SHAPE},
+}
+
+
 # Running the pipeline's programs ---------------------------------------------------------------------------
 
 

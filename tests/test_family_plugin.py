@@ -4,10 +4,11 @@ A family with a kind of attention map locvit does not know (linear attention, ``
 rows sum to one, no softmax) declares the kind's properties and gets the analyses those properties call for;
 it runs end to end beside unclaimed timm models in ``test_models.py``.
 
-A toy family (a ViT whose every head attends only inside a 3 x 3 window of patches) is
-written to a module in the study's working directory, named in params.yaml's
+A toy family (``tests/plugins/toy_family.py``: a ViT whose every head attends only inside a 3 x 3
+window of patches) is copied into the study's working directory, named in params.yaml's
 ``model_modules``, and run through prepare -> train -> evaluate -> analyse -> report by
-Snakemake beside DeiT. Nothing under src/ names it; it must appear in every table and
+Snakemake beside DeiT and the others (conftest's ``plugin_study``, shared with test_models).
+Nothing under src/ names it; it must appear in every table and
 figure that lists the study's variants, with analyses that its prior makes exact: all
 attention inside the 3 x 3 neighbourhood (ALS 1) and no patch attended farther than one
 diagonal step (mean attention distance at most sqrt(2) patches). It declares an extra of its
@@ -26,14 +27,12 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import timm
 import torch
-import yaml
-from helpers import copy_workflow, env_with_venv, snakemake
+from helpers import PLUGINS, env_with_venv, snakemake
 
 from locvit.analysis.analyse import covered, distances, locality, measures
 from locvit.analysis.attention import collect_attention
@@ -50,67 +49,6 @@ from locvit.models.family import (
     vit_blocks,
     vit_sites,
 )
-
-PLUGINS = Path(__file__).parent / "plugins"
-
-TOY_MODULE = '''
-"""A toy family: a ViT whose patches attend only inside a 3 x 3 window of patches."""
-import torch
-from timm.layers import Attention
-from timm.models import register_model
-from timm.models.vision_transformer import VisionTransformer
-
-from locvit.models.family import Extra, Family, register_family, vit_blocks, vit_sites
-
-
-class WindowAttention(Attention):
-    grid, num_prefix = (1, 1), 1
-
-    def allowed(self, device):
-        gh, gw = self.grid
-        ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
-        pos = torch.stack([ys.flatten(), xs.flatten()], -1)
-        p, n = self.num_prefix, gh * gw
-        ok = torch.ones(p + n, p + n, dtype=torch.bool)
-        ok[p:, :p] = False  # a patch sees only its window; the class token sees everything
-        ok[p:, p:] = (pos[:, None] - pos[None]).abs().amax(-1) <= 1
-        return ok.to(device)
-
-    def maps(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        logits = (q * self.scale) @ k.transpose(-2, -1)
-        return logits.masked_fill(~self.allowed(x.device), float("-inf")).softmax(-1), v
-
-    def forward(self, x, attn_mask=None, **kwargs):
-        a, v = self.maps(x)
-        b, t, c = x.shape
-        return self.proj((a @ v).transpose(1, 2).reshape(b, t, c))
-
-
-class ToyViT(VisionTransformer):
-    def __init__(self, **kwargs):
-        super().__init__(attn_layer=WindowAttention, **kwargs)
-        for block in self.blocks:
-            block.attn.grid, block.attn.num_prefix = tuple(self.patch_embed.grid_size), self.num_prefix_tokens
-
-
-@register_model
-def toy_window_vit(pretrained=False, **kwargs):
-    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("pretrained_") and k != "cache_dir"}
-    return ToyViT(**kwargs)
-
-
-def window_sides(model):
-    """The window's side in patches, per layer and head: (L, H)."""
-    return torch.full((len(model.blocks), model.blocks[0].attn.num_heads), 3.0)
-
-
-register_family(Family("toy", "ToyWindow", ToyViT, "every head inside a 3x3 window of patches", vit_blocks,
-                       lambda m: vit_sites(m, {WindowAttention: lambda attn, x: ("softmax", attn.maps(x)[0])}),
-                       extras=(Extra("window", "values", window_sides, "Window side", "The window's side in patches"),),
-                       models=("toy_",)))
-'''
 
 
 @pytest.fixture
@@ -228,22 +166,10 @@ def test_a_kind_is_declared_once_and_an_undeclared_one_is_named(linear_family, m
         collect_attention(model, torch.randn(1, 3, 16, 16))
 
 
-@pytest.fixture(scope="module")
-def toy_study(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("toyfamily"))
-    (work / "toy_family.py").write_text(textwrap.dedent(TOY_MODULE))
-    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
-    del params["mask_search"]
-    params.update(study="toy", seeds=[0], model_modules=["toy_family"])
-    params["train"]["epochs"] = 1  # the smallest study that trains, analyses and reports the family
-    shape = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
-    params["variants"] = {
-        "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": shape},
-        "toy": {"model": "toy_window_vit", "kwargs": shape},
-    }
-    (work / "toy.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    snakemake(work, "--cores", "2", "all", "--config", "params=toy.yaml")
-    return StudyLayout(work / "results" / "toy"), params
+@pytest.fixture
+def toy_study(plugin_study):
+    """conftest's plugin_study: the toy family (tests/plugins/toy_family.py) beside DeiT and the others."""
+    return plugin_study
 
 
 @pytest.mark.e2e
@@ -267,7 +193,7 @@ def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
     layout, params = toy_study
     report = layout.report
     rows = {r["variant"]: r for r in csv.DictReader((report / "results.csv").open())}
-    assert set(rows) == {"deit_a", "toy"} and float(rows["toy"]["test_top1_mean"]) > 0
+    assert set(rows) == set(params["variants"]) and float(rows["toy"]["test_top1_mean"]) > 0
     locality = {r["Variant"]: r for r in csv.DictReader((report / "tables" / "locality.csv").open())}
     assert locality["toy"]["Family"] == "ToyWindow" and locality["toy"]["ALS (3x3)"].startswith("1.000")
     assert "toy" in json.loads((report / "summary.json").read_text())
@@ -285,8 +211,8 @@ def test_the_toy_family_appears_in_every_table_and_figure(toy_study):
 
 
 def dry_run(work: Path) -> tuple[dict[str, int], str]:
-    """`snakemake -n all` of the toy study: its job counts by rule (empty: nothing to do) and its output."""
-    proc = snakemake(work, "-n", "all", "--config", "params=toy.yaml")
+    """`snakemake -n all` of the plugin study: its job counts by rule (empty: nothing to do) and its output."""
+    proc = snakemake(work, "-n", "all", "--config", "params=plugins.yaml")
     out = proc.stdout + proc.stderr
     if "Nothing to be done" in out:
         return {}, out
@@ -302,22 +228,23 @@ def test_a_change_to_the_familys_forward_retrains_and_its_old_checkpoint_is_refu
     naming the module in its reason, and what follows it; every variant trains again, as after a change to
     locvit's training code (every training job imports the module). The old best.pt, evaluated by hand, is
     refused naming the module (locvit.checkpoint)."""
-    layout, _ = toy_study
-    moved = shutil.copytree(layout.root.parents[1], tmp_path / "moved" / "toyfamily", symlinks=True)
+    layout, params = toy_study
+    moved = shutil.copytree(layout.root.parents[1], tmp_path / "moved" / "plugins", symlinks=True)
     assert dry_run(moved)[0] == {}
     family = moved / "toy_family.py"
     family.write_text(family.read_text().replace(".amax(-1) <= 1", ".amax(-1) <= 2"))  # a 5 x 5 window
     jobs, out = dry_run(moved)
-    assert {"train": 2, "evaluate": 2, "analyse": 2, "report": 1}.items() <= jobs.items() and "prepare" not in jobs
+    n = len(params["variants"])
+    assert {"train": n, "evaluate": n, "analyse": n, "report": 1}.items() <= jobs.items() and "prepare" not in jobs
     reasons = re.findall(
-        r"reason: Params have changed since last execution:.*before: '(\w+) toy_family=(\w+)' "
-        r"now: '(\w+) toy_family=(\w+)'",
+        r"reason: Params have changed since last execution:.*before: '(\w+) linear_family=\w+ toy_family=(\w+)' "
+        r"now: '(\w+) linear_family=\w+ toy_family=(\w+)'",
         out,
     )
-    assert len(reasons) == 2, out[-3000:]  # deit_a's and the toy's training
+    assert len(reasons) == n, out[-3000:]  # every variant's training
     assert all(locvit_before == locvit_now and before != now for locvit_before, before, locvit_now, now in reasons)
 
-    moved_layout = StudyLayout(moved / "results" / "toy")
+    moved_layout = StudyLayout(moved / "results" / "plugins")
     data = moved_layout.data_files()
     proc = subprocess.run(
         [

@@ -18,15 +18,13 @@ import csv
 import fnmatch
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import timm
 import torch
-import yaml
-from helpers import copy_workflow, locvit_entrypoints, locvit_families, snakemake
+from helpers import PLUGIN_VARIANTS, locvit_entrypoints, locvit_families
 from timm.layers import get_channel_dim, get_spatial_dim
 from timm.models import (
     create_feature_extractor,
@@ -40,7 +38,6 @@ from torchvision.models.feature_extraction import get_graph_node_names as tv_gra
 
 from locvit import models
 from locvit.config.models import check_model
-from locvit.layout import StudyLayout
 from locvit.models.baselines import BASELINES, create_at_32
 from locvit.models.family import Cfg, Family, family_claiming, family_of, small_build
 
@@ -486,43 +483,13 @@ def test_a_pvt_reduction_larger_than_its_stages_grid_is_refused_by_name():
 
 # --- end to end: unclaimed models and a family declared outside src/ ------------------------------------------
 
-PLUGINS = Path(__file__).parent / "plugins"
-SHAPE = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
-STUDY = {
-    "deit_a": {"model": "deit_tiny_patch16_224", "kwargs": SHAPE},
-    "resnet": {"model": "resnet18", "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64], "stem_width": 8}},
-    # 16 px in 4-px patches: a 4 x 4 grid, then 2 x 2; windows of 2 divide both.
-    "swin": {
-        "model": "swin_tiny_patch4_window7_224",
-        "kwargs": {"embed_dim": 16, "depths": [2, 2], "num_heads": [1, 2], "window_size": 2},
-    },
-    "linear": {"model": "linear_vit", "kwargs": SHAPE},
-    "wrn": {"model": "wrn_16_2", "kwargs": {}},  # WRN-16-2, locvit's CIFAR wide ResNet at its smallest size
-    # PVT v1 in 2-px patches: stages of 8, 4, 2, 1 patches, keys pooled by 8, 4, 2 to one cell, then global
-    "pvt": {
-        "model": "pvt_v1_tiny",
-        "kwargs": {"patch_size": 2, "embed_dims": [16, 32, 32, 32], "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2]},
-    },
-}
+STUDY = PLUGIN_VARIANTS  # conftest's plugin_study: every one trained, analysed and reported
 NO_ATTENTION = {"resnet", "wrn"}
 
 
-@pytest.fixture(scope="module")
-def any_study(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("anymodel"))
-    shutil.copy(PLUGINS / "linear_family.py", work / "linear_family.py")
-    params = yaml.safe_load((work / "presets" / "tiny.yaml").read_text())
-    del params["mask_search"]
-    params["train"]["epochs"] = 1
-    params.update(study="any", seeds=[0], model_modules=["linear_family"], variants=STUDY)
-    (work / "any.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    snakemake(work, "--cores", "2", "all", "--config", "params=any.yaml")
-    return StudyLayout(work / "results" / "any"), params
-
-
 @pytest.mark.e2e
-def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(any_study):
-    layout, _ = any_study
+def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(plugin_study):
+    layout, _ = plugin_study
     profiles = {v: json.loads(layout.profile_file(v).read_text()) for v in STUDY}
     assert {v: p["arch"]["family"] for v, p in profiles.items()} == {
         "deit_a": "deit",
@@ -531,6 +498,7 @@ def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(any_study
         "linear": "linear",
         "wrn": "wrn",
         "pvt": "pvt_v1",
+        "toy": "toy",
     }
     assert all(p["params"] > 0 and p["gmacs"] > 0 for p in profiles.values())
     analyses = {v: json.loads(layout.analysis_file(v, 0).read_text()) for v in STUDY}
@@ -547,8 +515,8 @@ def test_unclaimed_models_and_a_new_map_kind_are_profiled_and_analysed(any_study
 
 
 @pytest.mark.e2e
-def test_every_table_and_figure_lists_them_and_says_where_there_is_no_attention(any_study):
-    layout, _ = any_study
+def test_every_table_and_figure_lists_them_and_says_where_there_is_no_attention(plugin_study):
+    layout, _ = plugin_study
     report = layout.report
     rows = {r["variant"]: r for r in csv.DictReader((report / "results.csv").open())}
     assert set(rows) == set(STUDY) and all(float(r["test_top1_mean"]) >= 0 for r in rows.values())
