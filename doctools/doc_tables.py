@@ -16,9 +16,11 @@ every entrypoint and baseline beside the papers' (doctools/model_table.py's mode
 visit's groups, sections and budgets (gpu_node/visit.py); ``cost`` a study's cost before it runs (a preset;
 ``FILE#N``: an image folder's N training images);
 ``coverage`` benchmarks/coverage.py's
-intervals per cell; ``plan`` ``locvit plan`` on a study's evaluations.json at its equivalence margin;
+intervals per cell (``split_coverage`` its split cells); ``interaction`` the fraction x family interaction of
+data-efficiency folders ``A,B``; ``plan`` ``locvit plan`` on a study's evaluations.json at its equivalence margin;
 ``side_by_side`` two files of one kind, named ``A,B`` (two machines' results.csv, or a data-efficiency table under
-two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree.
+two protocols): each comparison's n, top-1, Δ and verdict on both sides, and whether the verdicts agree
+(``designs``: with each side's MDE).
 A figure inside a sentence is a value span that names its file and where in it the figure is::
 
     the demo took <!-- value benchmarks/results/pipeline.json demo_wall_s/minutes:.1f -->17.0<!-- /value --> min
@@ -532,6 +534,21 @@ def coverage_lines(path: Path) -> list[list[str]]:
     return lines
 
 
+def split_coverage_lines(path: Path) -> list[list[str]]:
+    """benchmarks/coverage.py's split cells: per split effect, seeds and accuracy, each design's coverage of a
+    difference's and a variant's 95 % interval and its type-I error."""
+    lines = [["split effect", "seeds", "accuracy"]]
+    for design in ("per_seed", "fixed"):
+        lines[0] += [f"{design}: Δ coverage", "type-I", "variant coverage"]
+    for c in _json_at(path)["split"]:
+        row = [f"{c['split_effect']:.2f}", str(c["seeds"]), f"{c['accuracy']:.2f}"]
+        for design in ("per_seed", "fixed"):
+            d = c[design]
+            row += [f"{d['coverage']:.3f}", f"{d['type_i']:.3f}", f"{d['variant_coverage']:.3f}"]
+        lines.append(row)
+    return lines
+
+
 def plan_lines(path: Path) -> str:
     """``locvit plan`` on a committed evaluations.json at the study's equivalence margin as the difference."""
     from locvit.report.study import study_from_evaluations
@@ -543,6 +560,7 @@ def plan_lines(path: Path) -> str:
 
 FILE_RENDER = {
     "coverage": coverage_lines,
+    "split_coverage": split_coverage_lines,
     "cost": cost_lines,
     "budgets": budget_lines,
     "dataloader": dataloader_lines,
@@ -591,15 +609,17 @@ def _comparisons(path: Path) -> dict[tuple[str, str], dict]:
             "low": r["delta_ci95_low"],
             "high": r["delta_ci95_high"],
             "verdict": r["verdict"],
+            "mde": r["mde80"],
         }
         for r in read_results_csv(path)
     }
 
 
-def side_by_side_lines(sources: list[Path]) -> list[list[str]]:
+def side_by_side_lines(sources: list[Path], mde: bool = False) -> list[list[str]]:
     """Two results of one study side by side (``A.csv,B.csv``: two machines' demos, or a data-efficiency study
     under two protocols): per comparison each side's n, top-1, Δ with its 95 % interval and verdict, and
-    whether the verdicts agree. Both files must be of one kind (results.csv, or data_efficiency.csv)."""
+    whether the verdicts agree. Both files must be of one kind (results.csv, or data_efficiency.csv). ``mde``
+    (results.csv): each side's MDE too (``designs``: one study under two designs)."""
     if len(sources) != 2:
         raise ValueError(f"a side_by_side table compares two files, given as A,B; got {len(sources)}")
     sides = [_comparisons(p) for p in sources]
@@ -608,24 +628,73 @@ def side_by_side_lines(sources: list[Path]) -> list[list[str]]:
     lines = [[*(["train fraction"] if by_fraction else []), "variant"]]
     for path in sources:
         label = _side_label(path)
-        lines[0] += [f"{label}: n", "test top-1 (%)", "Δ [95% CI]", "verdict"]
+        lines[0] += [f"{label}: n", "test top-1 (%)", "Δ [95% CI]", *(["MDE"] if mde else []), "verdict"]
     lines[0].append("same verdict")
 
     def cells(row: dict | None) -> list[str]:
         if row is None:
-            return ["–"] * 4
+            return ["–"] * (5 if mde else 4)
         mean = num(row["mean"]) + (f" ± {num(row['std'])}" if row["std"] else "")
         delta = (
             f"{num(row['delta'], '+.2f')} [{num(row['low'], '+.2f')}, {num(row['high'], '+.2f')}]"
             if row["low"]
             else "–"
         )
-        return [row["n"], mean, delta, row["verdict"] or "–"]
+        return [
+            row["n"],
+            mean,
+            delta,
+            *([num(row["mde"]) if row["mde"] else "–"] if mde else []),
+            row["verdict"] or "–",
+        ]
 
     for key in keys:
         a, b = (side.get(key) for side in sides)
         same = "–" if a is None or b is None else "yes" if a["verdict"] == b["verdict"] else "**no**"
         lines.append([*([key[0]] if by_fraction else []), key[1], *cells(a), *cells(b), same])
+    return lines
+
+
+def _test_images(preset: Path) -> int:
+    """The test split's size of a preset on a source that knows its labels (digits), as prepare draws it."""
+    from locvit.config import load_params
+    from locvit.data.sources import get_source
+    from locvit.data.splits import split_indices
+
+    data = load_params(preset, check_models=False)["data"]
+    labels, fixed = get_source(data["source"], data["root"]).known_labels()
+    return len(split_indices(labels, data["val_fraction"], data["test_fraction"], data["split_seed"], fixed)["test"])
+
+
+def interaction_lines(folders: list[Path]) -> list[list[str]]:
+    """The fraction x family interaction of data-efficiency studies (``A,B``: a folder per protocol, each with
+    results.csv and results_seeds.csv): per family, Δ against DeiT at the smallest fraction and with all the data
+    and their difference (``stats.interaction``), Holm over each folder's families. Unpaired: from the per-seed
+    values and the test set's size (``presets/data_efficiency.yaml``'s), the hits not being committed."""
+    from locvit.report import stats
+
+    images, lines = _test_images(ROOT / "presets" / "data_efficiency.yaml"), []
+    head = ["protocol", "family", "Δ at {small}", "Δ at 100%", "Δ({small}) − Δ(100%) [95% CI]", "p (Holm)"]
+    for folder in folders:
+        seeds: dict[str, list[float]] = {}
+        for row in csv.DictReader((folder / "results_seeds.csv").open(newline="")):
+            seeds.setdefault(row["variant"], []).append(float(row["test_top1"]))
+        rows = {r["variant"]: r for r in read_results_csv(folder / "results.csv")}
+        small = min((int(m.group(1)) for v in rows if (m := re.search(r"_(\d+)pct$", v))), default=None)
+        found = []
+        for family, row in rows.items():
+            if not row["reference"] or f"{family}_{small}pct" not in rows:
+                continue
+            at = [
+                stats.compare(seeds[v], seeds[rows[v]["reference"]], 0.0, images)
+                for v in (f"{family}_{small}pct", family)
+            ]
+            found.append((family, at, stats.interaction(*at)))
+        for (family, at, test), p in zip(found, stats.holm([t.p for _, _, t in found])):
+            ci = "–" if test.ci_low is None else f"{test.delta:+.2f} [{test.ci_low:+.2f}, {test.ci_high:+.2f}]"
+            lines.append([folder.name, family, *(f"{c.delta:+.2f}" for c in at), ci, "–" if p is None else f"{p:.2g}"])
+        if folder == folders[0]:
+            lines.insert(0, [h.format(small=f"{small}%") for h in head])
     return lines
 
 
@@ -649,20 +718,22 @@ FOLDER_RENDER = {"machines": machines_lines, "source": source_lines}  # kinds th
 
 def render(kind: str, source: str) -> str:
     path = ROOT / source
-    special = ("side_by_side", "plan")
+    special = ("side_by_side", "designs", "plan", "interaction")
     if kind not in RENDER and kind not in FILE_RENDER and kind not in FOLDER_RENDER and kind not in special:
         raise ValueError(
             f"table kind {kind!r} (in a '<!-- table: ... -->' marker); allowed: "
             f"{', '.join([*RENDER, *FILE_RENDER, *FOLDER_RENDER, *special])}"
         )
-    if kind == "side_by_side":
+    if kind in ("side_by_side", "designs"):
         paths = [ROOT / part for part in source.split(",")]
         for p in paths:
             if not p.is_file():
                 raise FileNotFoundError(
                     f"{p.relative_to(ROOT)} (quoted by a '<!-- table: side_by_side ... -->' marker) does not exist"
                 )
-        return as_markdown(side_by_side_lines(paths))
+        return as_markdown(side_by_side_lines(paths, mde=kind == "designs"))
+    if kind == "interaction":
+        return as_markdown(interaction_lines([ROOT / part for part in source.split(",")]))
     if kind == "source" and path.is_file():
         return as_markdown(source_lines(path))
     if kind in FOLDER_RENDER:

@@ -255,3 +255,27 @@ def test_a_dry_run_after_a_change_plans_its_jobs_from_copies(tmp_path, raw_tiny,
         and "--run-config results/tiny/config/train/deit_a/seed0.json " in out.stdout
     )
     assert json.loads((work / copy).read_text())["train"]["lr"] == 0.001
+
+
+def test_a_split_per_seed_gives_each_seed_its_own_data_folder(tiny_params):
+    """data.split: per_seed: seed k's runs train and are scored on data/seed<k>/, prepared with split_seed + k
+    (the same folder for every variant); fixed: one data/ for every seed. dvc.yaml's stages refuse it."""
+    from locvit.config import ConfigError
+    from locvit.config.run import data_folders
+    from locvit.versioning import stage_targets
+
+    data = {**tiny_params["data"], "split_seed": 5}
+    fixed = validate_params({**tiny_params, "data": data, "seeds": [0, 2], "train_jobs": "per_run"}, check_models=False)
+    assert data_folders(fixed) == {"data": (1.0, 5)}
+    assert StudyLayout.of(fixed).data_files(seed=2)["test"] == StudyLayout.of(fixed).root / "data" / "test.beton"
+    params = validate_params({**fixed, "data": {**data, "split": "per_seed"}}, check_models=False)
+    layout = StudyLayout.of(params)
+    assert data_folders(params) == {"data/seed0": (1.0, 5), "data/seed2": (1.0, 7)}
+    prepares = {p: c for p, c in job_configs(params).items() if p.parent == layout.configs / "prepare" / "data"}
+    assert {p.name: c["split_seed"] for p, c in prepares.items()} == {"seed0.json": 5, "seed2.json": 7}
+    assert all("split" not in c for c in prepares.values())  # a folder's split is its split_seed
+    assert layout.data_files(seed=2)["test"] == layout.root / "data" / "seed2" / "test.beton"
+    with pytest.raises(InputError, match="data.split: per_seed: dvc.yaml's stages describe one split"):
+        stage_targets(params, "prepare")
+    with pytest.raises(ConfigError, match="data.split: per_seed gives each seed its own training files"):
+        validate_params({**params, "train_jobs": "per_variant"}, check_models=False)

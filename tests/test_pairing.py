@@ -41,7 +41,7 @@ def params() -> dict:
     )
 
 
-def write_evals(root: Path, splits: dict[tuple[str, int], str | None]) -> None:
+def write_evals(root: Path, splits: dict[tuple[str, int], str | None], n_train: int | None = None) -> None:
     """Evaluation files as evaluate writes them; ``splits``: (variant, seed) -> test_hash (None: none recorded)."""
     for variant, right in RIGHT.items():
         for seed, k in zip(SEEDS, right):
@@ -62,6 +62,8 @@ def write_evals(root: Path, splits: dict[tuple[str, int], str | None]) -> None:
                 "mlflow_run_id": f"{variant}{seed}",
                 "data_hash": "0" * 16,
             }
+            if n_train:
+                record["n_train"] = n_train
             if splits.get((variant, seed), SPLIT) is not None:
                 record["test_hash"] = splits.get((variant, seed), SPLIT)
             path = root / "eval" / variant / f"seed{seed}.json"
@@ -108,6 +110,25 @@ def test_a_file_without_the_record_is_unpaired(tmp_path):
     lsa, notes = comparison(tmp_path)
     assert not lsa.test.paired and lsa.test == expected(paired=False)
     assert any("eval/lsa/seed2.json record no test split" in n for n in notes)
+
+
+def test_a_split_per_seed_is_paired_by_seed(tmp_path):
+    """data.split: per_seed: seed k of both variants scored seed k's own test split: paired by seed, Nadeau and
+    Bengio's corrected resampled t with J - 1 df, for the difference and each variant; a seed whose split
+    differs between the variants makes the comparison unpaired, and the report says which."""
+    per_seed = {(v, s): f"{s:02d}" * 32 for v in RIGHT for s in SEEDS}
+    write_evals(tmp_path, per_seed, n_train=1077)
+    lsa, notes = comparison(tmp_path)
+    values = {v: [100.0 * (k / 360) for k in right] for v, right in RIGHT.items()}
+    want = stats.compare(values["lsa"], values["deit"], 1.0, 360, resample=360 / 1077)
+    assert lsa.test == want and lsa.test.paired and lsa.test.df == 2 and lsa.unpaired is None
+    assert lsa.test.se**2 == pytest.approx((1 / 3 + 360 / 1077) * np.var(np.subtract(*values.values()), ddof=1))
+    assert lsa.summary.df == 2 and lsa.seed_splits == {s: f"{s:02d}" * 32 for s in SEEDS}
+    assert any("data.split: per_seed" in n and "corrected resampled t" in n for n in notes)
+    write_evals(tmp_path, {**per_seed, ("deit", 1): "ff" * 32}, n_train=1077)
+    lsa, notes = comparison(tmp_path)
+    assert not lsa.test.paired and lsa.test == expected(paired=False)
+    assert "lsa vs deit: not paired by seed: seed(s) 1 scored another split" in lsa.unpaired
 
 
 @pytest.mark.parametrize(

@@ -396,6 +396,7 @@ def cmd_pull(args) -> None:
 
 #: Where to report a bug (pyproject.toml names no project URL).
 ISSUES = "the locvit issue tracker"
+DATA_HELP = "the test split: one file, or one per checkpoint (data.split: per_seed), with as many --manifest"
 TRACKING_HELP = "the default MLflow backend, a SQLite file (ignored when MLFLOW_TRACKING_URI is set)"
 THREADS_HELP = "torch CPU threads (default: torch's choice)"
 
@@ -516,8 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("evaluate", cmd_evaluate, "score checkpoints on the test split (one loader for all of them)")
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True, help="checkpoints to score")
     p.add_argument("--out", type=Path, nargs="+", required=True, help="one output JSON per --checkpoint")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--data", type=Path, nargs="+", required=True, help=DATA_HELP)
+    p.add_argument("--manifest", type=Path, nargs="+", required=True)
     p.add_argument("--tracking-db", type=Path, required=True, help=TRACKING_HELP)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
@@ -527,8 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, nargs="+", required=True, help="one output JSON per --checkpoint")
     p.add_argument("--npz", type=Path, nargs="+", required=True, help="one output .npz per --checkpoint")
     p.add_argument("--profile", type=Path, help="output JSON of the model's profile (from the first checkpoint)")
-    p.add_argument("--data", type=Path, required=True, help="the test split (its first images are analysed)")
-    p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--data", type=Path, nargs="+", required=True, help=DATA_HELP + "; its first images are analysed")
+    p.add_argument("--manifest", type=Path, nargs="+", required=True)
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
 
     p = add(

@@ -100,32 +100,38 @@ class StudyLayout:
     """The folders and files of one study under ``root`` (``<results_dir>/<study>``).
 
     ``fraction`` is the study's ``data.train_fraction``: runs at that fraction read
-    ``data/``, runs at any other ``data_<pct>pct/``.
+    ``data/``, runs at any other ``data_<pct>pct/``; with ``per_seed`` (``data.split``) seed k's ``seed<k>/`` in it.
     """
 
     root: Path
     fraction: float | None = None
+    per_seed: bool = False
 
     @classmethod
     def of(cls, params: dict) -> StudyLayout:
         """The layout of a validated params.yaml (``locvit.config.load_params``)."""
-        return cls(Path(params["results_dir"]) / params["study"], params["data"]["train_fraction"])
+        data = params["data"]
+        return cls(
+            Path(params["results_dir"]) / params["study"], data["train_fraction"], data.get("split") == "per_seed"
+        )
 
     # data ------------------------------------------------------------------------------------
 
-    def data_name(self, fraction: float | None = None) -> str:
-        """``data`` at the study's own fraction (or none given), ``data_<pct>pct`` at another."""
-        if fraction is None or fraction == self.fraction:
-            return "data"
-        return f"data_{round(100 * fraction)}pct"
+    def data_name(self, fraction: float | None = None, seed: int | str | None = None) -> str:
+        """``data`` at the study's own fraction (or none given), ``data_<pct>pct`` at another; ``/seed<k>`` in it
+        for seed k's split when the study draws one per seed."""
+        name = "data" if fraction is None or fraction == self.fraction else f"data_{round(100 * fraction)}pct"
+        return f"{name}/seed{seed}" if self.per_seed and seed is not None else name
 
     def data_dir(self, fraction: float | None = None) -> Path:
         return self.root / self.data_name(fraction)
 
-    def data_files(self, fraction: float | None = None, name: str | None = None) -> dict[str, Path]:
-        """The prepared files at a training fraction (or in the data folder ``name``): ``train``, ``val``,
-        ``test`` (.beton) and ``manifest``."""
-        folder = self.root / (name or self.data_name(fraction))
+    def data_files(
+        self, fraction: float | None = None, name: str | None = None, seed: int | str | None = None
+    ) -> dict[str, Path]:
+        """The prepared files at a training fraction and seed (or in the data folder ``name``): ``train``,
+        ``val``, ``test`` (.beton) and ``manifest``."""
+        folder = self.root / (name or self.data_name(fraction, seed))
         return {split: folder / f"{split}.beton" for split in SPLITS} | {"manifest": folder / "manifest.json"}
 
     # runs and what is computed from them -------------------------------------------------------

@@ -57,6 +57,11 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
             f"variant: {variant!r} is not a variant of this study; defined: {', '.join(params['variants'])}"
         )
     seeds = variant_seeds(params, variant) if variant else params["seeds"]
+    if layout.per_seed:
+        raise InputError(
+            "data.split: per_seed: dvc.yaml's stages describe one split (data/); run a study with a split per "
+            "seed with snakemake (README), or set data.split: fixed"
+        )
     if stage == "prepare":
         return list(layout.data_files().values())
     if stage == "train":

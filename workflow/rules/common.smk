@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from locvit.config.run import seed_sets, train_resources, variant_fraction, variant_seeds
+from locvit.config.run import data_folders, seed_sets, train_resources, variant_fraction, variant_seeds
 from locvit.config.jobs import changed_job_configs, write_job_configs, write_plan_copies
 from locvit.layout import REPORT_FILES, REPORT_FOLDERS, ROUND_FILES, SEARCH_TABLE, STUDY_PARAMS_ENV, RunFiles, StudyLayout
 from locvit.tracking.run import SYSTEM_METRICS_ENV
@@ -17,8 +17,9 @@ from locvit import versioning
 
 # Where every file of the study lives (locvit.layout), with Snakemake's wildcards in place.
 LAYOUT = StudyLayout.of(P)
-DATA_FILES = {k: str(v) for k, v in LAYOUT.data_files(name="{datadir}").items()}  # data/ or data_<pct>pct/
-MAIN_DATA = {k: str(v) for k, v in LAYOUT.data_files().items()}  # at data.train_fraction (the mask search's)
+DATA_FILES = {k: str(v) for k, v in LAYOUT.data_files(name="{datadir}").items()}  # data/, data_<pct>pct/, .../seed<k>/
+# at data.train_fraction (the mask search's; its seed's split where each seed has one)
+MAIN_DATA = {k: str(v) for k, v in LAYOUT.data_files(seed=P["mask_search"]["seed"] if P.get("mask_search") else None).items()}
 RUN_DIR = str(LAYOUT.run_dir("{variant}", "{seed}"))
 RUN_FILES = LAYOUT.run_files("{variant}", "{seed}")  # best.pt, metrics.json, ... of one run
 EVAL_FILE = str(LAYOUT.eval_file("{variant}", "{seed}"))
@@ -87,8 +88,8 @@ VARIANTS = list(P["variants"])
 # Variants grouped by their seeds (seed_budget gives smaller training fractions more): the per-variant
 # rules (train per_variant, evaluate, analyse) are defined once per group, as their outputs list the seeds.
 SEED_SETS = seed_sets(P)
-# Each data folder of the study and the training fraction it is prepared at (train_fractions).
-DATA_FRACTIONS = {LAYOUT.data_name(f): f for f in {variant_fraction(P, v) for v in VARIANTS}}
+# Each data folder of the study -> its training fraction (train_fractions) and split seed (data.split).
+DATA_FOLDERS = data_folders(P)
 SEARCH = P.get("mask_search")  # None: the study runs no mask search
 SEARCH_ROUNDS = list(range(SEARCH["rounds"])) if SEARCH else []
 # The same interpreter that runs Snakemake runs the jobs (works without an activated venv), named in the
@@ -107,7 +108,7 @@ def code_digest(command):
 
 wildcard_constraints:
     variant="|".join(re.escape(v) for v in VARIANTS),
-    datadir="|".join(re.escape(d) for d in DATA_FRACTIONS),
+    datadir="|".join(re.escape(d) for d in DATA_FOLDERS),
     seed=r"\d+",
     round=r"\d+",
 
@@ -165,17 +166,17 @@ def variant_checkpoints(wildcards):
     return expand(str(RUN_FILES.best), variant=wildcards.variant, seed=variant_seeds(P, wildcards.variant))
 
 
-def variant_data(wildcards):
-    """The prepared files of the variant's training fraction: train, val, test, manifest (for unpack)."""
-    return {k: str(v) for k, v in LAYOUT.data_files(variant_fraction(P, wildcards.variant)).items()}
-
-
 def train_data(wildcards):
-    return {k: v for k, v in variant_data(wildcards).items() if k != "test"}
+    """The prepared files a run trains on (for unpack): train, val, manifest of its fraction (and seed's split)."""
+    files = LAYOUT.data_files(variant_fraction(P, wildcards.variant), seed=getattr(wildcards, "seed", None))
+    return {k: str(v) for k, v in files.items() if k != "test"}
 
 
 def test_data(wildcards):
-    return {k: v for k, v in variant_data(wildcards).items() if k in ("test", "manifest")}
+    """The test file and manifest a variant's runs are scored on: one, or each seed's (data.split: per_seed)."""
+    seeds = variant_seeds(P, wildcards.variant) if LAYOUT.per_seed else [None]
+    files = [LAYOUT.data_files(variant_fraction(P, wildcards.variant), seed=s) for s in seeds]
+    return {k: [str(f[k]) for f in files] for k in ("test", "manifest")}
 
 
 def every_core(wildcards):

@@ -29,7 +29,7 @@ from locvit.analysis.metrics import (
 from locvit.analysis.profile import profile
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import read_all, to_model_input
-from locvit.data.prepare import load_manifest
+from locvit.data.prepare import load_manifest, per_checkpoint
 from locvit.device import device_for
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
@@ -221,32 +221,36 @@ def analyse_checkpoints(
     checkpoints: list[Path],
     out_json: list[Path],
     out_npz: list[Path],
-    data: Path,
-    manifest_path: Path,
+    data: Path | list[Path],
+    manifest_path: Path | list[Path],
     images: int = 16,
     als_kernel: tuple[int, int] = (3, 3),
     profile_out: Path | None = None,
     threads: int | None = None,
 ) -> list[dict]:
-    """Analyse each checkpoint (see the module docstring); return the per-seed records."""
+    """Analyse each checkpoint (see the module docstring) on the first images of ``data``'s test split (one
+    file, or one per checkpoint: a split per seed); return the per-seed records."""
     if not len(checkpoints) == len(out_json) == len(out_npz):
         raise InputError(
             f"{len(checkpoints)} checkpoint(s), {len(out_json)} JSON and {len(out_npz)} npz "
             "output(s): give one of each per checkpoint"
         )
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
-    manifest = load_manifest(manifest_path, {"test": data})
-    if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
-        raise InputError(
-            f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
-            f"the test split ({manifest_path}); use at most that many"
-        )
+    data, manifests = per_checkpoint(checkpoints, data, manifest_path)
+    for path, test in zip(manifests, data):
+        manifest = load_manifest(path, {"test": test})
+        if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
+            raise InputError(
+                f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
+                f"the test split ({path}); use at most that many"
+            )
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
-    batch, _ = read_all(data, limit=images, jit=False)  # (B, H, W, 3) uint8
+    batches = {test: read_all(test, limit=images, jit=False)[0] for test in dict.fromkeys(data)}  # (B, H, W, 3)
     if threads:
         torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count
     records = []
-    for i, (state, json_path, npz_path) in enumerate(zip(states, out_json, out_npz)):
+    for i, (state, json_path, npz_path, test) in enumerate(zip(states, out_json, out_npz, data)):
+        batch = batches[test]
         cfg = state["config"]
         device = device_for(cfg["train"]["device"])
         model = models.load(state, device)

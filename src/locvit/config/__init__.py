@@ -390,6 +390,16 @@ def _check_sizes(params: dict, source) -> list[str]:
     return list(dict.fromkeys(problems))  # one message per key and numbers, not one per variant
 
 
+def _check_split(params: dict) -> list[str]:
+    """A split per seed gives each seed its own training files: one job per run."""
+    if params["data"]["split"] == "per_seed" and params["train_jobs"] == "per_variant":
+        return [
+            "data.split: per_seed gives each seed its own training files, so one job cannot train a variant's "
+            "seeds; use train_jobs: per_run, or data.split: fixed"
+        ]
+    return []
+
+
 def _check_tracking(params: dict) -> list[str]:
     """``tracking.ui_url`` is an address the report's links can start with: no whitespace, a host."""
     url = params["tracking"]["ui_url"]
@@ -459,6 +469,7 @@ def validate_params(params: Any, source: str = "params.yaml", check_models: bool
         _check_baseline(params)
         + _check_fraction_epochs(params)
         + _check_tracking(params)
+        + _check_split(params)
         + (_check_semantics(params) if check_models else [])
     )
     if problems:

@@ -36,6 +36,20 @@ def variant_fraction(params: dict, variant: str) -> float:
     return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
 
 
+def data_folders(params: dict) -> dict[str, tuple[float, int]]:
+    """Each data folder of the study (``StudyLayout.data_name``) -> its training fraction and split seed: one
+    per fraction, or one per fraction and seed (``data.split: per_seed``, seed k's split seed split_seed + k)."""
+    from locvit.layout import StudyLayout
+
+    layout, base = StudyLayout.of(params), params["data"]["split_seed"]
+    pairs = {(variant_fraction(params, v), s) for v in params["variants"] for s in variant_seeds(params, v)}
+    if params.get("mask_search"):
+        pairs.add((params["data"]["train_fraction"], params["mask_search"]["seed"]))
+    if not layout.per_seed:
+        return {layout.data_name(f): (f, base) for f, _ in sorted(pairs)}
+    return {layout.data_name(f, s): (f, base + s) for f, s in sorted(pairs)}
+
+
 def run_config(params: dict, variant: str, seed: int) -> dict:
     """The fully resolved config of one training run (what MLflow records as params)."""
     from locvit.data.sources import get_source

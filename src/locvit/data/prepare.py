@@ -107,6 +107,21 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     return manifest
 
 
+def per_checkpoint(checkpoints: list, data, manifests) -> tuple[list[Path], list[Path]]:
+    """The data file and manifest of each checkpoint: one pair for all, or one per checkpoint (a split per seed)."""
+    data, manifests = (
+        [data] if isinstance(data, (str, Path)) else list(data),
+        ([manifests] if isinstance(manifests, (str, Path)) else list(manifests)),
+    )
+    if len(data) != len(manifests) or len(data) not in (1, len(checkpoints)):
+        raise InputError(
+            f"{len(checkpoints)} checkpoint(s), {len(data)} data file(s) and {len(manifests)} manifest(s): give "
+            "one data file and manifest for all, or one of each per checkpoint"
+        )
+    n = len(checkpoints) if len(data) == 1 else 1
+    return [Path(d) for d in data] * n, [Path(m) for m in manifests] * n
+
+
 #: The key under which a manifest records the digest of everything else it holds.
 MANIFEST_DIGEST = "manifest_sha256"
 

@@ -233,12 +233,14 @@ class Summary:
     df: float | None = None
 
 
-def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndarray | None = None) -> Summary:
+def describe(
+    values: Sequence[float], n_images: int | None = None, hits: np.ndarray | None = None, resample: float | None = None
+) -> Summary:
     """n, mean, sample std (n - 1), and the 95 % interval of the mean.
 
     The error: with ``hits`` ((images, seeds) 0/1) the crossed estimate (``crossed``); else the seeds'
-    part plus, with ``n_images``, the test set's binomial part; else the seeds' alone. The interval:
-    ``accuracy_interval``."""
+    part plus, with ``n_images``, the test set's binomial part; else the seeds' alone; with ``resample`` (a
+    split per seed) ``resampled``'s. The interval: ``accuracy_interval``."""
     n = len(values)
     if n == 0:
         raise ValueError("describe() needs at least one value")
@@ -246,7 +248,10 @@ def describe(values: Sequence[float], n_images: int | None = None, hits: np.ndar
     if n == 1:
         return Summary(1, mean, None, None, None)
     seeds = seed_part(values)
-    if hits is not None:
+    if resample is not None:
+        _, var, df = resampled(values, None, resample)
+        var, df = float(var), float(df)
+    elif hits is not None:
         _, var, df, _ = crossed(hits)
         var, df = float(var), float(df)
         n_images = hits.shape[0]
@@ -295,13 +300,15 @@ def compare(
     margin: float,
     n_images: int | None = None,
     hits: tuple[np.ndarray, np.ndarray] | None = None,
+    resample: float | None = None,
 ) -> Comparison:
     """Compare the seeds ``a`` of one variant with the seeds ``b`` of its reference.
 
     The error of the difference: paired over the images when ``hits`` gives both variants' per-image
     results ((images, seeds) 0/1 arrays on the same images, ``crossed``); else both seed parts plus
     the two binomial parts of ``n_images`` (unpaired, wider), else the seed parts alone (Welch's test).
-    When the paired runs show no spread at all the error is ``agreement_floor``'s.
+    When the paired runs show no spread at all the error is ``agreement_floor``'s. With ``resample`` (a split
+    per seed: n_test / n_train) ``a[k]`` and ``b[k]`` share seed k's split, and the error is ``resampled``'s.
     """
     delta = float(np.mean(a) - np.mean(b))
     if len(a) < 2 or len(b) < 2:
@@ -309,7 +316,10 @@ def compare(
     pi = probability_of_improvement(a, b)
     if hits is not None and hits[0].shape[0] < 2:
         hits = None  # one image has no spread over images to estimate
-    if hits is not None:
+    if resample is not None:
+        _, var, df = resampled(a, b, resample)
+        var, df = float(var), float(df)
+    elif hits is not None:
         _, var, df, _ = crossed(*hits)
         var, df = float(var), float(df)
         if var <= 0:
@@ -333,7 +343,33 @@ def compare(
     p = float(2 * t.sf(abs(delta) / se, df))
     # TOST: H0 delta <= -margin (upper tail) and H0 delta >= +margin (lower tail); the larger p decides.
     p_eq = float(max(t.sf((delta + margin) / se, df), t.cdf((delta - margin) / se, df)))
-    return Comparison(delta, se, df, low, high, p, p_eq, margin, hits is not None, "", low90, high90, pi)
+    paired = hits is not None or resample is not None
+    return Comparison(delta, se, df, low, high, p, p_eq, margin, paired, "", low90, high90, pi)
+
+
+def resampled(a, b=None, test_over_train: float = 0.0):
+    """Mean (or paired difference) in points, its variance and df when seed k has its own random split
+    (``data.split: per_seed``): Nadeau and Bengio's corrected resampled t (Machine Learning 52, 2003),
+    ``(1/J + n_test/n_train) S2`` over the J per-seed values (differences on the seeds both have, each on
+    its seed's test images), J - 1 df. The correction stands for the overlap of the J training sets, which
+    the plain ``S2 / J`` ignores. Numbers or numpy arrays of ``(..., seeds)``; no library offers it."""
+    x = np.asarray(a, dtype=float) if b is None else np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    j = x.shape[-1]
+    return x.mean(-1), (1 / j + test_over_train) * x.var(-1, ddof=1), j - 1
+
+
+def interaction(small: Comparison, full: Comparison) -> Comparison:
+    """``small.delta - full.delta``: how much more a variant gains over its reference at a small training fraction
+    than with all the data (the fraction x family interaction). Separate runs: the variances add, Satterthwaite's
+    df. The covariance through the shared test images is left out; positive where a family gains on the same
+    images at both fractions, it makes the interval wider than need be."""
+    delta = small.delta - full.delta
+    if small.se is None or full.se is None:
+        return Comparison(delta, why=small.why or full.why)
+    parts = [Part(small.se**2, small.df), Part(full.se**2, full.df)]
+    se, df = math.sqrt(sum(p.var for p in parts)), satterthwaite(parts)
+    low, high = _t().interval(CONFIDENCE, df, loc=delta, scale=se)
+    return Comparison(delta, se, df, float(low), float(high), float(2 * _t().sf(abs(delta) / se, df)))
 
 
 def probability_of_improvement(a: Sequence[float], b: Sequence[float]) -> float:

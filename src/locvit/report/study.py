@@ -83,6 +83,8 @@ class Acc:
     hits: np.ndarray | None = None  # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
     test_split: dict[str, str | None] = field(default_factory=dict)  # eval file -> the test_hash it records
     unpaired: str | None = None  # why a comparison with per-image results on both sides is not paired
+    seed_splits: dict[int, str | None] = field(default_factory=dict)  # seed -> its test_hash, where they differ
+    resample: float | None = None  # n_test / n_train where each seed had its own split (data.split: per_seed)
     reference: str | None = None  # the variant compared with
     test: stats.Comparison | None = None
     p_holm: float | None = None
@@ -102,7 +104,12 @@ class Acc:
     def summary(self) -> stats.Summary | None:
         if not self.values:
             return None
-        return stats.describe([self.values[s] for s in sorted(self.values)], self.n_images, self.hits)
+        return stats.describe(
+            [self.values[s] for s in sorted(self.values)],
+            self.n_images,
+            None if self.seed_splits else self.hits,
+            self.resample,
+        )
 
     @property
     def mean(self) -> float | None:
@@ -121,7 +128,16 @@ class Acc:
         when both have per-image results and every evaluation file of both records the same test split
         (``test_hash``: its content in the order scored); else unpaired, with ``unpaired`` saying why."""
         test, why = None, None
-        if base is not None and base.n and self.n and base.variant != self.variant:
+        if (
+            base is not None
+            and base.n
+            and self.n
+            and base.variant != self.variant
+            and self.seed_splits
+            and base.seed_splits
+        ):
+            test, why = self._per_seed(base, margin)
+        elif base is not None and base.n and self.n and base.variant != self.variant:
             same = self.n_images is not None and self.n_images == base.n_images
             hits = (self.hits, base.hits) if same and self.hits is not None and base.hits is not None else None
             if hits is not None and (why := split_difference({**self.test_split, **base.test_split})):
@@ -147,6 +163,26 @@ class Acc:
             family_size=None,
             unpaired=why,
         )
+
+    def _per_seed(self, base: Acc, margin: float) -> tuple[stats.Comparison, str | None]:
+        """The comparison where seeds had their own splits: paired by seed (``stats.resampled``) when both have
+        the same seeds, each on the same split, and n_train is known; else unpaired, saying why."""
+        seeds = sorted(self.values)
+        unlike = [s for s in seeds if s not in base.values or self.seed_splits.get(s) != base.seed_splits.get(s)]
+        a, b = [self.values[s] for s in seeds], [base.values[s] for s in sorted(base.values)]
+        if unlike or len(seeds) != len(base.values) or not self.resample or self.resample != base.resample:
+            why = (
+                f"{self.variant} vs {base.variant}: not paired by seed: "
+                + (
+                    f"seed(s) {', '.join(map(str, unlike))} scored another split or only one side has them"
+                    if unlike
+                    else "the seeds or the training-set sizes differ"
+                )
+                + " (the unpaired form is used)"
+            )
+            same = self.n_images is not None and self.n_images == base.n_images
+            return stats.compare(a, b, margin, self.n_images if same else None), why
+        return stats.compare(a, b, margin, self.n_images, resample=self.resample), None
 
 
 def split_difference(files: dict[str, str | None]) -> str | None:
@@ -233,9 +269,12 @@ class Variant:
         seeds = sorted(self.evals)
         sizes = {self.evals[s]["n"] for s in seeds if "n" in self.evals[s]}
         n_images = sizes.pop() if len(sizes) == 1 and all("n" in self.evals[s] for s in seeds) else None
-        hits = None
+        hits, splits = None, {s: self.evals[s].get("test_hash") for s in seeds}
+        per_seed = len(set(splits.values())) > 1 and None not in splits.values()  # data.split: per_seed
         if seeds and n_images and all(self.evals[s].get("test_hits") for s in seeds):
             hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
+        trains = [self.evals[s].get("n_train") for s in seeds]
+        resample = n_images / float(np.mean(trains)) if per_seed and n_images and all(trains) else None
         return Acc(
             self.name,
             {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
@@ -244,6 +283,8 @@ class Variant:
             n_images,
             hits,
             {self.eval_files.get(s, f"{self.name} seed {s}"): self.evals[s].get("test_hash") for s in seeds},
+            seed_splits=splits if per_seed else {},
+            resample=resample,
         )
 
     def _hits(self, seed: int, n_images: int) -> np.ndarray:
@@ -481,7 +522,18 @@ def _variant(name: str, spec: dict) -> Variant:
 
 
 #: What evaluations.json keeps of each evaluation file: what results.csv is computed from.
-EVAL_KEYS = ("variant", "seed", "test_top1", "val_top1", "n", "test_hash", "test_hits", "mlflow_run_id", "n_params")
+EVAL_KEYS = (
+    "variant",
+    "seed",
+    "test_top1",
+    "val_top1",
+    "n",
+    "n_train",
+    "test_hash",
+    "test_hits",
+    "mlflow_run_id",
+    "n_params",
+)
 
 
 def evaluations(study: Study) -> dict:

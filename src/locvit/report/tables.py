@@ -102,6 +102,11 @@ def results_table(study: Study) -> Table:
         + table.notes
     )
     table.notes += [row[1].unpaired for row in table.rows if row[1].unpaired]  # the pairing check's finding
+    if any(row[1].seed_splits for row in table.rows):
+        table.notes.append(
+            "Each seed had its own train/test split (data.split: per_seed): intervals and tests are Nadeau and "
+            "Bengio's corrected resampled t over the seeds, n - 1 df (docs/statistics.md)."
+        )
     return table
 
 
@@ -287,8 +292,12 @@ def plan_markdown(study: Study, delta: float) -> str:
     skipped = []
     for (name, ref), acc in study.comparisons.items():
         base = study.variants[ref].acc()
+        unshared = acc.seed_splits or base.seed_splits  # a split per seed: no images shared by the seeds
         if acc.test is None or acc.test.p is None or acc.hits is None or base.hits is None or not acc.test.paired:
             skipped.append(f"{name} vs {ref}")
+            continue
+        if unshared:
+            skipped.append(f"{name} vs {ref} (a split per seed)")
             continue
         c = stats.components(acc.hits, base.hits)
         images, alpha = acc.hits.shape[0], stats.ALPHA / acc.family_size

@@ -17,7 +17,7 @@ import torch
 from locvit import models
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import make_loader
-from locvit.data.prepare import load_manifest
+from locvit.data.prepare import load_manifest, per_checkpoint
 from locvit.device import describe, device_for, set_backends
 from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
@@ -28,24 +28,26 @@ from locvit.train.engine import Compute, channels_last, evaluate
 def evaluate_checkpoints(
     checkpoints: list[Path],
     outs: list[Path],
-    data: Path,
-    manifest_path: Path,
+    data: Path | list[Path],
+    manifest_path: Path | list[Path],
     tracking_db: Path,
     split: str = "test",
     threads: int | None = None,
 ) -> list[dict]:
-    """Score each checkpoint on ``data``; write one JSON per checkpoint to ``outs``."""
+    """Score each checkpoint on ``data`` (one file, or one per checkpoint: a split per seed); write one JSON per
+    checkpoint to ``outs``."""
     if len(checkpoints) != len(outs):
         raise InputError(f"{len(checkpoints)} checkpoint(s) but {len(outs)} output file(s); give one output each")
     remove_temporaries(*outs)  # what a killed evaluation left
-    manifest = load_manifest(manifest_path, {split: data})
+    files, manifest_paths = per_checkpoint(checkpoints, data, manifest_path)
+    manifests = {m: load_manifest(m, {split: f}) for f, m in zip(files, manifest_paths)}
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
-    results, loader = [], None
-    for checkpoint, state, out in zip(checkpoints, states, outs):
-        cfg = state["config"]
+    results, loaders = [], {}
+    for checkpoint, state, out, data, path in zip(checkpoints, states, outs, files, manifest_paths):
+        cfg, manifest = state["config"], manifests[path]
         device = device_for(cfg["train"]["device"])
-        if loader is None:
-            loader = make_loader(
+        if data not in loaders:
+            loaders[data] = make_loader(
                 data,
                 cfg["train"]["eval_batch_size"],
                 False,
@@ -63,7 +65,7 @@ def evaluate_checkpoints(
         if compute.channels_last:
             channels_last(model)
         mean, std = models.normalisation(model)
-        scores = evaluate(model, loader, mean, std, compute)
+        scores = evaluate(model, loaders[data], mean, std, compute)
         result = {
             "study": cfg["study"],
             "variant": cfg["variant"],
@@ -80,6 +82,7 @@ def evaluate_checkpoints(
             "val_top1": state["val_top1"],
             "mlflow_run_id": state["mlflow_run_id"],
             "data_hash": manifest["data_hash"],  # the whole prepared dataset (differs between training fractions)
+            "n_train": manifest["splits"]["train"]["size"],  # a split per seed's correction: n_test / n_train
             # the split scored, in the order scored (the FFCV file's order, read sequentially): the report pairs
             # two variants' per-image results only when this is equal (locvit.report.study.Acc.against)
             f"{split}_hash": manifest["splits"][split]["content_sha256"],
