@@ -292,9 +292,28 @@ def pytest_sessionfinish(session, exitstatus):
         "wall_s": round(time.monotonic() - session.stash[LANE_START], 1),
         "commit": git_commit(),
         "machine": f"{cpu or _processor()}, {os.cpu_count()} cores",
+        **_slowest(stats),
     }
     DURATIONS.parent.mkdir(parents=True, exist_ok=True)
     write_text(DURATIONS, json.dumps(data, indent=2) + "\n")
+
+
+def _slowest(stats: dict, most: int = 20) -> dict:
+    """The lane's files and tests by time spent (setup, call and teardown; a shared fixture counts where it is
+    first built), slowest first: where to look for a faster suite."""
+    per_test: dict[str, float] = {}
+    for reports in stats.values():
+        for r in reports:
+            if hasattr(r, "duration") and hasattr(r, "nodeid"):
+                per_test[r.nodeid] = per_test.get(r.nodeid, 0.0) + r.duration
+    per_file: dict[str, float] = {}
+    for nodeid, seconds in per_test.items():
+        per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + seconds
+
+    def top(d: dict[str, float]) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:most]}
+
+    return {"slowest_files_s": top(per_file), "slowest_tests_s": top(per_test)}
 
 
 def _processor() -> str:
