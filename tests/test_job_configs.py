@@ -267,6 +267,7 @@ def test_a_split_per_seed_gives_each_seed_its_own_data_folder(tiny_params):
     data = {**tiny_params["data"], "split_seed": 5}
     fixed = validate_params({**tiny_params, "data": data, "seeds": [0, 2], "train_jobs": "per_run"}, check_models=False)
     assert data_folders(fixed) == {"data": (1.0, 5)}
+    assert "split" not in job_configs(fixed)[StudyLayout.of(fixed).train_config("deit_a", 2)]["data"]  # as before
     assert StudyLayout.of(fixed).data_files(seed=2)["test"] == StudyLayout.of(fixed).root / "data" / "test.beton"
     params = validate_params({**fixed, "data": {**data, "split": "per_seed"}}, check_models=False)
     layout = StudyLayout.of(params)
@@ -275,7 +276,20 @@ def test_a_split_per_seed_gives_each_seed_its_own_data_folder(tiny_params):
     assert {p.name: c["split_seed"] for p, c in prepares.items()} == {"seed0.json": 5, "seed2.json": 7}
     assert all("split" not in c for c in prepares.values())  # a folder's split is its split_seed
     assert layout.data_files(seed=2)["test"] == layout.root / "data" / "seed2" / "test.beton"
+    run = job_configs(params)[layout.train_config("deit_a", 2)]["data"]
+    assert run["split"] == "per_seed" and run["split_seed"] == 7  # MLflow records the split it trained on
     with pytest.raises(InputError, match="data.split: per_seed: dvc.yaml's stages describe one split"):
         stage_targets(params, "prepare")
     with pytest.raises(ConfigError, match="data.split: per_seed gives each seed its own training files"):
         validate_params({**params, "train_jobs": "per_variant"}, check_models=False)
+
+
+def test_a_run_of_a_split_per_seed_reads_only_its_seeds_split():
+    """train, evaluate and analyse refuse another seed's files (check_split); a fixed split's run is not checked."""
+    from locvit.data.prepare import check_split
+
+    cfg = {"variant": "deit", "seed": 2, "data": {"split": "per_seed", "split_seed": 7}}
+    check_split(cfg, {"split_seed": 7}, Path("r/data/seed2/manifest.json"))
+    with pytest.raises(InputError, match=r"split seed 5, but deit seed 2 has its own split .* data/seed2/'s files"):
+        check_split(cfg, {"split_seed": 5}, Path("r/data/seed0/manifest.json"))
+    check_split({**cfg, "data": {"split_seed": 7}}, {"split_seed": 5}, Path("m.json"))

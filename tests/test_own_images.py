@@ -116,10 +116,11 @@ def test_a_split_per_seed_reaches_the_report(studies):
         for k in (0, 1):
             record = json.loads((root / "eval" / variant / f"seed{k}.json").read_text())
             assert record["test_hash"] == hashes[k] and record["n_train"] == manifests[k]["splits"]["train"]["size"]
+            assert record["data_split"] == "per_seed"
             top1.setdefault(variant, []).append(100 * record["test_top1"])
     rows = {r["variant"]: r for r in csv.DictReader((root / "report" / "results.csv").open())}
     assert rows["deit"]["n_seeds"] == rows["mait"]["n_seeds"] == "2"
-    ratio = manifests[0]["splits"]["test"]["size"] / np.mean([m["splits"]["train"]["size"] for m in manifests])
+    ratio = np.mean([m["splits"]["test"]["size"] / m["splits"]["train"]["size"] for m in manifests])
     want = stats.compare(top1["mait"], top1["deit"], 1.0, manifests[0]["splits"]["test"]["size"], resample=ratio)
     assert want.df in (1, None)
     got = rows["mait"]["delta_ci95_low"]

@@ -42,7 +42,8 @@ def params() -> dict:
 
 
 def write_evals(root: Path, splits: dict[tuple[str, int], str | None], n_train: int | None = None) -> None:
-    """Evaluation files as evaluate writes them; ``splits``: (variant, seed) -> test_hash (None: none recorded)."""
+    """Evaluation files as evaluate writes them; ``splits``: (variant, seed) -> test_hash (None: none recorded);
+    with ``n_train``, of a study with a split per seed."""
     for variant, right in RIGHT.items():
         for seed, k in zip(SEEDS, right):
             hits = np.arange(360) < k
@@ -63,7 +64,7 @@ def write_evals(root: Path, splits: dict[tuple[str, int], str | None], n_train: 
                 "data_hash": "0" * 16,
             }
             if n_train:
-                record["n_train"] = n_train
+                record |= {"n_train": n_train, "data_split": "per_seed"}
             if splits.get((variant, seed), SPLIT) is not None:
                 record["test_hash"] = splits.get((variant, seed), SPLIT)
             path = root / "eval" / variant / f"seed{seed}.json"
@@ -115,7 +116,8 @@ def test_a_file_without_the_record_is_unpaired(tmp_path):
 def test_a_split_per_seed_is_paired_by_seed(tmp_path):
     """data.split: per_seed: seed k of both variants scored seed k's own test split: paired by seed, Nadeau and
     Bengio's corrected resampled t with J - 1 df, for the difference and each variant; a seed whose split
-    differs between the variants makes the comparison unpaired, and the report says which."""
+    differs between the variants is left out of the pairs, and with fewer than two pairs left each side's
+    corrected error is added; the report says which."""
     per_seed = {(v, s): f"{s:02d}" * 32 for v in RIGHT for s in SEEDS}
     write_evals(tmp_path, per_seed, n_train=1077)
     lsa, notes = comparison(tmp_path)
@@ -127,8 +129,15 @@ def test_a_split_per_seed_is_paired_by_seed(tmp_path):
     assert any("data.split: per_seed" in n and "corrected resampled t" in n for n in notes)
     write_evals(tmp_path, {**per_seed, ("deit", 1): "ff" * 32}, n_train=1077)
     lsa, notes = comparison(tmp_path)
-    assert not lsa.test.paired and lsa.test == expected(paired=False)
-    assert "lsa vs deit: not paired by seed: seed(s) 1 scored another split" in lsa.unpaired
+    pairs = [[values[v][0], values[v][2]] for v in ("lsa", "deit")]
+    assert lsa.test == stats.compare(*pairs, 1.0, resample=360 / 1077) and lsa.test.df == 1
+    assert lsa.unpaired == "lsa vs deit: seed(s) 1 left out: not run on the same split by both"
+    write_evals(tmp_path, {**per_seed, ("deit", 1): "ff" * 32, ("deit", 2): "ee" * 32}, n_train=1077)
+    lsa, notes = comparison(tmp_path)
+    parts = [stats.Part(stats.resampled(v, None, 360 / 1077)[1], 2) for v in (values["lsa"], values["deit"])]
+    assert not lsa.test.paired and lsa.test.se**2 == pytest.approx(parts[0].var + parts[1].var)
+    assert lsa.test.df == pytest.approx(stats.satterthwaite(parts))
+    assert "not paired by seed: fewer than 2 seeds on the same split" in lsa.unpaired
 
 
 @pytest.mark.parametrize(

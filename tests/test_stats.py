@@ -11,6 +11,7 @@ from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_ind
 
+from locvit.errors import InputError
 from locvit.report.stats import (
     ALPHA,
     Part,
@@ -416,6 +417,14 @@ COMMITTED = {  # a committed results table -> the evaluations.json files it is c
     "demo_pooled": ["demo", "demo_avx2"],  # the two kernels' runs as one study (locvit stats A B)
     "demo_split": ["demo_split"],  # a split per seed: the corrected resampled t
 }
+
+
+def test_a_split_per_seed_does_not_pool():
+    from locvit.report.study import study_from_evaluations
+
+    path = REPO / "benchmarks" / "results" / "demo_split" / "evaluations.json"
+    with pytest.raises(InputError, match="a study with a split per seed .* does not pool"):
+        study_from_evaluations(path, path)
 
 
 @pytest.mark.parametrize("study", sorted(COMMITTED))

@@ -29,7 +29,7 @@ from locvit.analysis.metrics import (
 from locvit.analysis.profile import profile
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import read_all, to_model_input
-from locvit.data.prepare import load_manifest, per_checkpoint
+from locvit.data.prepare import check_split, load_manifest, per_checkpoint
 from locvit.device import device_for
 from locvit.errors import InputError
 from locvit.io import atomic_path, remove_temporaries, write_json
@@ -237,14 +237,16 @@ def analyse_checkpoints(
         )
     remove_temporaries(*out_json, *out_npz, *([profile_out] if profile_out else []))  # a killed run's
     data, manifests = per_checkpoint(checkpoints, data, manifest_path)
-    for path, test in zip(manifests, data):
-        manifest = load_manifest(path, {"test": test})
+    loaded = {path: load_manifest(path, {"test": test}) for path, test in zip(manifests, data)}
+    for path, manifest in loaded.items():
         if images > manifest["splits"]["test"]["size"]:  # never fewer images than the config says, silently
             raise InputError(
                 f"analysis.images: {images} is more than the {manifest['splits']['test']['size']} images of "
                 f"the test split ({path}); use at most that many"
             )
     states = [load_checkpoint(c) for c in checkpoints]  # fail on a bad file before any work
+    for state, path in zip(states, manifests):
+        check_split(state["config"], loaded[path], path)
     batches = {test: read_all(test, limit=images, jit=False)[0] for test in dict.fromkeys(data)}  # (B, H, W, 3)
     if threads:
         torch.set_num_threads(threads)  # after the loader: FFCV's Loader resets torch's thread count

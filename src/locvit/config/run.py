@@ -36,6 +36,16 @@ def variant_fraction(params: dict, variant: str) -> float:
     return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
 
 
+def run_data(params: dict, variant: str, seed: int) -> dict:
+    """The data section one run trains on: its training fraction and, with a split per seed, ``split: per_seed``
+    and its own split seed (``split_seed + seed``); a fixed split's carries no ``split`` key."""
+    data = {k: v for k, v in copy.deepcopy(params["data"]).items() if k != "split"}
+    data["train_fraction"] = variant_fraction(params, variant)
+    if params["data"].get("split") == "per_seed":
+        data |= {"split": "per_seed", "split_seed": params["data"]["split_seed"] + seed}
+    return data
+
+
 def data_folders(params: dict) -> dict[str, tuple[float, int]]:
     """Each data folder of the study (``StudyLayout.data_name``) -> its training fraction and split seed: one
     per fraction, or one per fraction and seed (``data.split: per_seed``, seed k's split seed split_seed + k)."""
@@ -67,7 +77,7 @@ def run_config(params: dict, variant: str, seed: int) -> dict:
         "seed": int(seed),
         "model": spec["model"],
         "model_kwargs": kwargs,
-        "data": {**copy.deepcopy(params["data"]), "train_fraction": variant_fraction(params, variant)},
+        "data": run_data(params, variant, int(seed)),
         # the variant's recipe over the study's, its epochs for its training fraction (fraction_protocol)
         "train": fraction_recipe(
             {**params["train"], **spec["train"]},

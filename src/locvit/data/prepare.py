@@ -107,6 +107,17 @@ def prepare(data_cfg: dict, outputs: dict[str, Path], manifest_path: Path) -> di
     return manifest
 
 
+def check_split(cfg: dict, manifest: dict, path: Path) -> None:
+    """A run of a split per seed (its config's ``data.split``) reads only its own seed's split."""
+    want = cfg["data"].get("split_seed")
+    if cfg["data"].get("split") == "per_seed" and manifest.get("split_seed") != want:
+        raise InputError(
+            f"{path} holds the split of split seed {manifest.get('split_seed')}, but {cfg['variant']} seed "
+            f"{cfg['seed']} has its own split (data.split: per_seed, split seed {want}): give it "
+            f"{Path(path).parent.parent.name}/seed{cfg['seed']}/'s files"
+        )
+
+
 def per_checkpoint(checkpoints: list, data, manifests) -> tuple[list[Path], list[Path]]:
     """The data file and manifest of each checkpoint: one pair for all, or one per checkpoint (a split per seed)."""
     data, manifests = (

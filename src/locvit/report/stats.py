@@ -300,7 +300,7 @@ def compare(
     margin: float,
     n_images: int | None = None,
     hits: tuple[np.ndarray, np.ndarray] | None = None,
-    resample: float | None = None,
+    resample: float | tuple[float, float] | None = None,
 ) -> Comparison:
     """Compare the seeds ``a`` of one variant with the seeds ``b`` of its reference.
 
@@ -308,7 +308,8 @@ def compare(
     results ((images, seeds) 0/1 arrays on the same images, ``crossed``); else both seed parts plus
     the two binomial parts of ``n_images`` (unpaired, wider), else the seed parts alone (Welch's test).
     When the paired runs show no spread at all the error is ``agreement_floor``'s. With ``resample`` (a split
-    per seed: n_test / n_train) ``a[k]`` and ``b[k]`` share seed k's split, and the error is ``resampled``'s.
+    per seed: n_test / n_train) ``a[k]`` and ``b[k]`` share seed k's split, and the error is ``resampled``'s;
+    with a pair of ratios (no shared splits) each side's ``resampled`` error, added (Satterthwaite's df).
     """
     delta = float(np.mean(a) - np.mean(b))
     if len(a) < 2 or len(b) < 2:
@@ -316,7 +317,10 @@ def compare(
     pi = probability_of_improvement(a, b)
     if hits is not None and hits[0].shape[0] < 2:
         hits = None  # one image has no spread over images to estimate
-    if resample is not None:
+    if isinstance(resample, tuple):
+        parts = [Part(float(resampled(x, None, r)[1]), len(x) - 1) for x, r in zip((a, b), resample)]
+        var, df = sum(p.var for p in parts), satterthwaite(parts)
+    elif resample is not None:
         _, var, df = resampled(a, b, resample)
         var, df = float(var), float(df)
     elif hits is not None:
@@ -334,7 +338,8 @@ def compare(
     if se == 0:
         return Comparison(
             delta,
-            why="no spread: every seed of both gave the same value, and no test set is known",
+            why="no spread: every seed of both gave the same value, and "
+            + ("a split per seed has no other error to count" if resample is not None else "no test set is known"),
             p_improvement=pi,
         )
     t = _t()
@@ -343,7 +348,7 @@ def compare(
     p = float(2 * t.sf(abs(delta) / se, df))
     # TOST: H0 delta <= -margin (upper tail) and H0 delta >= +margin (lower tail); the larger p decides.
     p_eq = float(max(t.sf((delta + margin) / se, df), t.cdf((delta - margin) / se, df)))
-    paired = hits is not None or resample is not None
+    paired = hits is not None or (resample is not None and not isinstance(resample, tuple))
     return Comparison(delta, se, df, low, high, p, p_eq, margin, paired, "", low90, high90, pi)
 
 

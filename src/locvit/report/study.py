@@ -83,8 +83,8 @@ class Acc:
     hits: np.ndarray | None = None  # (images, seeds) per-image top-1 right/wrong, seeds in sorted order
     test_split: dict[str, str | None] = field(default_factory=dict)  # eval file -> the test_hash it records
     unpaired: str | None = None  # why a comparison with per-image results on both sides is not paired
-    seed_splits: dict[int, str | None] = field(default_factory=dict)  # seed -> its test_hash, where they differ
-    resample: float | None = None  # n_test / n_train where each seed had its own split (data.split: per_seed)
+    seed_splits: dict[int, str | None] = field(default_factory=dict)  # seed -> its test_hash (data.split: per_seed)
+    resample: float | None = None  # the seeds' mean n_test / n_train there (stats.resampled)
     reference: str | None = None  # the variant compared with
     test: stats.Comparison | None = None
     p_holm: float | None = None
@@ -128,14 +128,7 @@ class Acc:
         when both have per-image results and every evaluation file of both records the same test split
         (``test_hash``: its content in the order scored); else unpaired, with ``unpaired`` saying why."""
         test, why = None, None
-        if (
-            base is not None
-            and base.n
-            and self.n
-            and base.variant != self.variant
-            and self.seed_splits
-            and base.seed_splits
-        ):
+        if base is not None and base.n and self.n and base.variant != self.variant and self.resample and base.resample:
             test, why = self._per_seed(base, margin)
         elif base is not None and base.n and self.n and base.variant != self.variant:
             same = self.n_images is not None and self.n_images == base.n_images
@@ -165,24 +158,22 @@ class Acc:
         )
 
     def _per_seed(self, base: Acc, margin: float) -> tuple[stats.Comparison, str | None]:
-        """The comparison where seeds had their own splits: paired by seed (``stats.resampled``) when both have
-        the same seeds, each on the same split, and n_train is known; else unpaired, saying why."""
-        seeds = sorted(self.values)
-        unlike = [s for s in seeds if s not in base.values or self.seed_splits.get(s) != base.seed_splits.get(s)]
-        a, b = [self.values[s] for s in seeds], [base.values[s] for s in sorted(base.values)]
-        if unlike or len(seeds) != len(base.values) or not self.resample or self.resample != base.resample:
+        """The comparison where seeds had their own splits (``stats.resampled``): paired on the seeds both ran on
+        the same split when there are two or more, else each side's corrected variance added, saying why."""
+        common = [s for s in sorted(self.values) if s in base.values and self.seed_splits[s] == base.seed_splits[s]]
+        left = sorted((set(self.values) | set(base.values)) - set(common))
+        head = f"{self.variant} vs {base.variant}: "
+        if len(common) >= 2:
+            a, b = [self.values[s] for s in common], [base.values[s] for s in common]
             why = (
-                f"{self.variant} vs {base.variant}: not paired by seed: "
-                + (
-                    f"seed(s) {', '.join(map(str, unlike))} scored another split or only one side has them"
-                    if unlike
-                    else "the seeds or the training-set sizes differ"
-                )
-                + " (the unpaired form is used)"
+                f"{head}seed(s) {', '.join(map(str, left))} left out: not run on the same split by both"
+                if left
+                else None
             )
-            same = self.n_images is not None and self.n_images == base.n_images
-            return stats.compare(a, b, margin, self.n_images if same else None), why
-        return stats.compare(a, b, margin, self.n_images, resample=self.resample), None
+            return stats.compare(a, b, margin, resample=self.resample), why
+        a, b = [self.values[s] for s in sorted(self.values)], [base.values[s] for s in sorted(base.values)]
+        why = f"{head}not paired by seed: fewer than 2 seeds on the same split (each side's error added)"
+        return stats.compare(a, b, margin, resample=(self.resample, base.resample)), why
 
 
 def split_difference(files: dict[str, str | None]) -> str | None:
@@ -270,11 +261,11 @@ class Variant:
         sizes = {self.evals[s]["n"] for s in seeds if "n" in self.evals[s]}
         n_images = sizes.pop() if len(sizes) == 1 and all("n" in self.evals[s] for s in seeds) else None
         hits, splits = None, {s: self.evals[s].get("test_hash") for s in seeds}
-        per_seed = len(set(splits.values())) > 1 and None not in splits.values()  # data.split: per_seed
+        per_seed = bool(seeds) and all(self.evals[s].get("data_split") == "per_seed" for s in seeds)
         if seeds and n_images and all(self.evals[s].get("test_hits") for s in seeds):
             hits = np.stack([self._hits(s, n_images) for s in seeds], axis=1)  # (images, seeds)
-        trains = [self.evals[s].get("n_train") for s in seeds]
-        resample = n_images / float(np.mean(trains)) if per_seed and n_images and all(trains) else None
+        known = per_seed and all(self.evals[s].get("n") and self.evals[s].get("n_train") for s in seeds)
+        resample = float(np.mean([self.evals[s]["n"] / self.evals[s]["n_train"] for s in seeds])) if known else None
         return Acc(
             self.name,
             {s: 100.0 * self.evals[s]["test_top1"] for s in seeds},
@@ -523,6 +514,7 @@ def _variant(name: str, spec: dict) -> Variant:
 
 #: What evaluations.json keeps of each evaluation file: what results.csv is computed from.
 EVAL_KEYS = (
+    "data_split",
     "variant",
     "seed",
     "test_top1",
@@ -575,6 +567,13 @@ def study_from_evaluations(*paths: Path) -> Study:
             ) from err
         studies.append(Study(config, path.parent, variants))
     first = studies[0]
+    if len(studies) > 1 and any(
+        e.get("data_split") == "per_seed" for s in studies for v in s.variants.values() for e in v.evals.values()
+    ):
+        raise InputError(
+            "a study with a split per seed (data.split: per_seed) does not pool: another machine's run of seed k "
+            "repeats seed k's split, which the corrected resampled t would count as a new one"
+        )
     for path, other in zip(paths[1:], studies[1:]):
         if list(other.variants) != list(first.variants):
             raise InputError(f"{path}: variants {list(other.variants)} differ from {paths[0]}'s: cannot pool them")

@@ -17,7 +17,7 @@ import torch
 from locvit import models
 from locvit.checkpoint import load_checkpoint
 from locvit.data.ffcv_io import make_loader
-from locvit.data.prepare import load_manifest, per_checkpoint
+from locvit.data.prepare import check_split, load_manifest, per_checkpoint
 from locvit.device import describe, device_for, set_backends
 from locvit.errors import InputError
 from locvit.io import pack_bits, remove_temporaries, write_json
@@ -45,6 +45,7 @@ def evaluate_checkpoints(
     results, loaders = [], {}
     for checkpoint, state, out, data, path in zip(checkpoints, states, outs, files, manifest_paths):
         cfg, manifest = state["config"], manifests[path]
+        check_split(cfg, manifest, path)
         device = device_for(cfg["train"]["device"])
         if data not in loaders:
             loaders[data] = make_loader(
@@ -83,6 +84,7 @@ def evaluate_checkpoints(
             "mlflow_run_id": state["mlflow_run_id"],
             "data_hash": manifest["data_hash"],  # the whole prepared dataset (differs between training fractions)
             "n_train": manifest["splits"]["train"]["size"],  # a split per seed's correction: n_test / n_train
+            "data_split": cfg["data"].get("split", "fixed"),  # per_seed: the report pairs by seed
             # the split scored, in the order scored (the FFCV file's order, read sequentially): the report pairs
             # two variants' per-image results only when this is equal (locvit.report.study.Acc.against)
             f"{split}_hash": manifest["splits"][split]["content_sha256"],

@@ -24,7 +24,7 @@ from locvit.config.run import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
-from locvit.data.prepare import load_manifest
+from locvit.data.prepare import check_split, load_manifest
 from locvit.device import describe, device_for, require_toolchain, set_backends
 from locvit.errors import InputError, Stopped
 from locvit.io import remove_temporaries, write_json
@@ -268,6 +268,7 @@ def train_run(
     dist = distributed.current()
     out_dir = Path(out_dir)
     manifest = load_manifest(manifest_path, {"train": train_path, "val": val_path})
+    check_split(cfg, manifest, manifest_path)
     images, batch = manifest["splits"]["train"]["size"], cfg["train"]["batch_size"]
     if images < batch:  # before any compute (locvit validate refuses it where the dataset's size is known)
         raise InputError(
