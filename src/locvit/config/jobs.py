@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from locvit.config.run import data_folders, run_config, variant_seeds
+from locvit.config.run import data_folders, folder_data, run_config, variant_seeds
 from locvit.io import write_text
 from locvit.layout import StudyLayout
 
@@ -27,9 +27,8 @@ def job_configs(params: dict) -> dict[Path, object]:
     variants = list(params["variants"])
     runs = {(v, s): run_config(params, v, s) for v in variants for s in variant_seeds(params, v)}
     configs: dict[Path, object] = {}
-    data = {k: v for k, v in params["data"].items() if k != "split"}  # a folder's split is its split_seed
     for name, (fraction, split_seed) in data_folders(params).items():
-        configs[layout.job_config("prepare", name)] = {**data, "train_fraction": fraction, "split_seed": split_seed}
+        configs[layout.job_config("prepare", name)] = folder_data(params, fraction) | {"split_seed": split_seed}
     for (variant, seed), cfg in runs.items():
         configs[layout.train_config(variant, seed)] = cfg
     configs[layout.job_config("analyse")] = {k: v for k, v in params["analysis"].items() if k not in THROUGHPUT_KEYS}

@@ -36,14 +36,19 @@ def variant_fraction(params: dict, variant: str) -> float:
     return params["variants"][variant].get("train_fraction", params["data"]["train_fraction"])
 
 
-def run_data(params: dict, variant: str, seed: int) -> dict:
-    """The data section one run trains on: its training fraction and, with a split per seed, ``split: per_seed``
-    and its own split seed (``split_seed + seed``); a fixed split's carries no ``split`` key."""
+def folder_data(params: dict, fraction: float, seed: int | None = None) -> dict:
+    """The data section one data folder is prepared from: the study's at ``fraction``, with seed's split seed
+    (``split_seed + seed`` with a split per seed), and no ``split`` key (a folder's split is its split seed)."""
     data = {k: v for k, v in copy.deepcopy(params["data"]).items() if k != "split"}
-    data["train_fraction"] = variant_fraction(params, variant)
-    if params["data"].get("split") == "per_seed":
-        data |= {"split": "per_seed", "split_seed": params["data"]["split_seed"] + seed}
-    return data
+    shift = seed if seed is not None and params["data"].get("split") == "per_seed" else 0
+    return data | {"train_fraction": fraction, "split_seed": data["split_seed"] + shift}
+
+
+def run_data(params: dict, variant: str, seed: int) -> dict:
+    """The data section one run trains on: its folder's (``folder_data``), marked ``split: per_seed`` where each
+    seed has its own split; a fixed split's carries no ``split`` key."""
+    data = folder_data(params, variant_fraction(params, variant), seed)
+    return data | {"split": "per_seed"} if params["data"].get("split") == "per_seed" else data
 
 
 def data_folders(params: dict) -> dict[str, tuple[float, int]]:
@@ -51,13 +56,11 @@ def data_folders(params: dict) -> dict[str, tuple[float, int]]:
     per fraction, or one per fraction and seed (``data.split: per_seed``, seed k's split seed split_seed + k)."""
     from locvit.layout import StudyLayout
 
-    layout, base = StudyLayout.of(params), params["data"]["split_seed"]
+    layout = StudyLayout.of(params)
     pairs = {(variant_fraction(params, v), s) for v in params["variants"] for s in variant_seeds(params, v)}
     if params.get("mask_search"):
         pairs.add((params["data"]["train_fraction"], params["mask_search"]["seed"]))
-    if not layout.per_seed:
-        return {layout.data_name(f): (f, base) for f, _ in sorted(pairs)}
-    return {layout.data_name(f, s): (f, base + s) for f, s in sorted(pairs)}
+    return {layout.data_name(f, s): (f, folder_data(params, f, s)["split_seed"]) for f, s in sorted(pairs)}
 
 
 def run_config(params: dict, variant: str, seed: int) -> dict:
