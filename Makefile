@@ -108,18 +108,21 @@ endef
 # The suite but the cluster test, in two lanes: first the fast lane (`make test-fast`: every test that starts no
 # process, tests/conftest.py fails one that starts a process without the e2e marker), then the rest; each lane's
 # counts and wall time go to test-artifacts/durations.json (ignored by git: a test run leaves the tree clean).
+# Both lanes run on WORKERS pytest-xdist processes; the rest lane keeps a file's tests on one worker (loadgroup,
+# tests/conftest.py), so a study a file builds once is built once.
 FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
+WORKERS ?= auto
 
 test: install
 	@$(MAKE) --no-print-directory browser-deps
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" --record-lane fast
-	$(BIN)/python -m pytest -q -m "$(REST_LANE)" --record-lane rest
+	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" -n $(WORKERS) --record-lane fast
+	$(BIN)/python -m pytest -q -m "$(REST_LANE)" -n $(WORKERS) --dist loadgroup --record-lane rest
 
 test-fast: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -m "$(FAST_LANE)"
+	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" -n $(WORKERS)
 
 # The floor lane: the fast lane in a second environment (.venv-floor, CPython 3.12 as on the GPU node) holding the
 # oldest versions pyproject.toml's ranges allow (constraints-floor.txt: torch 2.11 and the other floors).
@@ -137,7 +140,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
 	@touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
-	$(FLOOR_VENV)/bin/python -m pytest -q -m "$(FAST_LANE)" -p no:cacheprovider
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "$(FAST_LANE)" -n $(WORKERS) -p no:cacheprovider
 
 # `snakemake --profile cluster all` through a real SLURM brought up on this machine (root
 # and apt-get needed: elsewhere the test skips and says why).

@@ -244,6 +244,17 @@ def pytest_runtest_makereport(item, call):
         report.outcome, report.longrepr = "failed", "\n".join(violations)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` (make test's rest lane, pytest-xdist) a file's tests run on one worker, so a
+    module-scoped study is built once; the tests of ``plugin_study``, which two files share, run on one worker."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        shared = "plugin_study" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group("plugin_study" if shared else item.nodeid.split("::")[0]))
+
+
 # `make test` records each lane's counts and wall time -------------------------------------------------------
 LANE_START = pytest.StashKey[float]()
 
@@ -262,7 +273,7 @@ def pytest_sessionfinish(session, exitstatus):
     """With ``--record-lane``: the lane's marker expression, counts, wall time, commit and machine, replacing that
     lane's entry in test-artifacts/durations.json (one current record per lane, no history)."""
     lane = session.config.getoption("record_lane")
-    if not lane or LANE_START not in session.stash:
+    if not lane or LANE_START not in session.stash or hasattr(session.config, "workerinput"):  # an xdist worker
         return
     from locvit.io import write_text
     from locvit.tracking.run import git_commit

@@ -182,7 +182,8 @@ def test_make_tests_two_lanes_run_every_non_cluster_test_once_the_fast_lane_firs
     fast, rest = _make_variable("FAST_LANE"), _make_variable("REST_LANE")
     assert fast == "not e2e and not cluster and not cuda"
     makefile = (REPO / "Makefile").read_text()
-    assert '\t$(BIN)/python -m pytest -q -m "$(FAST_LANE)"\n' in makefile  # test-fast: no other deselection
+    fast_only = '\t$(BIN)/python -m pytest -q -m "$(FAST_LANE)" -n $(WORKERS)\n'  # test-fast: no other deselection
+    assert fast_only in makefile
     test_recipe = makefile.split("\ntest: install\n")[1].split("\n\n")[0].splitlines()
     lanes = [re.search(r'-m "([^"]+)"', line).group(1) for line in test_recipe if "pytest" in line]
     assert lanes == ["$(FAST_LANE)", "$(REST_LANE)"]
