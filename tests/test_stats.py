@@ -411,11 +411,13 @@ def test_a_split_per_seed_is_covered_where_a_fixed_split_is_not():
 
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = {  # a committed results table -> the evaluations.json files it is computed from
-    "demo": ["demo"],
-    "demo_avx2": ["demo_avx2"],
-    "demo_pooled": ["demo", "demo_avx2"],  # the two kernels' runs as one study (locvit stats A B)
-    "demo_split": ["demo_split"],  # a split per seed: the corrected resampled t
+RESULTS = Path("benchmarks") / "results"
+COMMITTED = {  # a committed results table's folder -> the folders of the evaluations.json files it is computed from
+    RESULTS / "demo": [RESULTS / "demo"],
+    RESULTS / "demo_avx2": [RESULTS / "demo_avx2"],
+    RESULTS / "demo_pooled": [RESULTS / "demo", RESULTS / "demo_avx2"],  # both kernels' runs: locvit stats A B
+    RESULTS / "demo_split": [RESULTS / "demo_split"],  # a split per seed: the corrected resampled t
+    Path("docs") / "recipe": [Path("docs") / "recipe"],  # make sweep
 }
 
 
@@ -427,7 +429,7 @@ def test_a_split_per_seed_does_not_pool():
         study_from_evaluations(path, path)
 
 
-@pytest.mark.parametrize("study", sorted(COMMITTED))
+@pytest.mark.parametrize("study", sorted(COMMITTED), ids=str)
 def test_a_committed_results_table_rebuilds_from_its_evaluations(study, tmp_path):
     """`locvit stats` on the committed evaluations.json (each run's score and per-image hits) gives the committed
     results.csv and results_seeds.csv, every number to 12 significant digits (numpy's summation order differs
@@ -446,10 +448,9 @@ def test_a_committed_results_table_rebuilds_from_its_evaluations(study, tmp_path
 
         return [[cell(c) for c in row] for row in csv.reader(path.open(newline=""))]
 
-    sources = [REPO / "benchmarks" / "results" / name / "evaluations.json" for name in COMMITTED[study]]
-    write_results(study_from_evaluations(*sources), tmp_path)
+    write_results(study_from_evaluations(*(REPO / f / "evaluations.json" for f in COMMITTED[study])), tmp_path)
     for name in ("results.csv", "results_seeds.csv"):
-        assert cells(tmp_path / name) == cells(REPO / "benchmarks" / "results" / study / name, approx=True), name
+        assert cells(tmp_path / name) == cells(REPO / study / name, approx=True), name
 
 
 def test_the_machine_as_a_factor(tmp_path):
@@ -485,6 +486,6 @@ def test_the_machine_as_a_factor(tmp_path):
     assert all(float(r[2]) < -5 and float(r[4]) < 0.05 for r in moved), moved
 
     pooled = REPO / "benchmarks" / "results" / "demo_pooled"
-    sources = [REPO / "benchmarks" / "results" / name / "evaluations.json" for name in COMMITTED["demo_pooled"]]
+    sources = [REPO / f / "evaluations.json" for f in COMMITTED[RESULTS / "demo_pooled"]]
     rebuilt = machines_markdown([study_from_evaluations(p) for p in sources], [p.parent.name for p in sources])
     assert rebuilt == (pooled / "machines.md").read_text()
