@@ -246,13 +246,18 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` (make test's rest lane, pytest-xdist) a file's tests run on one worker, so a
-    module-scoped study is built once; the tests of ``plugin_study``, which two files share, run on one worker."""
+    """Under ``--dist loadgroup`` (make test's rest lane, pytest-xdist) the tests of a file that share a
+    module-scoped fixture (a study the file builds once) run on one worker, those of ``plugin_study``, which two
+    files share, on one; any other test goes to whichever worker is free."""
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        shared = "plugin_study" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("plugin_study" if shared else item.nodeid.split("::")[0]))
+        fixtures = getattr(item, "_fixtureinfo", None)
+        scopes = {d[-1].scope for d in fixtures.name2fixturedefs.values() if d} if fixtures else {"module"}
+        if "plugin_study" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("plugin_study"))
+        elif scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 # `make test` records each lane's counts and wall time -------------------------------------------------------
