@@ -108,8 +108,8 @@ endef
 # The suite but the cluster test, in two lanes: first the fast lane (`make test-fast`: every test that starts no
 # process, tests/conftest.py fails one that starts a process without the e2e marker), then the rest; each lane's
 # counts and wall time go to test-artifacts/durations.json (ignored by git: a test run leaves the tree clean).
-# Both lanes run on WORKERS pytest-xdist processes; the rest lane keeps a file's tests on one worker (loadgroup,
-# tests/conftest.py), so a study a file builds once is built once.
+# Both lanes run on WORKERS pytest-xdist processes; the rest lane keeps a file's tests on one worker (loadfile;
+# tests/conftest.py puts the two files of plugin_study on one), so a study is built once.
 FAST_LANE := not e2e and not cluster and not cuda
 REST_LANE := (e2e or cuda) and not cluster
 WORKERS ?= auto
@@ -118,7 +118,7 @@ test: install
 	@$(MAKE) --no-print-directory browser-deps
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "$(FAST_LANE)" -n $(WORKERS) --record-lane fast
-	$(BIN)/python -m pytest -q -m "$(REST_LANE)" -n $(WORKERS) --dist loadgroup --record-lane rest
+	$(BIN)/python -m pytest -q -m "$(REST_LANE)" -n $(WORKERS) --dist loadfile --record-lane rest
 
 test-fast: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -244,20 +244,27 @@ def pytest_runtest_makereport(item, call):
         report.outcome, report.longrepr = "failed", "\n".join(violations)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` (make test's rest lane, pytest-xdist) the tests of a file that share a
-    module-scoped fixture (a study the file builds once) run on one worker, those of ``plugin_study``, which two
-    files share, on one; any other test goes to whichever worker is free."""
-    if not getattr(config.option, "loadgroup", False):
-        return
-    for item in items:
-        fixtures = getattr(item, "_fixtureinfo", None)
-        scopes = {d[-1].scope for d in fixtures.name2fixturedefs.values() if d} if fixtures else {"module"}
-        if "plugin_study" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("plugin_study"))
-        elif scopes & {"module", "class", "package"}:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent where xdist is (a GPU node's pytest)
+def pytest_xdist_make_scheduler(config, log):
+    """make test's rest lane (``--dist loadfile``): a file's tests on one worker, so a module-scoped study is built
+    once, and the files that use ``plugin_study`` (a session fixture) on one worker, so it is built once too.
+    (xdist's loadgroup would say it with marks, but it renames tests in a way pytest 9 no longer reads.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    shared = {
+        f"tests/{path.name}"
+        for path in Path(__file__).parent.glob("test_*.py")
+        if "plugin_study" in path.read_text(encoding="utf-8")
+    }
+
+    class SharedStudies(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "plugin_study" if scope in shared else scope
+
+    return SharedStudies(config, log)
 
 
 # `make test` records each lane's counts and wall time -------------------------------------------------------
