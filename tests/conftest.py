@@ -244,7 +244,7 @@ def pytest_runtest_makereport(item, call):
         report.outcome, report.longrepr = "failed", "\n".join(violations)
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent where xdist is (a GPU node's pytest)
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown where xdist is absent (a GPU node)
 def pytest_xdist_make_scheduler(config, log):
     """make test's rest lane (``--dist loadfile``): a file's tests on one worker, so a module-scoped study is built
     once, and the files that use ``plugin_study`` (a session fixture) on one worker, so it is built once too.

@@ -485,7 +485,7 @@ def test_the_machine_as_a_factor(tmp_path):
     moved = rows([source, shifted])
     assert all(float(r[2]) < -5 and float(r[4]) < 0.05 for r in moved), moved
 
-    pooled = REPO / "benchmarks" / "results" / "demo_pooled"
+    pooled = REPO / RESULTS / "demo_pooled"
     sources = [REPO / f / "evaluations.json" for f in COMMITTED[RESULTS / "demo_pooled"]]
     rebuilt = machines_markdown([study_from_evaluations(p) for p in sources], [p.parent.name for p in sources])
     assert rebuilt == (pooled / "machines.md").read_text()
