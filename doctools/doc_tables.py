@@ -655,40 +655,25 @@ def side_by_side_lines(sources: list[Path], mde: bool = False) -> list[list[str]
     return lines
 
 
-def _test_images(preset: Path) -> int:
-    """The test split's size of a preset on a source that knows its labels (digits), as prepare draws it."""
-    from locvit.config import load_params
-    from locvit.data.sources import get_source
-    from locvit.data.splits import split_indices
-
-    data = load_params(preset, check_models=False)["data"]
-    labels, fixed = get_source(data["source"], data["root"]).known_labels()
-    return len(split_indices(labels, data["val_fraction"], data["test_fraction"], data["split_seed"], fixed)["test"])
-
-
 def interaction_lines(folders: list[Path]) -> list[list[str]]:
-    """The fraction x family interaction of data-efficiency studies (``A,B``: a folder per protocol, each with
-    results.csv and results_seeds.csv): per family, Δ against DeiT at the smallest fraction and with all the data
-    and their difference (``stats.interaction``), Holm over each folder's families. Unpaired: from the per-seed
-    values and the test set's size (``presets/data_efficiency.yaml``'s), the hits not being committed."""
+    """The fraction x family interaction of data-efficiency studies (``A,B``: a folder per protocol, each with its
+    evaluations.json): per family, Δ against DeiT at the smallest fraction and with all the data, each the study's
+    own comparison (paired over the test images, as in its results.csv), and their difference
+    (``stats.interaction``), Holm over each folder's families."""
     from locvit.report import stats
+    from locvit.report.study import study_from_evaluations
 
-    images, lines = _test_images(ROOT / "presets" / "data_efficiency.yaml"), []
+    lines = []
     head = ["protocol", "family", "Δ at {small}", "Δ at 100%", "Δ({small}) − Δ(100%) [95% CI]", "p (Holm)"]
     for folder in folders:
-        seeds: dict[str, list[float]] = {}
-        for row in csv.DictReader((folder / "results_seeds.csv").open(newline="")):
-            seeds.setdefault(row["variant"], []).append(float(row["test_top1"]))
-        rows = {r["variant"]: r for r in read_results_csv(folder / "results.csv")}
-        small = min((int(m.group(1)) for v in rows if (m := re.search(r"_(\d+)pct$", v))), default=None)
+        study = study_from_evaluations(folder / "evaluations.json")
+        accs = {name: study.acc(v) for name, v in study.variants.items()}
+        small = min((int(m.group(1)) for v in accs if (m := re.search(r"_(\d+)pct$", v))), default=None)
         found = []
-        for family, row in rows.items():
-            if not row["reference"] or f"{family}_{small}pct" not in rows:
+        for family, acc in accs.items():
+            if acc.test is None or f"{family}_{small}pct" not in accs:
                 continue
-            at = [
-                stats.compare(seeds[v], seeds[rows[v]["reference"]], 0.0, images)
-                for v in (f"{family}_{small}pct", family)
-            ]
+            at = [accs[f"{family}_{small}pct"].test, acc.test]
             found.append((family, at, stats.interaction(*at)))
         for (family, at, test), p in zip(found, stats.holm([t.p for _, _, t in found])):
             ci = "–" if test.ci_low is None else f"{test.delta:+.2f} [{test.ci_low:+.2f}, {test.ci_high:+.2f}]"

@@ -411,13 +411,15 @@ def test_a_split_per_seed_is_covered_where_a_fixed_split_is_not():
 
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = Path("benchmarks") / "results"
+RESULTS, EFFICIENCY = Path("benchmarks") / "results", Path("docs") / "data_efficiency"
 COMMITTED = {  # a committed results table's folder -> the folders of the evaluations.json files it is computed from
     RESULTS / "demo": [RESULTS / "demo"],
     RESULTS / "demo_avx2": [RESULTS / "demo_avx2"],
     RESULTS / "demo_pooled": [RESULTS / "demo", RESULTS / "demo_avx2"],  # both kernels' runs: locvit stats A B
     RESULTS / "demo_split": [RESULTS / "demo_split"],  # a split per seed: the corrected resampled t
     Path("docs") / "recipe": [Path("docs") / "recipe"],  # make sweep
+    EFFICIENCY / "same_images": [EFFICIENCY / "same_images"],  # make efficiency
+    EFFICIENCY / "same_epochs": [EFFICIENCY / "same_epochs"],  # make efficiency PROTOCOL=same_epochs
 }
 
 
