@@ -196,7 +196,7 @@ def _share_the_cores(workers: int) -> None:
     import torch
     from threadpoolctl import threadpool_limits
 
-    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    share = max(1, (os.cpu_count() or 1) // workers)  # as xdist counts them for -n auto; any OS
     os.environ["OMP_NUM_THREADS"] = str(share)
     torch.set_num_threads(share)
     threadpool_limits(share)
