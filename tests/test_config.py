@@ -172,6 +172,25 @@ def test_a_model_that_built_once_is_not_built_again(raw_tiny, tmp_path, monkeypa
     assert builds[3:] == ["deit_a", "deit_a"]
 
 
+def test_a_split_that_passed_once_is_not_checked_again(raw_tiny, tmp_path, monkeypatch):
+    """The split's size check remembers a pass (scikit-learn's import is a second of every `snakemake -n`);
+    a failure is checked, and said, every time."""
+    import locvit.config as config
+
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path))
+    checks = []
+    real = config._size_problems
+    monkeypatch.setattr(config, "_size_problems", lambda *a: checks.append(1) or real(*a))
+    validate_params(raw_tiny)
+    validate_params(raw_tiny)
+    assert len(checks) == 1 and len(list((tmp_path / "size-checks").iterdir())) == 1
+    raw_tiny["train"]["batch_size"] = 4096  # more than the training split: refused, every time
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="train.batch_size: 4096 is more than the"):
+            validate_params(raw_tiny)
+    assert len(checks) == 3
+
+
 def test_the_working_directory_is_on_sys_path_only_while_a_model_module_is_found(tmp_path, monkeypatch, repo):
     """params' model_modules are found in the working directory (a study's own family beside its params),
     through one helper that both the config check and the import use, and nothing else sees it there."""

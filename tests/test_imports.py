@@ -248,6 +248,23 @@ def test_an_import_counts_the_packages_python_runs_first():
     assert "locvit.tracking" not in graph["locvit.tracking.run"]  # its own package ran before it
 
 
+def test_the_graph_is_read_once_per_version_of_the_modules(tmp_path, monkeypatch):
+    """Remembered by the modules' contents (parsing them all is half a second of every ``snakemake -n``): read
+    again, nothing is parsed; a module that gains an import is parsed, and the graph has it."""
+    import shutil
+
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path / "cache"))
+    package = tmp_path / "locvit"
+    shutil.copytree(SRC / "locvit", package, ignore=shutil.ignore_patterns("__pycache__"))
+    first = versioning.import_graph.__wrapped__(package)  # past the per-process cache
+    parsed, real = [], ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    assert versioning.import_graph.__wrapped__(package) == first and parsed == []
+    (package / "errors.py").write_text((package / "errors.py").read_text() + "\nimport locvit.layout\n")
+    changed = versioning.import_graph.__wrapped__(package)
+    assert parsed and "locvit.layout" in changed["locvit.errors"] - first["locvit.errors"]
+
+
 def test_dvc_stages_hold_only_the_code_their_jobs_run():
     """dvc.yaml's code dependencies (from the import graph): training holds nothing of the report, evaluation
     nothing of sync-tracking's code nor of the stop-on-signal handling only training uses; the parent

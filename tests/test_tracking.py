@@ -668,3 +668,16 @@ def test_a_database_of_a_newer_mlflow_is_named_as_such(tmp_path, monkeypatch):
     ):
         sqlite.ensure(db)
     assert sqlite.revision(db, sqlite.TRACKING) == "f00dfeedbeef" and temporaries(db) == []
+
+
+def test_this_mlflows_schema_revision_is_read_once_per_mlflow_version(tmp_path, monkeypatch):
+    """alembic reads every migration script to name the head revision: remembered per MLflow version."""
+    import dataclasses
+
+    from locvit.tracking import sqlite
+
+    monkeypatch.setenv("LOCVIT_CACHE_DIR", str(tmp_path))
+    asked = []
+    schema = dataclasses.replace(sqlite.TRACKING, head=lambda: asked.append(1) or sqlite.TRACKING.head())
+    assert sqlite.head(schema) == sqlite.head(schema) == sqlite.TRACKING.head() and asked == [1]
+    assert len(list((tmp_path / "mlflow-heads").iterdir())) == 1

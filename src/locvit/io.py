@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,21 @@ def cache_dir(name: str) -> Path:
     """``$LOCVIT_CACHE_DIR/<name>``, else ``~/.cache/locvit/<name>``: results that are safe to recompute."""
     root = os.environ.get(CACHE_ENV)
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "locvit") / name
+
+
+def cache_file(kind: str, key: Any, code: Iterable[Path] = ()) -> Path:
+    """The file in ``cache_dir(kind)`` that remembers an answer: a hash of ``key`` (JSON) and the bytes of
+    ``code``, the files that compute it (so a change to them asks again)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    for path in code:
+        digest.update(Path(path).read_bytes())
+    return cache_dir(kind) / digest.hexdigest()
+
+
+def remember(path: Path, text: str = "") -> None:
+    """Write a cache file; where the cache is read-only, nothing (the answer is computed again next time)."""
+    with contextlib.suppress(OSError):
+        write_text(path, text)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

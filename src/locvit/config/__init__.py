@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import math
 import os
 from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import yaml
 
 from locvit.config.models import check_model, claiming_family
 from locvit.errors import LocvitError
+from locvit.io import cache_file, remember
 
 #: The schema of params.yaml: package data, inside the installed package as in a checkout.
 SCHEMA = resources.files("locvit") / "config" / "params.schema.yaml"
@@ -39,8 +42,14 @@ class ConfigError(LocvitError, ValueError):
         super().__init__(f"{source} is invalid ({len(problems)} problem(s)); nothing was run:\n{lines}")
 
 
+@functools.cache
+def _schema() -> dict:
+    return yaml.load(SCHEMA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 10x
+
+
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA.read_text())
+    """The schema, parsed once per process; a copy the caller may change."""
+    return copy.deepcopy(_schema())
 
 
 def _key(path) -> str:
@@ -336,7 +345,31 @@ def _check_sizes(params: dict, source) -> list[str]:
     """Where the source knows its labels without its images (digits, CIFAR): each variant's training split
     holds at least one batch and an image of every class, and the test split ``analysis.images``. The split
     is the prepare step's own (``locvit.data.splits.split_indices``); other sources are checked when
-    prepared and when trained (the loop refuses an epoch without an optimiser step)."""
+    prepared and when trained (the loop refuses an epoch without an optimiser step). A pass is remembered:
+    scikit-learn (the labels, the split) takes a second to import in every ``snakemake -n``."""
+    from locvit.data import sources, splits
+
+    runs = sorted(
+        {
+            (v.get("train_fraction", params["data"]["train_fraction"]), {**params["train"], **v["train"]}["batch_size"])
+            for v in params["variants"].values()
+        }
+    )
+    try:
+        versions = [version(package) for package in ("scikit-learn", "numpy")]
+    except PackageNotFoundError:  # no scikit-learn (the GPU node): no labels known, nothing remembered
+        return _size_problems(params, source)
+    key = [source.name, params["data"], runs, params["analysis"]["images"], versions]
+    stamp = cache_file("size-checks", key, [Path(__file__), Path(sources.__file__), Path(splits.__file__)])
+    if stamp.exists():
+        return []
+    problems = _size_problems(params, source)
+    if not problems:
+        remember(stamp)
+    return problems
+
+
+def _size_problems(params: dict, source) -> list[str]:
     known = source.known_labels()
     if known is None:
         return []

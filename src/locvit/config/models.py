@@ -11,7 +11,6 @@ keyed by their inputs, timm's and torch's versions and the code of ``locvit.mode
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -19,7 +18,7 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
-from locvit.io import cache_dir, write_text
+from locvit.io import cache_file, remember
 from locvit.model_modules import working_dir_on_path
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -27,9 +26,7 @@ MODELS_DIR = Path(__file__).parent / "models"
 
 def _cache_file(kind: str, key: list, modules: list[str] = ()) -> Path:
     """The cache file of ``key``: its hash with timm's and torch's versions and the models' code."""
-    h = hashlib.sha256(json.dumps([key, version("timm"), version("torch"), list(modules)], sort_keys=True).encode())
-    for code in sorted(MODELS_DIR.glob("*.py")):
-        h.update(code.read_bytes())
+    code = sorted(MODELS_DIR.glob("*.py"))
     for module in modules:  # a module outside locvit: its code too
         with working_dir_on_path():
             try:
@@ -37,15 +34,8 @@ def _cache_file(kind: str, key: list, modules: list[str] = ()) -> Path:
             except (ImportError, ValueError):
                 spec = None
         if spec is not None and spec.origin and Path(spec.origin).is_file():
-            h.update(Path(spec.origin).read_bytes())
-    return cache_dir(kind) / h.hexdigest()
-
-
-def _remember(path: Path, text: str) -> None:
-    try:
-        write_text(path, text)
-    except OSError:
-        pass  # a read-only home: the question is just asked again next time
+            code.append(Path(spec.origin))
+    return cache_file(kind, [key, version("timm"), version("torch"), list(modules)], code)
 
 
 def check_model(name: str, variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str]:
@@ -58,7 +48,7 @@ def check_model(name: str, variant: dict, image_size: int, num_classes: int, mod
         return []
     problems = _build_model(name, variant, image_size, num_classes, modules)
     if not problems:
-        _remember(stamp, "")
+        remember(stamp, "")
     return problems
 
 
@@ -159,5 +149,5 @@ def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
         return None  # the model check names the module that does not import
     family = family_claiming(model)
     found = {"family": family.name, "baseline": family.baseline} if family else None
-    _remember(path, json.dumps(found))
+    remember(path, json.dumps(found))
     return found

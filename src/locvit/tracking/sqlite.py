@@ -84,6 +84,21 @@ def revision(path: Path, schema: Schema) -> str | None:
     return row[0] if row else None
 
 
+def head(schema: Schema) -> str:
+    """This MLflow's revision of ``schema``, remembered per MLflow version: alembic reads every migration
+    script to find it, a third of a second in each process that logs."""
+    from importlib.metadata import version
+
+    from locvit.io import cache_file, remember
+
+    stamp = cache_file("mlflow-heads", [schema.what, version("mlflow")])
+    if stamp.is_file() and (known := stamp.read_text().strip()):
+        return known
+    found = schema.head()
+    remember(stamp, found)
+    return found
+
+
 def ensure(path: Path, schema: Schema = TRACKING) -> None:
     """Bring the SQLite file ``path`` to this MLflow's ``schema``, whole or not at all (module doc).
 
@@ -93,7 +108,7 @@ def ensure(path: Path, schema: Schema = TRACKING) -> None:
     """
     from locvit.io import atomic_path, remove_temporaries
 
-    if path.exists() and revision(path, schema) == schema.head():
+    if path.exists() and revision(path, schema) == head(schema):
         return
     for stale in remove_temporaries(path):  # a killed build's copy (we hold the lock: nobody else writes them)
         Path(f"{stale}-journal").unlink(missing_ok=True)  # and SQLite's journal of it
