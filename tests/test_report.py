@@ -667,6 +667,21 @@ def test_figures_are_valid_files_with_captions(built):
     assert "![als_deit](figures/als_deit.png)" in (out / "index.md").read_text()
 
 
+def test_a_profile_that_lists_its_familys_extras_needs_no_model_to_draw_them():
+    """The analysis writes the family's extras into the profile's arch (``Extra.figure``): the report draws
+    from that record; a profile without it (an older analysis) falls back to the family's declaration."""
+    from locvit.models.family import family_named
+    from locvit.report.study import ExtraFigure, Variant
+
+    declared = family_named("ibit").extras
+    record = json.loads(json.dumps([extra.figure() for extra in declared]))  # as profile.json holds it
+    arch = {"family": "ibit", "extras": record}
+    recorded = Variant("v", "unbuildable", "", {}, [0], profile={"arch": arch}).extras
+    assert recorded == tuple(ExtraFigure(**extra.figure()) for extra in declared) and recorded
+    older = Variant("v", "unbuildable", "", {}, [0], profile={"arch": {"family": "ibit"}}).extras
+    assert older == declared
+
+
 def test_absent_families_are_not_written_and_stale_tables_go(built, tmp_path):
     _, full_report, _, _ = built
     out = tmp_path / "report"

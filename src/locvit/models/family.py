@@ -169,6 +169,10 @@ class Extra:
     limits: tuple[float, float] | None = None
     pdf: bool = False
 
+    def figure(self) -> dict:
+        """All but ``read``: what the report draws it from (``summary``'s ``extras``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "read"}
+
     def __post_init__(self):
         if self.shape not in EXTRA_SHAPES:
             raise ValueError(f"Extra {self.name!r}: shape {self.shape!r} is not one of {', '.join(EXTRA_SHAPES)}")
@@ -297,6 +301,7 @@ def summary(model: nn.Module) -> dict:
         "layer_scale": any(
             n.split(".")[-1] in ("gamma", "gamma_1", "gamma1") or ".ls1." in n for n, _ in model.named_parameters()
         ),
+        "extras": [extra.figure() for extra in family.extras],  # so the report draws them without timm
         **family.options(model),
     }
 

@@ -58,6 +58,18 @@ def _extras(family: str, modules: tuple[str, ...]) -> tuple:
     return known.extras if known else ()
 
 
+@dataclass(frozen=True)
+class ExtraFigure:
+    """An ``Extra`` as a profile records it: what the report draws, without the model code that reads it."""
+
+    name: str
+    shape: str
+    title: str
+    caption: str
+    limits: tuple[float, float] | None = None
+    pdf: bool = False
+
+
 def missing_text(variant: str, seeds: list[int], what: str = "") -> str:
     """``missing: mait_soft seed 1`` / ``missing: lsa profile`` (what names a non-seed file)."""
     if what:
@@ -233,7 +245,12 @@ class Variant:
 
     @property
     def extras(self) -> tuple:
-        """The analysis outputs its family declares beyond the common ones (``locvit.models.family.Extra``)."""
+        """The analysis outputs its family declares beyond the common ones: as its profile lists them (no
+        model is imported), else from the family (``locvit.models.family.Extra``)."""
+        if self.arch and "extras" in self.arch:
+            return tuple(
+                ExtraFigure(**{**e, "limits": e["limits"] and tuple(e["limits"])}) for e in self.arch["extras"]
+            )
         return _extras(self.family, tuple(self.model_modules))
 
     @property
