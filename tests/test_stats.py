@@ -379,7 +379,7 @@ def test_power_where_scipys_lower_tail_is_nan():
     assert all(math.isfinite(power(nc, 2.43245, 0.05 / 7)) for nc in (7, 7.5, 8, 12, 20, 40))
 
 
-@pytest.mark.e2e  # about 5 minutes on the shared 2-core machine: out of the fast lane
+@pytest.mark.e2e  # about a minute and a half on the shared 2-core machine: out of the fast lane
 def test_intervals_cover_on_a_crossed_model():
     """benchmarks/coverage.py's grid (seeds x test images x accuracy, 2000 replicates each, fixed seed): the
     95 % interval of a difference covers the true difference 94-97.5 % of the time, also among the replicates

@@ -72,9 +72,11 @@ def _mean_squares(hits: np.ndarray):
     the seed means and the interaction (residual) mean square, in fractions (not points)."""
     h = np.asarray(hits, dtype=np.float64)
     n_img, n_seed = h.shape[-2:]
-    seeds, images = h.mean(-2), h.mean(-1)
+    # sums as products with ones (BLAS: several times faster than a reduction over the short seed axis),
+    # exact for 0/1 hits in any order, so the means are the bits h.mean would give
+    seeds, images = (np.ones(n_img) @ h) / n_img, (h @ np.ones(n_seed)) / n_seed
     grand = seeds.mean(-1)
-    total = (h * h).sum((-2, -1)) - n_img * n_seed * grand**2
+    total = np.einsum("...ij,...ij->...", h, h) - n_img * n_seed * grand**2
     ss_images = n_seed * ((images - grand[..., None]) ** 2).sum(-1)
     ss_seeds = n_img * ((seeds - grand[..., None]) ** 2).sum(-1)
     inter = np.maximum(total - ss_images - ss_seeds, 0.0) / ((n_img - 1) * (n_seed - 1))
