@@ -87,11 +87,14 @@ def revision(path: Path, schema: Schema) -> str | None:
 def head(schema: Schema) -> str:
     """This MLflow's revision of ``schema``, remembered per MLflow version: alembic reads every migration
     script to find it, a third of a second in each process that logs."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     from locvit.io import cache_file, remember
 
-    stamp = cache_file("mlflow-heads", [schema.what, version("mlflow")])
+    try:
+        stamp = cache_file("mlflow-heads", [schema.what, version("mlflow")])
+    except PackageNotFoundError:  # MLflow installed under another distribution's name: asked every time
+        return schema.head()
     if stamp.is_file() and (known := stamp.read_text().strip()):
         return known
     found = schema.head()
