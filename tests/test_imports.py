@@ -263,6 +263,9 @@ def test_the_graph_is_read_once_per_version_of_the_modules(tmp_path, monkeypatch
     (package / "errors.py").write_text((package / "errors.py").read_text() + "\nimport locvit.layout\n")
     changed = versioning.import_graph.__wrapped__(package)
     assert parsed and "locvit.layout" in changed["locvit.errors"] - first["locvit.errors"]
+    for stamp in (tmp_path / "cache" / "import-graphs").iterdir():  # a cache file that is not JSON: parsed again
+        stamp.write_text("{half")
+    assert versioning.import_graph.__wrapped__(package) == changed
 
 
 def test_dvc_stages_hold_only_the_code_their_jobs_run():

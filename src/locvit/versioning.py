@@ -9,6 +9,7 @@ clean; inside ``dvc repro`` the stages pass ``dvc_commit=false`` (DVC records th
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -96,7 +97,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     files = {_module(path, package): path for path in package.rglob("*.py")}
     names = sorted(files)
     stamp = cache_file("import-graphs", names, [Path(__file__), *(files[name] for name in names)])
-    if stamp.exists():
+    with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: parsed again below
         return {name: set(imported) for name, imported in json.loads(stamp.read_text()).items()}
     graph = {}
     for name, path in files.items():

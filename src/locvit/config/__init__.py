@@ -44,7 +44,7 @@ class ConfigError(LocvitError, ValueError):
 
 @functools.cache
 def _schema() -> dict:
-    return yaml.load(SCHEMA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 10x
+    return yaml.load(SCHEMA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml if built
 
 
 def load_schema() -> dict:
