@@ -14,6 +14,8 @@ from locvit.analysis.profile import gmacs
 from locvit.cli import main
 from locvit.config import load_params
 
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
+
 
 @pytest.fixture(scope="module")
 def cifar(repo):
@@ -36,6 +38,12 @@ def test_a_cifar_studys_cost_counts_its_split_epochs_and_flops(cifar):
     faster = {r["variant"]: r for r in plan.study_cost(cifar, measured={"deit_tiny_patch16_224": 0.6})}
     assert faster["deit_t"]["gpu_hours"] == pytest.approx(deit["gpu_hours"] / 2) and faster["deit_t"]["mfu_measured"]
     assert faster["lsa_t"]["gpu_hours"] == pytest.approx(rows["lsa_t"]["gpu_hours"])
+
+
+def test_a_models_count_is_remembered(tiny_params, monkeypatch):
+    counted = plan.study_cost(tiny_params, measured={})
+    monkeypatch.setattr(plan.profile, "gmacs", lambda *_: pytest.fail("a model counted before is counted again"))
+    assert plan.study_cost(tiny_params, measured={}) == counted
 
 
 def test_an_image_folders_count_is_unknown_until_given(repo):

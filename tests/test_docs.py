@@ -47,6 +47,7 @@ def test_every_test_file_says_what_it_covers():
     assert len(README.read_text().splitlines()) <= 60
 
 
+@pytest.mark.usefixtures("cache_in_tmp")  # the cost tables count the models test_cost counts
 def test_quoted_tables_equal_the_files_they_quote():
     """Every `<!-- table: kind file -->` block in README.md and docs/ renders from its committed file
     (doctools/doc_tables.py); the README's demo table is one of them."""

@@ -2,22 +2,26 @@
 
 Training FLOPs are 3 x the forward's (backward twice the forward) x 2 FLOPs a multiply-accumulate, the forward
 counted on the meta device as the profile step counts it (``locvit.analysis.profile.gmacs``: matmuls and
-convolutions). GPU-hours divide them by a rate: a GPU visit's measured MFU for the same model where one is
+convolutions), remembered per model, keywords and image size like the model checks (``locvit.config.models``).
+GPU-hours divide them by a rate: a GPU visit's measured MFU for the same model where one is
 committed (``benchmarks/results/gpu/mfu.json``), else ``ASSUMED_MFU`` of ``PEAK_TFLOPS``, said so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import torch
 
 from locvit import models
-from locvit.analysis.profile import gmacs
+from locvit.analysis import profile
+from locvit.config.models import model_cache_file
 from locvit.config.run import run_config, variant_seeds
 from locvit.data.sources import get_source
 from locvit.data.splits import split_indices
+from locvit.io import remember
 
 #: An H100's dense bf16 peak from its data sheet (TFLOP/s), and the share of it assumed where none was measured.
 PEAK_TFLOPS, ASSUMED_MFU = 989.0, 0.3
@@ -59,8 +63,7 @@ def study_cost(params: dict, measured: dict[str, float] | None = None, train_ima
             images = len(split["train"])
         elif train_images is not None:
             images = round(train_images * cfg["data"]["train_fraction"])
-        with torch.device("meta"):  # shapes only: no memory, no compute
-            forward = gmacs(models.create(cfg), data["image_size"])
+        forward = forward_gmacs(cfg, data["image_size"])
         epochs = cfg["train"]["epochs"]
         seen = None if images is None else len(seeds) * epochs * images
         pflop = None if seen is None else 6 * forward * 1e9 * seen / 1e15
@@ -82,6 +85,23 @@ def study_cost(params: dict, measured: dict[str, float] | None = None, train_ima
             }
         )
     return rows
+
+
+def forward_gmacs(cfg: dict, image_size: int) -> float:
+    """GMACs of one forward of ``cfg``'s model, counted on the meta device (shapes only: no memory, no compute)
+    and remembered: seconds per ImageNet model, paid again only when the model's or the counter's code changes."""
+    path = model_cache_file(
+        "forward-gmacs",
+        [cfg["model"], cfg["model_kwargs"], image_size],
+        list(cfg.get("model_modules", ())),
+        [Path(profile.__file__)],
+    )
+    with contextlib.suppress(OSError, ValueError):
+        return float(path.read_text())
+    with torch.device("meta"):
+        forward = profile.gmacs(models.create(cfg), image_size)
+    remember(path, repr(forward))
+    return forward
 
 
 def cost_lines(rows: list[dict]) -> list[str]:

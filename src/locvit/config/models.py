@@ -24,9 +24,10 @@ from locvit.model_modules import working_dir_on_path
 MODELS_DIR = Path(__file__).parent / "models"
 
 
-def _cache_file(kind: str, key: list, modules: list[str] = ()) -> Path:
-    """The cache file of ``key``: its hash with timm's and torch's versions and the models' code."""
-    code = sorted(MODELS_DIR.glob("*.py"))
+def model_cache_file(kind: str, key: list, modules: list[str] = (), code: list[Path] = ()) -> Path:
+    """The cache file of ``key``: its hash with timm's and torch's versions and the models' code (locvit's,
+    ``modules``', and any other file in ``code`` that computes the answer)."""
+    code = [*sorted(MODELS_DIR.glob("*.py")), *code]
     for module in modules:  # a module outside locvit: its code too
         with working_dir_on_path():
             try:
@@ -43,7 +44,7 @@ def check_model(name: str, variant: dict, image_size: int, num_classes: int, mod
 
     ``modules``: params' ``model_modules``, imported first. A passing check is remembered.
     """
-    stamp = _cache_file("model-checks", [variant["model"], variant["kwargs"], image_size, num_classes], modules)
+    stamp = model_cache_file("model-checks", [variant["model"], variant["kwargs"], image_size, num_classes], modules)
     if stamp.exists():
         return []
     problems = _build_model(name, variant, image_size, num_classes, modules)
@@ -137,7 +138,7 @@ def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
     """``{"family": name, "baseline": bool}`` of the family that claims the timm model name ``model``
     (``locvit.models.family.family_claiming``; ``modules``: params' ``model_modules``), or None.
     Remembered, so a study whose models were asked about before imports no timm."""
-    path = _cache_file("model-families", [model], modules)
+    path = model_cache_file("model-families", [model], modules)
     if path.exists():
         return json.loads(path.read_text())
     from locvit import models
