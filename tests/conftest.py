@@ -90,7 +90,12 @@ def plugin_study(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("locvit-cache")
+    """One folder for the session, shared by its xdist workers (locvit's cache files are written whole, then
+    renamed): a model one worker counted, another reads."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "locvit-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
 
 
 @pytest.fixture
