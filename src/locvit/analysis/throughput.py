@@ -2,8 +2,9 @@
 
 Analyse jobs share cores with training and each other, so their own timings measured their neighbours. Here
 every variant is built with random weights (``locvit.models.create`` from ``throughput_config``) and timed in
-eval mode under its run's precision and memory format, in ``analysis.throughput_rounds`` rounds whose order
-rotates, each ``WARMUP`` untimed then ``profile_repeats`` timed batches (images/s from the median). Per
+eval mode under its run's precision and memory format, in ``analysis.throughput_rounds`` rounds: each
+runs ``WARMUP`` untimed then ``profile_repeats`` timed batches of every variant, the variants' batches in turn
+and their order rotated every round (images/s from a round's median batch time). Per
 variant: median, min and max over rounds, and ``ratio_vs_baseline``, the median of same-round ratios. The CSV
 (``locvit.io.THROUGHPUT_COLUMNS``) is read back by ``locvit.io.read_throughput`` without torch.
 """
@@ -38,19 +39,15 @@ class Built(NamedTuple):
     dtype: torch.dtype | None
 
 
-def _images_per_s(model: torch.nn.Module, x: torch.Tensor, repeats: int, dtype: torch.dtype | None = None) -> float:
-    """One round's images/s of ``model`` on the batch ``x`` under autocast to ``dtype`` (see the module docstring)."""
-    times = []
-    set_backends(x.device, dtype)  # per variant: TF32 follows its amp
-    with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        for i in range(WARMUP + repeats):
-            _sync(x.device)
-            start = time.perf_counter()
-            model(x)
-            _sync(x.device)
-            if i >= WARMUP:
-                times.append(time.perf_counter() - start)
-    return x.shape[0] / statistics.median(times)
+def _seconds(b: Built) -> float:
+    """One timed forward pass of ``b.model`` on ``b.x`` under autocast to ``b.dtype``."""
+    set_backends(b.x.device, b.dtype)  # per variant: TF32 follows its amp
+    with torch.no_grad(), torch.autocast(b.x.device.type, dtype=b.dtype or torch.bfloat16, enabled=b.dtype is not None):
+        _sync(b.x.device)
+        start = time.perf_counter()
+        b.model(b.x)
+        _sync(b.x.device)
+    return time.perf_counter() - start
 
 
 def _build(config: dict) -> dict[str, Built]:
@@ -75,16 +72,24 @@ def _build(config: dict) -> dict[str, Built]:
 
 
 def _rounds(built: dict[str, Built], rounds: int, repeats: int) -> dict[str, list]:
-    """Each variant's images/s in each round, the order rotated by one every round."""
+    """Each variant's images/s in each round. A round warms every variant, then times their batches in turn
+    (A B C A B C ...), so that a neighbour's burst falls on all of them alike; the order rotates every round."""
     names = list(built)
     for b in built.values():  # the process's first forward passes (thread pool, kernels), untimed
-        _images_per_s(b.model, b.x, 1, b.dtype)
+        _seconds(b)
     rates: dict[str, list[float]] = {v: [] for v in names}
     for r in range(rounds):
         shift = r % len(names)
-        for variant in names[shift:] + names[:shift]:  # a different variant first each round
-            b = built[variant]
-            rates[variant].append(_images_per_s(b.model, b.x, repeats, b.dtype))
+        order = names[shift:] + names[:shift]  # a different variant first each round
+        for _ in range(WARMUP):
+            for variant in order:
+                _seconds(built[variant])
+        times: dict[str, list[float]] = {v: [] for v in names}
+        for _ in range(repeats):
+            for variant in order:
+                times[variant].append(_seconds(built[variant]))
+        for variant in names:
+            rates[variant].append(built[variant].x.shape[0] / statistics.median(times[variant]))
     return rates
 
 
