@@ -289,6 +289,10 @@ def test_the_default_baseline_is_the_first_variant_a_baseline_family_claims(raw_
     assert validate_params(raw_tiny, check_models=False)["baseline"] == "ours"
     assert len(list((tmp_path / "cache" / "model-families").iterdir())) == 3  # one answer per model name
     assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}
+    for answer in (tmp_path / "cache" / "model-families").iterdir():  # half-written or foreign: asked again
+        answer.write_text('{"family": "pl')
+    assert claiming_family("plain_vit", ["plain_family"]) == {"family": "plain", "baseline": True}
+    assert claiming_family("deit_tiny_patch16_224") == {"family": "deit", "baseline": True}
 
 
 def test_a_model_module_that_fails_to_import_is_reported_once(raw_tiny, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ keyed by their inputs, timm's and torch's versions and the code of ``locvit.mode
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import inspect
@@ -139,8 +140,10 @@ def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
     (``locvit.models.family.family_claiming``; ``modules``: params' ``model_modules``), or None.
     Remembered, so a study whose models were asked about before imports no timm."""
     path = model_cache_file("model-families", [model], modules)
-    if path.exists():
-        return json.loads(path.read_text())
+    with contextlib.suppress(OSError, ValueError):  # missing, unreadable or corrupt: asked again
+        found = json.loads(path.read_text())
+        if found is None or (isinstance(found, dict) and set(found) == {"family", "baseline"}):
+            return found
     from locvit import models
     from locvit.models.family import family_claiming
 
