@@ -33,7 +33,8 @@ onsuccess:
     from locvit.versioning import commit_after_snakemake
     from locvit.tracking.run import untracked
 
-    print(f"DVC: {commit_after_snakemake(PARAMS_FILE, config.get('dvc_commit', True) is not False)}")
+    # --config dvc_commit=false (dvc.yaml's stages) arrives as YAML's false, or as the string "false"
+    print(f"DVC: {commit_after_snakemake(PARAMS_FILE, str(config.get('dvc_commit', True)).lower() != 'false')}")
     if notice := untracked(LAYOUT.root, TRACKING_DB):  # runs trained while the tracking backend did not answer
         print(notice)
 

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,6 +317,58 @@ def test_changing_one_variant_retrains_only_that_variant(study):
     assert [w for w in _planned(out.stdout, "evaluate") if "variant=" in w] == ["wildcards: variant=mait_b"]
     assert [w for w in _planned(out.stdout, "analyse") if "variant=" in w] == ["wildcards: variant=mait_b"]
     assert "rule prepare:" not in out.stdout
+
+
+def _jobs(dry_run_output: str) -> list[str]:
+    """Each job of a dry run as 'rule' or 'rule variant' (empty: nothing to do)."""
+    jobs = []
+    for job in dry_run_output.split("\nrule ")[1:]:
+        rule = job.split(":")[0]
+        variant = re.search(r"wildcards:.*variant=(\w+)", job)
+        jobs.append(f"{rule} {variant[1]}" if variant else rule)
+    return sorted(j for j in jobs if j != "all")
+
+
+def test_an_upgrade_re_runs_only_the_jobs_whose_computation_changed(study, tmp_path):
+    """The finished study planned by an edited copy of locvit (29/34): a comment, a docstring or a reformat
+    plans nothing, nor does a real edit to a family no variant runs (Swin); a fix to the report's plots plans
+    the report alone; a real edit to MaiT plans mait_b's jobs (the mask search's too: it trains mait_b), the
+    throughput job (it measures every variant) and the report, and nothing of deit_a's."""
+    work = tmp_path / "work"
+    shutil.copytree(study, work, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    src = work / "src" / "locvit"  # copy_workflow's copy of the package: imported first below
+    env = {**env_with_venv(), "PYTHONPATH": os.pathsep.join([str(work / "src"), env_with_venv()["PYTHONPATH"]])}
+
+    def plan() -> list[str]:
+        proc = subprocess.run(
+            [str(BIN / "snakemake"), "-n", "all", "--config", f"params={TINY}"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return _jobs(proc.stdout)
+
+    def edit(path: str, old: str, new: str) -> None:
+        text = (src / path).read_text()
+        assert old in text, f"{old!r} not in {path}"
+        (src / path).write_text(text.replace(old, new, 1))
+
+    assert plan() == []
+    edit("models/mait.py", "\n\n", "\n\n# a comment\n")
+    edit("io.py", '"""', '"""Another docstring. ')
+    edit("train/engine.py", "\n\n\ndef ", "\n\n\n\n\ndef ")  # blank lines: a reformat
+    assert plan() == []
+    edit("models/swin.py", "\n\n\ndef ", "\n\n\nUNUSED = 2\n\n\ndef ")
+    assert plan() == []
+    edit("report/plots.py", "\n\n\ndef ", "\n\n\nUNUSED = 2\n\n\ndef ")
+    assert plan() == ["report"]
+    edit("models/mait.py", "\n\n\ndef ", "\n\n\nUNUSED = 2\n\n\ndef ")
+    planned = plan()
+    assert {"train mait_b", "evaluate mait_b", "analyse mait_b", "throughput", "report"} <= set(planned), planned
+    assert not [j for j in planned if "deit_a" in j or j.startswith("prepare")], planned
 
 
 def test_bad_config_stops_before_any_job(tmp_path, raw_tiny):

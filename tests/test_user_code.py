@@ -8,8 +8,8 @@ checkpoint records the code of its model (``model_code``), refusing to load afte
 
 from __future__ import annotations
 
-import hashlib
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,17 +19,16 @@ import torch
 import locvit.models  # registers locvit's families
 from locvit.checkpoint import CODE_KEY, DIGEST_KEY, content_digest, load_checkpoint, model_code, save_checkpoint
 from locvit.errors import InputError
-from locvit.model_modules import module_files
+from locvit.model_modules import module_files, source_digest
 from locvit.versioning import MODEL_COMMANDS, code_digest
-
-COMMANDS = ("prepare", "train", "evaluate", "analyse", "throughput", "report", "search-spec", "search-table")
 
 # A user's family beside params.yaml: a helper file beside it, a package of its own, and imports of the
 # standard library, installed packages and locvit (none of them the user's).
 STUDY_FILES = {
     "my_family.py": "import json\nimport torch\nfrom timm.layers import Attention\n"
     "from locvit.models.family import register_family\nfrom pool_helper import pool\n"
-    "import myfams.vit\n\n\ndef forward(x):\n    return pool(x)\n",
+    "import myfams.vit\nfrom timm.models import register_model\n\n\ndef forward(x):\n    return pool(x)\n\n\n"
+    "@register_model\ndef my_vit(**kwargs):\n    return torch.nn.Linear(3, 2)\n",
     "pool_helper.py": "def pool(x):\n    return x.mean(1)  # (B, C)\n",
     "myfams/__init__.py": "",
     "myfams/vit.py": "from . import blocks\nfrom .blocks import Block\n",
@@ -72,19 +71,19 @@ def test_packages_of_another_environment_on_the_path_are_not_a_users_code(tmp_pa
 
 
 def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_path, monkeypatch):
-    """Only the commands that build models hold the user's modules; the same files elsewhere give the same
-    digests; a change to the family's helper (its pooling) changes them all."""
+    """The user's modules a job runs count in its digest; the same files elsewhere give the same digests; a
+    change to the family's helper (its pooling) changes them all. (Which jobs run them: test_code_identity.py.)"""
     here = study(tmp_path / "here")
     monkeypatch.chdir(here)
     modules = ["my_family"]
-    before = {c: code_digest(c, model_modules=modules) for c in COMMANDS}
-    assert {c for c in COMMANDS if before[c] != code_digest(c)} == set(MODEL_COMMANDS)
+    before = {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS}
+    assert all(before[c] != code_digest(c) for c in MODEL_COMMANDS)
     moved = shutil.copytree(here, tmp_path / "elsewhere" / "study")
     monkeypatch.chdir(moved)
-    assert {c: code_digest(c, model_modules=modules) for c in COMMANDS} == before
+    assert {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS} == before
     edit(moved / "pool_helper.py", "x.mean(1)", "x.amax(1)")
-    after = {c: code_digest(c, model_modules=modules) for c in COMMANDS}
-    assert {c for c in COMMANDS if after[c] != before[c]} == set(MODEL_COMMANDS)
+    after = {c: code_digest(c, model_modules=modules) for c in MODEL_COMMANDS}
+    assert all(after[c] != before[c] for c in MODEL_COMMANDS)
     # locvit's digest, then each of the user's modules by name: Snakemake's reason shows which one changed
     assert [part.split("=")[0] for part in after["train"].split()] == [
         code_digest("train"),
@@ -106,8 +105,11 @@ def test_the_digest_of_a_model_rule_follows_the_users_code_not_its_place(tmp_pat
 
 @pytest.fixture
 def trained(tmp_path, monkeypatch) -> tuple[Path, dict]:
-    """A checkpoint of a run of the user's family, written in the study's folder."""
+    """A checkpoint of a run of the user's family (imported, as a job has), written in the study's folder."""
     monkeypatch.chdir(study(tmp_path / "study"))
+    for name in ("my_family", "pool_helper", "myfams", "myfams.vit", "myfams.blocks"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # this test's files, not an earlier test's
+    locvit.models.import_modules(["my_family"])
     state = {
         "model": {"head.weight": torch.ones(2, 3)},
         "epoch": 0,
@@ -123,7 +125,7 @@ def test_a_checkpoint_records_the_code_of_its_model(trained):
     path, state = trained
     recorded = torch.load(path, weights_only=True)[CODE_KEY]
     assert sorted(recorded) == ["my_family", "myfams", "myfams.blocks", "myfams.vit", "pool_helper"]
-    assert recorded["pool_helper"] == hashlib.sha256(Path("pool_helper.py").read_bytes()).hexdigest()[:16]
+    assert recorded["pool_helper"] == source_digest(Path("pool_helper.py"))
     loaded = load_checkpoint(path)
     assert loaded.keys() == state.keys() and torch.equal(loaded["model"]["head.weight"], state["model"]["head.weight"])
 
@@ -158,5 +160,5 @@ def test_a_checkpoint_written_before_it_recorded_its_code_loads_as_before(traine
 def test_a_locvit_family_records_its_family_file_and_timms_models_record_nothing():
     name = timm.list_models("mait_*")[0]
     mait = Path(locvit.models.__file__).parent / "mait.py"
-    assert model_code({"model": name}) == {"locvit.models.mait": hashlib.sha256(mait.read_bytes()).hexdigest()[:16]}
+    assert model_code({"model": name}) == {"locvit.models.mait": source_digest(mait)}
     assert model_code({"model": "deit_tiny_patch16_224"}) == {}  # timm's own (an installed package)

@@ -18,7 +18,7 @@ import torch
 
 from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
-from locvit.model_modules import NOT_FOUND, module_digests, user_code
+from locvit.model_modules import NOT_FOUND, module_digests, module_files, user_code
 
 #: The key under which a checkpoint records its own ``content_digest``.
 DIGEST_KEY = "content_sha256"
@@ -35,13 +35,16 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
         torch.save({**state, DIGEST_KEY: content_digest(state)}, tmp)
 
 
-def model_code(cfg: dict) -> dict[str, str]:
-    """``{module: digest of its file}`` of the code that defines a run config's model: the module that
-    registered it with timm where that is locvit's (a family file) or a user's, the config's ``model_modules``,
-    and the user's modules they import (``locvit.model_modules.module_digests``). The modules of locvit's
-    that a family file imports are not followed (a job's code digest covers them, and so re-runs the job);
-    timm's own models record none of timm (an installed package)."""
-    modules = list(cfg.get("model_modules", ()))
+def model_code(cfg: dict, legacy: bool = False) -> dict[str, str]:
+    """``{module: source_digest}`` of the code that defines a run config's model: the module that registered
+    it with timm where that is locvit's (a family file) or a user's, with the user's modules it imports
+    (``locvit.model_modules.module_digests``). The modules of locvit's that a family file imports are not
+    followed (a job's code digest covers them, and so re-runs the job); timm's own models record none of timm
+    (an installed package), and no other ``model_modules`` of the study count.
+
+    ``legacy``: as locvit before 29/34 wrote it (every ``model_modules`` entry, each file by its bytes), so a
+    run trained then is still recognised (``locvit.train.state.run_keys``, ``changed_code``)."""
+    modules = list(cfg.get("model_modules", ())) if legacy else []
     timm = sys.modules.get("timm")  # the model was built in this process, so its module is imported
     if timm is not None and timm.is_model(cfg["model"]):
         entry = sys.modules.get(timm.models.model_entrypoint(cfg["model"]).__module__)
@@ -51,18 +54,28 @@ def model_code(cfg: dict) -> dict[str, str]:
             and (entry.__name__.split(".")[0] == "locvit" or user_code(entry.__name__, Path(entry.__file__)))
         ):
             modules.append(entry.__name__)
+    if legacy:
+        return {
+            name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND
+            for name, path in module_files(modules).items()
+        }
     return module_digests(modules)
 
 
-def changed_code(recorded: dict[str, str]) -> list[str]:
-    """The modules of a checkpoint's ``model_code`` whose file is not what it was (``name (missing)`` for
-    one that is gone), found as a job would import them now."""
+def changed_code(recorded: dict[str, str], accepted: dict[str, str] | None = None) -> list[str]:
+    """The modules of a checkpoint's ``model_code`` whose code is not what it was (``name (missing)`` for one
+    that is gone), found as a job would import them now. A digest of the file's bytes (written before 29/34)
+    matches its file unchanged; ``accepted``: the code a recorded acceptance (``locvit accept``) vouched for."""
     now = module_digests(recorded)
-    return [
-        name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})"
-        for name in sorted(recorded)
-        if now[name] != recorded[name]
-    ]
+    files = module_files(recorded)
+    changed = []
+    for name in sorted(recorded):
+        if now[name] in (recorded[name], (accepted or {}).get(name)):
+            continue
+        if files.get(name) is not None and hashlib.sha256(files[name].read_bytes()).hexdigest()[:16] == recorded[name]:
+            continue  # recorded by its bytes, before 29/34
+        changed.append(name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})")
+    return changed
 
 
 def rebuild_hint(path: str | Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def cmd_train(args) -> None:
                 out_dir,
                 args.tracking_db,
                 show_progress=args.progress,
-                threads=args.threads,
+                threads=args.threads and max(1, args.threads // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
                 keep_finished=args.keep_finished,
                 system_metrics_s=interval,
             )
@@ -729,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     except LocvitError as err:  # a user's mistake: one line, no traceback
         print(f"locvit {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # its reader closed the pipe (locvit results | head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
     except Stopped as err:
         print(
             f"locvit {args.command}: {err}; run it again to resume (exit status {EXIT_STOPPED})",

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import yaml
 
-from locvit.config.run import variant_seeds
+from locvit.config.run import run_config, variant_seeds
 from locvit.errors import InputError, allowed
 from locvit.io import cache_file, remember
 from locvit.layout import REPORT_FILES, StudyLayout
-from locvit.model_modules import module_digests, module_files
+from locvit.model_modules import module_digests, module_files, source_digest
 
 STAGES = ("prepare", "train", "evaluate", "analyse", "report")
 #: The one study dvc.yaml describes: its templating reads params.yaml.
@@ -87,16 +87,18 @@ def stage_targets(params: dict, stage: str, variant: str | None = None) -> list[
 
 @functools.lru_cache(maxsize=4)  # read once per process: every rule of the Snakefile asks
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """locvit's modules and the locvit modules each imports, at the top or inside a function (read with ast).
+    """locvit's modules and the locvit modules each imports by name, at the top or inside a function (read
+    with ast).
 
     An import of ``locvit.a.b`` also counts the packages above it whose ``__init__`` Python runs first
     (``locvit``, ``locvit.a``), except the importing module's own packages (they ran before it did) unless
-    it names one. A package whose ``__init__`` iterates its folder (locvit.models) imports every module in it.
-    Remembered by the modules' contents: parsing them all takes half a second of every ``snakemake -n``.
+    it names one. The families a package imports by iterating its folder (locvit.models) are not edges: a job
+    counts its variant's family (``family_files``). Remembered by the modules' contents: parsing them all takes
+    half a second of every ``snakemake -n``.
     """
     files = {_module(path, package): path for path in package.rglob("*.py")}
     names = sorted(files)
-    stamp = cache_file("import-graphs", names, [Path(__file__), *(files[name] for name in names)])
+    stamp = cache_file("import-graphs", ["named", names], [Path(__file__), *(files[name] for name in names)])
     with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: parsed again below
         return {name: set(imported) for name, imported in json.loads(stamp.read_text()).items()}
     graph = {}
@@ -107,13 +109,22 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-            elif path.name == "__init__.py" and _iterates_its_folder(node):  # locvit.models finds its families
-                found |= {m for m in files if m.rpartition(".")[0] == name}
         found = {m for m in found if m in files}
         ran = _parents(name) | ({name} if path.name == "__init__.py" else set())  # its own packages
         graph[name] = (found | ({p for m in found for p in _parents(m)} - ran)) - {name}
     remember(stamp, json.dumps({name: sorted(imported) for name, imported in graph.items()}))
     return graph
+
+
+def family_files(package: Path = PACKAGE) -> set[str]:
+    """The modules a package imports by iterating its folder (``pkgutil.iter_modules(__path__)``): locvit's
+    model families, each counted only by the jobs whose variant runs it."""
+    found = set()
+    for init in package.rglob("__init__.py"):
+        if any(_iterates_its_folder(node) for node in ast.walk(ast.parse(init.read_text()))):
+            name = _module(init, package)
+            found |= {f"{name}.{path.stem}" for path in init.parent.glob("*.py") if path.name != "__init__.py"}
+    return found
 
 
 def _iterates_its_folder(node: ast.AST) -> bool:
@@ -138,9 +149,9 @@ def _module(path: Path, package: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
-    """Every locvit module ``locvit <command>`` can import: the CLI's own imports, the command function's,
-    and all they import in turn."""
+def command_modules(command: str, package: Path = PACKAGE, families: Iterable[str] = ()) -> set[str]:
+    """Every locvit module ``locvit <command>`` can import by name: the CLI's own imports, the command
+    function's, ``families`` (the family files its variants run), and all they import in turn."""
     graph = import_graph(package)
     tree = ast.parse((package / "cli.py").read_text())
     function = next(
@@ -151,7 +162,7 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module:
             found = {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in graph}
             start |= found | {p for m in found for p in _parents(m)}  # and the packages Python runs first
-    seen, todo = set(), list(start)
+    seen, todo = set(), list(start | set(families))
     while todo:
         module = todo.pop()
         if module not in seen:
@@ -165,36 +176,69 @@ def command_modules(command: str, package: Path = PACKAGE) -> set[str]:
 PACKAGE_DATA = {"locvit.config": ("config/params.schema.yaml",)}
 
 
-#: The commands that build models (``locvit.models.create``, on the meta device for the report's family
-#: names), so run the study's ``model_modules``: their code is the user's modules too.
-MODEL_COMMANDS = ("train", "evaluate", "analyse", "throughput", "report")
+#: The commands whose jobs build their variants' models, so run their families' code (``job_code``).
+MODEL_COMMANDS = ("train", "evaluate", "analyse", "throughput", "search-spec", "search-table")
 
 
-def code_digest(*commands: str, package: Path = PACKAGE, model_modules: Iterable[str] = ()) -> str:
-    """A digest of the source ``locvit <command>`` runs (``command_modules``), from the modules'
-    names and contents only: the same code gives the same digest wherever it is installed or checked
-    out. A rule's ``code`` param (workflow/rules/common.smk), so Snakemake re-runs the jobs whose code
-    changed, as DVC does from each stage's code dependencies.
+def code_digest(
+    *commands: str, package: Path = PACKAGE, families: Iterable[str] = (), model_modules: Iterable[str] = ()
+) -> str:
+    """A digest of what the source ``locvit <command>`` runs computes (``command_modules`` with ``families``,
+    each module by name and ``source_digest``: a comment, a docstring or a reformat changes nothing), the same
+    wherever it is installed or checked out. A rule's ``code`` param (``job_code``), so Snakemake re-runs the
+    jobs whose code changed.
 
-    For the ``MODEL_COMMANDS``, the study's ``model_modules`` and the user's modules they import
-    (``locvit.model_modules.module_digests``: a helper beside the family) follow, each as
-    ``name=digest`` of its content, so that Snakemake's reason (params changed, before and now) names the
-    module that changed; without any, the digest is locvit's alone."""
-    modules = set().union(*(command_modules(c, package) for c in commands))
+    ``model_modules``: the user's modules the job runs (a family outside locvit, and the user's modules it
+    imports: ``locvit.model_modules.module_digests``) follow, each as ``name=digest``, so that Snakemake's
+    reason (params changed, before and now) names the module that changed."""
+    modules = set().union(*(command_modules(c, package, families) for c in commands))
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py"), key=lambda f: _module(f, package)):
         name = _module(path, package)
         if name in modules:
-            digest.update(f"{name}\0".encode() + path.read_bytes() + b"\0")
-    users = module_digests(model_modules) if any(c in MODEL_COMMANDS for c in commands) else {}
+            digest.update(f"{name}\0{source_digest(path)}\0".encode())
+    users = module_digests(model_modules)
     return " ".join([digest.hexdigest()[:16], *(f"{name}={code}" for name, code in users.items())])
+
+
+def job_code(params: dict, command: str, variants: Iterable[str] | None = None, package: Path = PACKAGE) -> str:
+    """The ``code_digest`` of a job of ``locvit <command>`` in study ``params``: for the ``MODEL_COMMANDS``,
+    with the code of its ``variants``' models only (default: every variant of the study), so that an edit to a
+    family the job does not run re-runs nothing (``locvit.config.models.code_modules``)."""
+    if command not in MODEL_COMMANDS:
+        return code_digest(command, package=package)
+    families, users = set(), set()
+    for name in params["variants"] if variants is None else variants:
+        found = variant_code(params, name)
+        families |= {m for m in found if m.split(".")[0] == package.name}
+        users |= {m for m in found if m.split(".")[0] != package.name}
+    return code_digest(command, package=package, families=sorted(families), model_modules=sorted(users))
+
+
+def variant_code(params: dict, variant: str) -> list[str]:
+    """The modules whose code variant ``variant``'s model runs: its family's file and a user's module, or,
+    where its model does not build (the job will fail and say why), every family and ``model_modules``."""
+    from locvit.config.models import code_modules
+
+    cfg = run_config(params, variant, variant_seeds(params, variant)[0])
+    kwargs = {k: v for k, v in cfg["model_kwargs"].items() if k not in ("img_size", "num_classes")}
+    found = code_modules(
+        {"model": cfg["model"], "kwargs": kwargs},
+        params["data"]["image_size"],
+        cfg["model_kwargs"]["num_classes"],
+        params["model_modules"],
+    )
+    return sorted(family_files()) + list(params["model_modules"]) if found is None else found
 
 
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The source a DVC stage's jobs run, relative to the repository: each module its commands can import
     (a package folder where they can import every module in it), the package data those modules read
-    (``PACKAGE_DATA``) and the workflow files of its rules."""
-    modules = set().union(*(command_modules(c, package) for c in STAGE_COMMANDS[stage]))
+    (``PACKAGE_DATA``) and the workflow files of its rules. A stage of model jobs lists every family: one
+    stage serves every variant (``foreach``), so DVC re-runs it after any family's file changed."""
+    models = set(STAGE_COMMANDS[stage]) & set(MODEL_COMMANDS)
+    families = family_files(package) if models else set()
+    modules = set().union(*(command_modules(c, package, families) for c in STAGE_COMMANDS[stage]))
     files = {path for path in package.rglob("*.py") if _module(path, package) in modules}
     files |= {package / data for module in modules for data in PACKAGE_DATA.get(module, ())}
     folders = sorted(

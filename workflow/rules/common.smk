@@ -100,10 +100,21 @@ os.environ[launch.PYTHON_ENV] = sys.executable
 LOCVIT = f"{launch.PYTHON} -m locvit"
 
 
+@functools.cache
+def job_code(command, variants=None):
+    """What the code of a `locvit <command>` job for ``variants`` (None: every variant) computes
+    (locvit.versioning.job_code): a comment, a docstring or a family no variant of the job runs changes nothing."""
+    return versioning.job_code(P, command, variants)
+
+
 def code_digest(command):
-    """A rule's `code` param: the source `locvit <command>` runs, the study's model_modules (found in the working
-    directory or on PYTHONPATH) among it where the command builds models (locvit.versioning.code_digest)."""
-    return versioning.code_digest(command, model_modules=P["model_modules"])
+    """A rule's `code` param: job_code, of the job's own variant for the per-variant rules (a function of its
+    wildcards), of the mask search's variant for the search's rules."""
+    if command in ("train", "evaluate", "analyse"):
+        return lambda wildcards: job_code(command, (job_variant(wildcards),))
+    if command in ("search-spec", "search-table"):
+        return job_code(command, (SEARCH["variant"],) if SEARCH else ())
+    return job_code(command)
 
 
 wildcard_constraints:
@@ -273,11 +284,6 @@ TRAIN_RESOURCES = {key: train_resource(key) for key in launch.SLURM_KEYS}  # rul
 def train_launcher(wildcards, resources):
     """`python -m locvit`, torchrun over the node's GPUs, or `locvit launch` over several nodes."""
     return launch.rule_prefix(resources)
-
-
-def train_threads(wildcards, threads, resources):
-    """The job's CPU threads shared out over a node's processes."""
-    return max(1, threads // max(1, launch.shape(resources)[1]))  # a process per GPU, or one without
 
 
 def grouped_with(rule_name, alone_if_side_by_side=False):

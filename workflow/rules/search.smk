@@ -37,7 +37,6 @@ rule search_train:
         launch=train_launcher,
         out_dir=f"{ROUND_DIR}",
         tracking_db=TRACKING_DB,
-        threads=train_threads,
     group: grouped_with("search_evaluate")  # cluster profile: with search_evaluate (rounds run in turn)
     threads: 1
     resources:
@@ -47,7 +46,7 @@ rule search_train:
     shell:
         "{params.claim} {params.launch} train --run-config {input.config:q} --search-spec {input.spec:q} --train-data {input.train:q}"
         " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dir:q}"
-        " --tracking-db {params.tracking_db:q} --threads {params.threads} > {log:q} 2>&1"
+        " --tracking-db {params.tracking_db:q} --threads {threads} > {log:q} 2>&1"
 
 
 use rule analyse as search_analyse with:

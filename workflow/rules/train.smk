@@ -22,7 +22,6 @@ for name, seeds, variants in seed_set_rules("train"):
             out_dirs=run_dirs,
             keep=keep_finished,
             tracking_db=TRACKING_DB,
-            threads=train_threads,
         group: grouped_with("evaluate", alone_if_side_by_side=True)  # cluster profile: with evaluate
         threads: 1
         resources:
@@ -31,7 +30,7 @@ for name, seeds, variants in seed_set_rules("train"):
             f"{LOG_DIR}/train/{{variant}}.log" if TRAIN_PER_VARIANT else f"{LOG_DIR}/train/{{variant}}/seed{{seed}}.log",
         shell:
             "{params.claim} {params.launch} train --run-config {input.configs:q} --train-data {input.train:q}"
-            " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {params.threads} {params.keep} > {log:q} 2>&1"
+            " --val-data {input.val:q} --manifest {input.manifest:q} --out-dir {params.out_dirs:q} --tracking-db {params.tracking_db:q} --threads {threads} {params.keep} > {log:q} 2>&1"
 
 
 

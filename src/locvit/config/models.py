@@ -155,3 +155,46 @@ def claiming_family(model: str, modules: list[str] = ()) -> dict | None:
     found = {"family": family.name, "baseline": family.baseline} if family else None
     remember(path, json.dumps(found))
     return found
+
+
+def code_modules(variant: dict, image_size: int, num_classes: int, modules: list[str] = ()) -> list[str] | None:
+    """The modules, locvit's family files or a user's (``modules``: params' ``model_modules``), whose code a
+    variant's model runs: the module that registered its timm name, and the modules of the family that claims
+    the name and of the family its built model belongs to (``family_of``, as the analyses pick it). None when
+    the model does not build: the caller then counts every family. Remembered like ``check_model``."""
+    key = [variant["model"], variant["kwargs"], image_size, num_classes]
+    path = model_cache_file("model-families", ["code", *key], modules)
+    with contextlib.suppress(OSError, ValueError):  # missing, unreadable or corrupt: asked again
+        found = json.loads(path.read_text())
+        if isinstance(found, list) and all(isinstance(m, str) for m in found):
+            return found
+    import sys
+
+    import timm
+
+    from locvit.model_modules import user_code
+    from locvit.models.family import family_claiming, family_module, family_of
+
+    if _build_model("", variant, image_size, num_classes, modules):
+        return None
+    import torch
+
+    from locvit import models
+
+    with torch.device("meta"):
+        built = models.create(
+            {
+                "model": variant["model"],
+                "model_kwargs": {"img_size": image_size, "num_classes": num_classes, **variant["kwargs"]},
+            }
+        )
+    found = {timm.models.model_entrypoint(variant["model"]).__module__, family_module(family_of(built))}
+    if (claimed := family_claiming(variant["model"])) is not None:
+        found.add(family_module(claimed))
+    mine = set()
+    for name in found:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file and (name.split(".")[0] == "locvit" or user_code(name, Path(file))):
+            mine.add(name)
+    remember(path, json.dumps(sorted(mine)))
+    return sorted(mine)

@@ -11,6 +11,7 @@ family". A model no family claims gets ``generic_family`` (timm's ``Attention`` 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -249,6 +250,7 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+_MODULES: dict[str, str] = {}  # family name -> the module that registered it
 
 
 def register_family(family: Family) -> Family:
@@ -256,7 +258,13 @@ def register_family(family: Family) -> Family:
     for kind in family.kinds:
         register_kind(kind)
     _FAMILIES[family.name] = family
+    _MODULES[family.name] = sys._getframe(1).f_globals.get("__name__", "")  # the family's file, for its code
     return family
+
+
+def family_module(family: Family) -> str:
+    """The module that registered ``family`` (its file: the code a job using the family runs)."""
+    return _MODULES.get(family.name, "")
 
 
 def families() -> dict[str, Family]:

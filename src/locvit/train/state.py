@@ -285,10 +285,11 @@ def recorded_run(files: RunFiles) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def run_key(cfg: dict, data_hash: str) -> str:
+def run_key(cfg: dict, data_hash: str, legacy: bool = False) -> str:
     """The config, the data's hash and the model's code (``locvit.checkpoint.model_code``): a change to any
-    of them trains the run again rather than restoring or resuming it."""
-    code = model_code(cfg)
+    of them trains the run again rather than restoring or resuming it. ``legacy``: the key locvit wrote
+    before 29/34 (``model_code(legacy=True)``)."""
+    code = model_code(cfg, legacy=legacy)
     text = json.dumps({"config": cfg, "data_hash": data_hash, **({"model_code": code} if code else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -302,6 +303,7 @@ def _differences(old: dict, new: dict) -> str:
 def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = False) -> Plan:
     """Skip, resume or start over: see the module docstring. Reads files, writes nothing."""
     key = run_key(cfg, data_hash)
+    keys = (key, run_key(cfg, data_hash, legacy=True))  # a run of this config written before 29/34 counts
     files = RunFiles.at(out_dir)
     metrics_path, last_path = files.metrics, files.last
     if metrics_path.is_file() and files.best.is_file():
@@ -309,7 +311,7 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
             metrics = json.loads(metrics_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             metrics = {}  # half-written by hand or by an old version: not a finished run of ours
-        if metrics.get("run_key") == key:
+        if metrics.get("run_key") in keys:
             return Plan(
                 "skip",
                 key,
@@ -318,7 +320,7 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
             )
     if not last_path.is_file():
         record = recorded_run(files)
-        if record.get("run_key") == key:  # killed before its first epoch ended: the same MLflow run
+        if record.get("run_key") in keys:  # killed before its first epoch ended: the same MLflow run
             return Plan(
                 "fresh",
                 key,
@@ -328,7 +330,7 @@ def plan_run(cfg: dict, data_hash: str, out_dir: Path, keep_finished: bool = Fal
             )
         return Plan("fresh", key, stale_run_id=record.get("run_id"))  # another config's, if any
     state = read_last(files)
-    if state.get("run_key") != key:
+    if state.get("run_key") not in keys:
         if "run_key" not in state:
             why = "was written by an older locvit (no run key)"
         elif state.get("config") != cfg:
