@@ -178,7 +178,7 @@ def test_the_train_rule_starts_torchrun_for_several_gpus(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     command = next(line for line in out.stdout.splitlines() if " train --run-config" in line)
     assert " -m torch.distributed.run --standalone --nproc_per_node 2 -m locvit train" in command
-    assert "--threads 2" in command  # the job's 4 threads over 2 processes
+    assert "--threads 4" in command  # the job's 4 threads: locvit train shares them over its 2 processes
 
 
 @pytest.mark.e2e
