@@ -129,3 +129,52 @@ def test_ruff_format_changes_no_digest(copy):
     subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", "--line-length", "60", str(copy)], check=True)
     assert any(path.read_text() != (PACKAGE / name).read_text() for name, path in ((p, copy / p) for p in before))
     assert {path.relative_to(copy): source_digest(path) for path in copy.rglob("*.py")} == before
+
+
+DRY_RUN = """\
+rule train:
+    input: results/st/config/train/mait_b/seed0.json
+    output: results/st/runs/mait_b/seed0/best.pt
+    jobid: 3
+    reason: Params have changed since last execution: Union of exclusive params before and now across all output: \
+before: '05e3dcf8c4d973fe locvit.models.mait=d11230bc6ca8f435' now: '05e3dcf8c4d973fe locvit.models.mait=aaaa0000bbbb1111'
+    wildcards: variant=mait_b
+    resources: tmpdir=/tmp
+
+rule throughput:
+    jobid: 5
+    reason: Params have changed since last execution: Union of exclusive params before and now across all output: \
+before: '1111 locvit.models.mait=d1' now: '2222 locvit.models.mait=d1'
+
+checkpoint search_spec:
+    jobid: 6
+    reason: Missing output files: results/st/search/round0/spec.json
+    wildcards: round=0
+
+rule evaluate_10seeds:
+    jobid: 4
+    reason: Input files updated by another job: results/st/runs/mait_b/seed0/best.pt
+    wildcards: variant=mait_b
+
+rule all:
+    jobid: 0
+    reason: Input files updated by another job: results/st/report/results.md
+"""
+
+
+def test_status_reads_each_job_of_a_dry_run_and_names_what_changed():
+    from locvit.status import SHARED, planned_jobs, why
+
+    jobs = planned_jobs(DRY_RUN)
+    assert [(j.name, j.cost_class) for j in jobs] == [
+        ("train mait_b", "train"),
+        ("throughput", "report"),
+        ("search_spec", "report"),
+        ("evaluate_10seeds mait_b", "evaluate"),
+    ]
+    assert [why(j) for j in jobs] == [
+        "code: locvit.models.mait",
+        f"code: {SHARED}",
+        "not run yet",
+        "an input it reads re-runs",
+    ]

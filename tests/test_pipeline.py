@@ -371,6 +371,53 @@ def test_an_upgrade_re_runs_only_the_jobs_whose_computation_changed(study, tmp_p
     assert not [j for j in planned if "deit_a" in j or j.startswith("prepare")], planned
 
 
+def test_status_names_the_change_and_checks_the_runs_fingerprints(study, tmp_path):
+    """`locvit status` on the finished study planned by an edited copy of locvit (29/34 items 3 and 4): a
+    refactor of training's code that keeps every number (a local renamed) re-plans both variants' training for
+    locvit's shared code, and `--check` finds every run's fingerprint equal; a real change of the warm-up (one
+    step more) makes every fingerprint differ."""
+    work = tmp_path / "work"
+    shutil.copytree(study, work, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    loop = work / "src" / "locvit" / "train" / "loop.py"
+    env = {**env_with_venv(), "PYTHONPATH": os.pathsep.join([str(work / "src"), env_with_venv()["PYTHONPATH"]])}
+
+    def status() -> str:
+        proc = subprocess.run(
+            [str(BIN / "locvit"), "status", "--params", TINY, "--check"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    assert "nothing would re-run" in status()
+    text = loop.read_text()
+    for old, new in [
+        (
+            "    return functools.partial(\n        cosine_schedule,",
+            "    peak = peak_lr(recipe)\n    return functools.partial(\n        cosine_schedule,",
+        ),
+        (
+            '        lr=peak_lr(recipe),\n        min_lr=recipe["min_lr"],',
+            '        lr=peak,\n        min_lr=recipe["min_lr"],',
+        ),
+    ]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    loop.write_text(text)
+    out = status()
+    assert re.search(r"^train deit_a +code: locvit's shared code .* +train: ", out, re.M), out
+    assert re.search(r"^train mait_b +code: locvit's shared code", out, re.M), out
+    assert out.count("fingerprint equal") == 4 and "differs" not in out, out  # 2 variants x 2 seeds
+    warmup = 'warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch))'
+    loop.write_text(loop.read_text().replace(warmup, warmup[:-1] + " + 1)"))
+    out = status()
+    assert out.count("fingerprint differs") == 4 and "fingerprint equal" not in out, out
+
+
 def test_bad_config_stops_before_any_job(tmp_path, raw_tiny):
     work = copy_workflow(tmp_path)
     raw_tiny["variants"]["../escape"] = raw_tiny["variants"]["deit_a"]

@@ -62,6 +62,12 @@ def cmd_validate(args) -> None:
         print("\n".join(cost_lines(study_cost(params, train_images=args.train_images))))
 
 
+def cmd_status(args) -> None:
+    from locvit.status import status
+
+    print("\n".join(status(args.params, check=args.check)))
+
+
 def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
@@ -443,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the training split's size where the source counts it only when prepared (an image folder: "
         "ImageNet's is 1,281,167 less data.val_fraction's share)",
+    )
+
+    p = add("status", cmd_status, "what snakemake -n would re-run in the study, why, and what it costs")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="for each training run whose code changed, compare the fingerprint it recorded with the code's now",
     )
 
     p = add("prepare", cmd_prepare, "split the dataset and write one FFCV file per split plus a manifest")

@@ -188,17 +188,20 @@ def code_digest(
     wherever it is installed or checked out. A rule's ``code`` param (``job_code``), so Snakemake re-runs the
     jobs whose code changed.
 
-    ``model_modules``: the user's modules the job runs (a family outside locvit, and the user's modules it
-    imports: ``locvit.model_modules.module_digests``) follow, each as ``name=digest``, so that Snakemake's
-    reason (params changed, before and now) names the module that changed."""
-    modules = set().union(*(command_modules(c, package, families) for c in commands))
-    digest = hashlib.sha256()
+    The ``families`` (locvit's family files the job runs) and ``model_modules`` (the user's: a family outside
+    locvit, and the user's modules it imports, ``locvit.model_modules.module_digests``) follow the digest of the
+    rest, each as ``name=digest``, so that Snakemake's reason (params changed, before and now) and
+    ``locvit status`` name the family that changed."""
+    modules, families = set().union(*(command_modules(c, package, families) for c in commands)), set(families)
+    digest, named = hashlib.sha256(), []
     for path in sorted(package.rglob("*.py"), key=lambda f: _module(f, package)):
         name = _module(path, package)
-        if name in modules:
+        if name in families:
+            named.append(f"{name}={source_digest(path)}")
+        elif name in modules:
             digest.update(f"{name}\0{source_digest(path)}\0".encode())
     users = module_digests(model_modules)
-    return " ".join([digest.hexdigest()[:16], *(f"{name}={code}" for name, code in users.items())])
+    return " ".join([digest.hexdigest()[:16], *named, *(f"{name}={code}" for name, code in users.items())])
 
 
 def job_code(params: dict, command: str, variants: Iterable[str] | None = None, package: Path = PACKAGE) -> str:

@@ -176,17 +176,7 @@ def build_run(
     )
     if threads and device.type == "cpu":
         torch.set_num_threads(threads)  # after the loaders: FFCV's Loader resets torch's thread count
-    lr = peak_lr(recipe)
-    # Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
-    # sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
-    # fused kernel rounds differently, and CPU runs keep the numbers they always had.
-    optimizer = torch.optim.AdamW(
-        param_groups(model, recipe["weight_decay"]),
-        lr=lr,
-        betas=tuple(recipe["betas"]),
-        fused=True if device.type == "cuda" else None,
-    )
-    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
+    optimizer = make_optimizer(model, recipe, device)
     net = torch.compile(model) if recipe["compile"] else model  # nanoGPT's order: compile, then DDP
     if dist.ddp:  # the constructor broadcasts rank 0's weights, so every rank starts equal
         device_ids = [device.index] if device.type == "cuda" else None
@@ -198,19 +188,8 @@ def build_run(
         net = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=device_ids, broadcast_buffers=buffers_change(model)
         )
-    ema = None
-    if recipe["ema"]:  # after DDP's broadcast: the average starts from the common weights
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(model, decay=recipe["ema_decay"])
-    steps_per_epoch = len(train_loader)  # per process = global steps: each process takes 1/W of every batch
-    lr_at = functools.partial(
-        cosine_schedule,
-        total_steps=steps_per_epoch * recipe["epochs"],
-        warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)),
-        lr=lr,
-        min_lr=recipe["min_lr"],
-    )
+    ema = make_ema(model, recipe)  # after DDP's broadcast: the average starts from the common weights
+    lr_at = make_schedule(recipe, len(train_loader))  # per process = global steps: each takes 1/W of every batch
     compute = Compute.of(recipe, device)
     set_backends(device, compute.amp_dtype, recipe["deterministic"])  # TF32 with amp, cuDNN's autotuner
     # Per-sample draws seeded by (seed, rank, step): a resumed run draws what the uninterrupted one did.
@@ -231,6 +210,43 @@ def build_run(
         show_progress and dist.main,
     )
     return run, TrainState(model, net, optimizer, ema, lr_at)
+
+
+def make_optimizer(model: torch.nn.Module, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
+    """The recipe's AdamW over ``param_groups``, at its peak lr.
+
+    Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
+    sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
+    fused kernel rounds differently, and CPU runs keep the numbers they always had.
+    """
+    optimizer = torch.optim.AdamW(
+        param_groups(model, recipe["weight_decay"]),
+        lr=peak_lr(recipe),
+        betas=tuple(recipe["betas"]),
+        fused=True if device.type == "cuda" else None,
+    )
+    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
+    return optimizer
+
+
+def make_ema(model: torch.nn.Module, recipe: dict):
+    """timm's ModelEmaV3 of ``model`` where the recipe keeps one, else None."""
+    if not recipe["ema"]:
+        return None
+    from timm.utils import ModelEmaV3
+
+    return ModelEmaV3(model, decay=recipe["ema_decay"])
+
+
+def make_schedule(recipe: dict, steps_per_epoch: int):
+    """``lr_at(step)``: the recipe's warm-up and cosine over its epochs of ``steps_per_epoch`` steps."""
+    return functools.partial(
+        cosine_schedule,
+        total_steps=steps_per_epoch * recipe["epochs"],
+        warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)),
+        lr=peak_lr(recipe),
+        min_lr=recipe["min_lr"],
+    )
 
 
 def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
@@ -454,7 +470,11 @@ def finish(run: Run, state: TrainState) -> dict:
         "machine": describe(run.device),  # CPU kernels differ by instruction set: so do the numbers
     }
     if run.dist.main:  # with the tracking record: what locvit sync-tracking uploads when tracking failed
+        from locvit.train.fingerprint import fingerprint
+
         tracker = run.tracker
+        # what this code computes for the run on fixed inputs: `locvit status --check` compares it after an upgrade
+        metrics["fingerprint"] = fingerprint(cfg)
         metrics.update(slurm_job_ids=tracker.slurm_job_ids, tracking=tracker.record())
         write_json(run.files.metrics, metrics)
         tracker.close(metrics)

@@ -1,0 +1,156 @@
+"""``locvit status``: what ``snakemake -n`` would re-run in a study, why, and at what cost (29/34).
+
+Snakemake's dry run is the truth; this summarises it per job: the code that changed (a rule's ``code`` param,
+``locvit.versioning.job_code``: locvit's shared code as one digest, each family file by name), a config file
+or an input that changed, or a job not run yet, with the job's cost class and, for training, the study's cost
+estimate (``locvit.analysis.cost``). ``check`` compares each re-planned training run's fingerprint, recorded
+when it trained (``locvit.train.fingerprint``), with the one the code computes now.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from locvit.errors import InputError
+
+#: A rule's cost class: what re-running one of its jobs costs.
+COST_CLASS = {
+    "prepare": "prepare",
+    "train": "train",
+    "search_train": "train",
+    "evaluate": "evaluate",
+    "search_evaluate": "evaluate",
+    "analyse": "analyse",
+    "search_analyse": "analyse",
+}
+SHARED = "locvit's shared code (engine, data, config, ...)"
+
+
+@dataclass
+class Job:
+    rule: str
+    wildcards: dict[str, str]
+    reason: str
+
+    @property
+    def name(self) -> str:
+        variant = self.wildcards.get("variant")
+        return f"{self.rule} {variant}" if variant else self.rule
+
+    @property
+    def cost_class(self) -> str:
+        return COST_CLASS.get(re.sub(r"_\d+seeds(_\d+)?$", "", self.rule), "report")
+
+
+def dry_run(params_file: Path) -> str:
+    """The output of ``snakemake -n all`` of ``params_file``'s study (run in the working directory)."""
+    snakemake = Path(sys.executable).with_name("snakemake")
+    cmd = [str(snakemake), "-n", "all", "--config", f"params={params_file}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise InputError(
+            f"status: `{' '.join(cmd)}` failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-1500:]}"
+        )
+    return proc.stdout + proc.stderr
+
+
+def planned_jobs(output: str) -> list[Job]:
+    """The jobs of a dry run's output (its ``rule``/``checkpoint`` blocks), ``all`` left out."""
+    jobs = []
+    for block in re.split(r"^(?=(?:localrule|rule|localcheckpoint|checkpoint) \w+:$)", output, flags=re.M)[1:]:
+        rule = re.match(r"\w+ (\w+):", block)[1]
+        wildcards = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+        reason = re.search(r"^\s+reason: (.*)$", block, re.M)
+        pairs = dict(p.split("=", 1) for p in wildcards[1].split(", ")) if wildcards else {}
+        if rule != "all":
+            jobs.append(Job(rule, pairs, reason[1].strip() if reason else ""))
+    return jobs
+
+
+def why(job: Job) -> str:
+    """A job's reason in a few words: the code that changed, by name where Snakemake's params show it."""
+    reason = job.reason
+    if reason.startswith("Params have changed"):
+        before = re.search(r"before: '([^']*)'", reason)
+        now = re.search(r"now: '([^']*)'", reason)
+        if before and now:
+            return "code: " + ", ".join(changed_code(before[1], now[1]))
+        return "params changed"
+    if reason.startswith("Updated input files"):
+        return "its config or input changed: " + reason.split(":", 1)[1].strip()
+    if reason.startswith("Input files updated by another job"):
+        return "an input it reads re-runs"
+    if reason.startswith("Missing output files"):
+        return "not run yet"
+    return reason
+
+
+def changed_code(before: str, now: str) -> list[str]:
+    """The parts of two ``job_code`` texts that differ: ``SHARED`` for the first digest, else each module."""
+    old, new = before.split(), now.split()
+    changed = [SHARED] if old[:1] != new[:1] else []
+    old_named, new_named = dict(p.split("=", 1) for p in old[1:]), dict(p.split("=", 1) for p in new[1:])
+    for name in sorted(set(old_named) | set(new_named)):
+        if old_named.get(name) != new_named.get(name):
+            changed.append(name if name in new_named else f"{name} (gone)")
+    return changed or ["params changed"]
+
+
+def check_runs(params: dict, variant: str) -> list[str]:
+    """Each run of ``variant``: its recorded fingerprint against the one the code computes now."""
+    from locvit.config.run import run_config, variant_seeds
+    from locvit.layout import StudyLayout
+    from locvit.train.fingerprint import fingerprint
+
+    layout, lines = StudyLayout.of(params), []
+    for seed in variant_seeds(params, variant):
+        path = layout.run_files(variant, seed).metrics
+        try:
+            recorded = json.loads(path.read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            recorded = None
+        if recorded is None:
+            verdict = f"no fingerprint recorded in {path} (not trained, or by a locvit before 29/34): retrain"
+        elif fingerprint(run_config(params, variant, seed)) == recorded:
+            verdict = "fingerprint equal: the changed code computes this run as before on fixed inputs"
+        else:
+            verdict = "fingerprint differs: the change alters this run's training; retrain"
+        lines.append(f"  {variant} seed {seed}: {verdict}")
+    return lines
+
+
+def status(params_file: Path, check: bool = False) -> list[str]:
+    """The lines ``locvit status`` prints."""
+    from locvit.analysis.cost import study_cost
+    from locvit.config import load_params
+
+    params = load_params(params_file, check_models=False)
+    jobs = planned_jobs(dry_run(params_file))
+    if not jobs:
+        return [f"{params_file}: study {params['study']!r}: nothing would re-run (snakemake -n)"]
+    costs = {row["variant"]: row for row in study_cost(params)}
+    rows = []
+    for job in jobs:
+        cost = job.cost_class
+        row = costs.get(job.wildcards.get("variant", ""))
+        if cost == "train" and row is not None and job.rule == "train":
+            hours = row["gpu_hours"]
+            gpu_h = "?" if hours is None else f"{hours:.2f}" if hours >= 0.01 else "<0.01"
+            cost = f"train: {gpu_h} GPU-h, {row['runs']} run(s) (locvit validate's estimate)"
+        rows.append((job.name, why(job), cost))
+    width = [max(len(r[i]) for r in rows + [("job", "why", "cost")]) for i in range(2)]
+    lines = [f"{params_file}: study {params['study']!r}: {len(jobs)} job(s) would run (snakemake -n)"]
+    lines += [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in [("job", "why", "cost"), *rows]]
+    if check:
+        trained = [j for j in jobs if j.rule.startswith("train") and j.reason.startswith("Params have changed")]
+        lines.append("fingerprints of the training runs whose code changed (locvit.train.fingerprint):")
+        for job in trained:
+            lines += check_runs(params, job.wildcards["variant"])
+        if not trained:
+            lines.append("  none: no training job re-runs for a code change")
+    return lines
