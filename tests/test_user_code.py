@@ -19,7 +19,7 @@ import torch
 import locvit.models  # registers locvit's families
 from locvit.checkpoint import CODE_KEY, DIGEST_KEY, content_digest, load_checkpoint, model_code, save_checkpoint
 from locvit.errors import InputError
-from locvit.model_modules import module_files, source_digest
+from locvit.model_modules import bytes_digest, module_files, source_digest
 from locvit.versioning import MODEL_COMMANDS, code_digest
 
 # A user's family beside params.yaml: a helper file beside it, a package of its own, and imports of the
@@ -162,3 +162,14 @@ def test_a_locvit_family_records_its_family_file_and_timms_models_record_nothing
     mait = Path(locvit.models.__file__).parent / "mait.py"
     assert model_code({"model": name}) == {"locvit.models.mait": source_digest(mait)}
     assert model_code({"model": "deit_tiny_patch16_224"}) == {}  # timm's own (an installed package)
+
+
+def test_a_checkpoint_that_recorded_its_code_by_bytes_loads_until_the_code_changes(trained):
+    """Before 29/34 a checkpoint recorded each module by its file's bytes: the same files still match it."""
+    path, state = trained
+    by_bytes = {name: bytes_digest(file) for name, file in module_files(["my_family"]).items()}
+    torch.save({**state, CODE_KEY: by_bytes, DIGEST_KEY: content_digest({**state, CODE_KEY: by_bytes})}, path)
+    assert load_checkpoint(path)["epoch"] == 0
+    edit(Path("pool_helper.py"), "x.mean(1)", "x.amax(1)")
+    with pytest.raises(InputError, match="pool_helper changed since"):
+        load_checkpoint(path)

@@ -18,7 +18,7 @@ import torch
 
 from locvit.errors import InputError, MissingFileError
 from locvit.io import atomic_path
-from locvit.model_modules import NOT_FOUND, module_digests, module_files, user_code
+from locvit.model_modules import NOT_FOUND, bytes_digest, module_digests, module_files, user_code
 
 #: The key under which a checkpoint records its own ``content_digest``.
 DIGEST_KEY = "content_sha256"
@@ -43,7 +43,7 @@ def model_code(cfg: dict, legacy: bool = False) -> dict[str, str]:
     (an installed package), and no other ``model_modules`` of the study count.
 
     ``legacy``: as locvit before 29/34 wrote it (every ``model_modules`` entry, each file by its bytes), so a
-    run trained then is still recognised (``locvit.train.state.run_keys``, ``changed_code``)."""
+    run trained then is still recognised (``locvit.train.state.run_key``'s ``legacy``)."""
     modules = list(cfg.get("model_modules", ())) if legacy else []
     timm = sys.modules.get("timm")  # the model was built in this process, so its module is imported
     if timm is not None and timm.is_model(cfg["model"]):
@@ -55,27 +55,20 @@ def model_code(cfg: dict, legacy: bool = False) -> dict[str, str]:
         ):
             modules.append(entry.__name__)
     if legacy:
-        return {
-            name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path else NOT_FOUND
-            for name, path in module_files(modules).items()
-        }
+        return {name: bytes_digest(path) if path else NOT_FOUND for name, path in module_files(modules).items()}
     return module_digests(modules)
 
 
-def changed_code(recorded: dict[str, str], accepted: dict[str, str] | None = None) -> list[str]:
+def changed_code(recorded: dict[str, str]) -> list[str]:
     """The modules of a checkpoint's ``model_code`` whose code is not what it was (``name (missing)`` for one
     that is gone), found as a job would import them now. A digest of the file's bytes (written before 29/34)
-    matches its file unchanged; ``accepted``: the code a recorded acceptance (``locvit accept``) vouched for."""
-    now = module_digests(recorded)
-    files = module_files(recorded)
-    changed = []
-    for name in sorted(recorded):
-        if now[name] in (recorded[name], (accepted or {}).get(name)):
-            continue
-        if files.get(name) is not None and hashlib.sha256(files[name].read_bytes()).hexdigest()[:16] == recorded[name]:
-            continue  # recorded by its bytes, before 29/34
-        changed.append(name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})")
-    return changed
+    matches its file unchanged."""
+    now, files = module_digests(recorded), module_files(recorded)
+    return [
+        name if now[name] != NOT_FOUND else f"{name} ({NOT_FOUND})"
+        for name in sorted(recorded)
+        if now[name] != recorded[name] and not (files[name] and bytes_digest(files[name]) == recorded[name])
+    ]
 
 
 def rebuild_hint(path: str | Path) -> str:

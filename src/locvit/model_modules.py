@@ -84,11 +84,16 @@ def source_digest(path: Path) -> str:
         try:
             _DIGESTS[key] = hashlib.sha256(_canonical(ast.parse(data)).encode()).hexdigest()[:16]
         except (SyntaxError, ValueError):
-            _DIGESTS[key] = hashlib.sha256(data).hexdigest()[:16]
+            _DIGESTS[key] = bytes_digest(path)
     return _DIGESTS[key]
 
 
 _DIGESTS: dict[tuple, str] = {}
+
+
+def bytes_digest(path: Path) -> str:
+    """SHA-256 (16 hex digits) of a file's bytes: a module's digest as locvit recorded it before 29/34."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

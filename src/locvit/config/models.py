@@ -175,7 +175,7 @@ def code_modules(variant: dict, image_size: int, num_classes: int, modules: list
     from locvit.model_modules import user_code
     from locvit.models.family import family_claiming, family_module, family_of
 
-    if _build_model("", variant, image_size, num_classes, modules):
+    if check_model("", variant, image_size, num_classes, modules):  # remembered: validate asked it already
         return None
     import torch
 
