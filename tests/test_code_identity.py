@@ -137,7 +137,7 @@ rule train:
     output: results/st/runs/mait_b/seed0/best.pt
     jobid: 3
     reason: Params have changed since last execution: Union of exclusive params before and now across all output: \
-before: '05e3dcf8c4d973fe locvit.models.mait=d11230bc6ca8f435' now: '05e3dcf8c4d973fe locvit.models.mait=aaaa0000bbbb1111'
+before: '05e3dcf8 locvit.models.mait=d11230bc' now: '05e3dcf8 locvit.models.mait=aaaa0000'
     wildcards: variant=mait_b
     resources: tmpdir=/tmp
 
