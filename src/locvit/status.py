@@ -53,9 +53,8 @@ def dry_run(params_file: Path) -> str:
     cmd = [str(snakemake), "-n", "all", "--config", f"params={params_file}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
-        raise InputError(
-            f"status: `{' '.join(cmd)}` failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-1500:]}"
-        )
+        said = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        raise InputError(f"status: `{' '.join(cmd)}` failed (exit {proc.returncode}): {' | '.join(said[-4:])}")
     return proc.stdout + proc.stderr
 
 

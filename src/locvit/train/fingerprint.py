@@ -33,7 +33,8 @@ def fingerprint(cfg: dict) -> str:
     python_state, numpy_state = random.getstate(), np.random.get_state()
     try:
         torch.set_num_threads(1)  # CPU reductions split by thread count: one thread, the same bits anywhere
-        with torch.random.fork_rng(devices=[]):
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):  # seed_everything seeds CUDA's generators too
             parts = _run(cfg, weights_digest)
     finally:
         torch.set_num_threads(threads)
