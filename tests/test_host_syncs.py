@@ -38,10 +38,12 @@ from locvit.train.engine import (
     NonFiniteLoss,
     PartialEpoch,
     StepRecipe,
+    _keep_implementation,
+    param_groups,
     train_one_epoch,
     update_ema,
 )
-from locvit.train.loop import _keep_implementation, buffers_change, param_groups
+from locvit.train.loop import buffers_change
 
 BUILDS = {name: family.small for name, family in locvit_families().items()}  # Family.small
 

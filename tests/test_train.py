@@ -22,10 +22,10 @@ from locvit.train.engine import (
     StepRecipe,
     cosine_schedule,
     evaluate,
+    param_groups,
     set_deterministic,
     train_one_epoch,
 )
-from locvit.train.loop import param_groups
 from locvit.train.state import seed_everything
 
 

@@ -5,7 +5,8 @@ imports keep (``LAYERS``, lowest first; a module imports its own layer or a lowe
 import each other: ``tests/test_imports.py`` reads ``locvit.versioning.import_graph``): 1. ``errors``, ``io``,
 ``layout``, ``device``, ``model_modules``, ``checkpoint`` (no model, no config); 2. ``data``, ``models``;
 3. ``config``, ``versioning``; 4. ``tracking``; 5. ``train``; 6. ``analysis``; 7. ``report`` (the throughput CSV
-read through ``io``, without torch); 8. ``cli``, ``__main__``. What a lower layer needs from a higher one moves down.
+read through ``io``, without torch), ``status``; 8. ``cli``, ``__main__``. What a lower layer needs from a higher
+one moves down.
 """
 
 __version__ = "0.1.0"
@@ -18,6 +19,6 @@ LAYERS = (
     ("tracking",),
     ("train",),
     ("analysis",),
-    ("report",),
+    ("report", "status"),
     ("cli", "__main__"),
 )

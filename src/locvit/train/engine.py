@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from locvit.config.run import peak_lr
 from locvit.data.feed import bounded
 from locvit.data.ffcv_io import to_model_input
 from locvit.device import amp_dtype
@@ -390,3 +392,63 @@ def evaluate(
         "correct": total_correct,
         "hits": torch.cat(hits).cpu() if hits else torch.zeros(0, dtype=torch.bool),
     }
+
+
+# The optimiser, its EMA and its schedule, as a run builds them (locvit.train.loop) and its fingerprint does ------
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases, norms, tokens and position embeddings (DeiT's rule)."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: torch.nn.Module, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
+    """The recipe's AdamW over ``param_groups``, at its peak lr.
+
+    Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
+    sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
+    fused kernel rounds differently, and CPU runs keep the numbers they always had.
+    """
+    optimizer = torch.optim.AdamW(
+        param_groups(model, recipe["weight_decay"]),
+        lr=peak_lr(recipe),
+        betas=tuple(recipe["betas"]),
+        fused=True if device.type == "cuda" else None,
+    )
+    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
+    return optimizer
+
+
+def make_ema(model: torch.nn.Module, recipe: dict):
+    """timm's ModelEmaV3 of ``model`` where the recipe keeps one, else None."""
+    if not recipe["ema"]:
+        return None
+    from timm.utils import ModelEmaV3
+
+    return ModelEmaV3(model, decay=recipe["ema_decay"])
+
+
+def make_schedule(recipe: dict, steps_per_epoch: int):
+    """``lr_at(step)``: the recipe's warm-up and cosine over its epochs of ``steps_per_epoch`` steps."""
+    return functools.partial(
+        cosine_schedule,
+        total_steps=steps_per_epoch * recipe["epochs"],
+        warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)),
+        lr=peak_lr(recipe),
+        min_lr=recipe["min_lr"],
+    )
+
+
+def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """A checkpoint's optimiser state loads into the implementation this run built (fused on CUDA), whatever
+    wrote it: a GPU run saved unfused by an older locvit, or a CPU run resumed on a GPU."""
+    groups = [
+        {**saved, "fused": ours["fused"]} for saved, ours in zip(state_dict["param_groups"], optimizer.param_groups)
+    ]
+    return {**state_dict, "param_groups": groups}

@@ -2,8 +2,8 @@
 
 ``fingerprint`` builds the run config's model on the CPU from its seed and trains it for ``STEPS`` optimiser
 steps of ``BATCH`` fixed images through the run's own feed (RandAugment, random erasing, normalisation),
-MixUp/CutMix, loss, gradient clipping, AdamW and EMA (``locvit.train.engine.train_one_epoch``, the
-optimiser and schedule of ``locvit.train.loop``), then scores the fixed images in eval mode with the model and
+MixUp/CutMix, loss, gradient clipping, AdamW and EMA (``locvit.train.engine``'s ``train_one_epoch`` and
+the optimiser, EMA and schedule a run builds), then scores the fixed images in eval mode with the model and
 its EMA. It hashes every number it met: the initial and final weights, the EMA's, the losses, the logits and
 the whole learning-rate schedule of the run's epochs. Equal digests: the changed code computes that run as the
 old did on these inputs. It cannot see code that runs only later (an epoch boundary, the data loader, a
@@ -47,8 +47,16 @@ def _run(cfg: dict, weights_digest) -> dict:
     from locvit import models
     from locvit.data.augment import make_mixup, make_train_augment
     from locvit.data.feed import TrainFeed
-    from locvit.train.engine import Compute, EpochBatches, StepRecipe, train_one_epoch, update_ema
-    from locvit.train.loop import make_ema, make_optimizer, make_schedule
+    from locvit.train.engine import (
+        Compute,
+        EpochBatches,
+        StepRecipe,
+        make_ema,
+        make_optimizer,
+        make_schedule,
+        train_one_epoch,
+        update_ema,
+    )
     from locvit.train.state import seed_everything
 
     recipe, device = cfg["train"], torch.device("cpu")

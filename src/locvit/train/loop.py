@@ -20,7 +20,6 @@ import torch
 
 from locvit import models
 from locvit.checkpoint import weights_digest
-from locvit.config.run import peak_lr
 from locvit.data.augment import make_mixup, make_train_augment
 from locvit.data.feed import TrainFeed
 from locvit.data.ffcv_io import make_loader
@@ -38,8 +37,10 @@ from locvit.train.engine import (
     EpochStart,
     StepRecipe,
     channels_last,
-    cosine_schedule,
     evaluate,
+    make_ema,
+    make_optimizer,
+    make_schedule,
     set_deterministic,
     train_one_epoch,
     update_ema,
@@ -48,18 +49,7 @@ from locvit.train.state import REQUEST, Plan, RunCheckpoints, TrainState, plan_r
 
 log = logging.getLogger(__name__)
 
-__all__ = ["param_groups", "train_run"]
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases, norms, tokens and position embeddings (DeiT's rule)."""
-    skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+__all__ = ["train_run"]
 
 
 def per_process_batch(recipe: dict, world_size: int) -> int:
@@ -210,52 +200,6 @@ def build_run(
         show_progress and dist.main,
     )
     return run, TrainState(model, net, optimizer, ema, lr_at)
-
-
-def make_optimizer(model: torch.nn.Module, recipe: dict, device: torch.device) -> torch.optim.Optimizer:
-    """The recipe's AdamW over ``param_groups``, at its peak lr.
-
-    Fused on CUDA: one kernel for all tensors, which skips a step with a NaN or inf on the device (the engine
-    sets its found_inf), so no step reads a flag back. The CPU keeps torch's default (single-tensor): the CPU's
-    fused kernel rounds differently, and CPU runs keep the numbers they always had.
-    """
-    optimizer = torch.optim.AdamW(
-        param_groups(model, recipe["weight_decay"]),
-        lr=peak_lr(recipe),
-        betas=tuple(recipe["betas"]),
-        fused=True if device.type == "cuda" else None,
-    )
-    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
-    return optimizer
-
-
-def make_ema(model: torch.nn.Module, recipe: dict):
-    """timm's ModelEmaV3 of ``model`` where the recipe keeps one, else None."""
-    if not recipe["ema"]:
-        return None
-    from timm.utils import ModelEmaV3
-
-    return ModelEmaV3(model, decay=recipe["ema_decay"])
-
-
-def make_schedule(recipe: dict, steps_per_epoch: int):
-    """``lr_at(step)``: the recipe's warm-up and cosine over its epochs of ``steps_per_epoch`` steps."""
-    return functools.partial(
-        cosine_schedule,
-        total_steps=steps_per_epoch * recipe["epochs"],
-        warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch)),
-        lr=peak_lr(recipe),
-        min_lr=recipe["min_lr"],
-    )
-
-
-def _keep_implementation(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
-    """A checkpoint's optimiser state loads into the implementation this run built (fused on CUDA), whatever
-    wrote it: a GPU run saved unfused by an older locvit, or a CPU run resumed on a GPU."""
-    groups = [
-        {**saved, "fused": ours["fused"]} for saved, ours in zip(state_dict["param_groups"], optimizer.param_groups)
-    ]
-    return {**state_dict, "param_groups": groups}
 
 
 def buffers_change(model: torch.nn.Module) -> bool:
