@@ -373,12 +373,12 @@ def test_an_upgrade_re_runs_only_the_jobs_whose_computation_changed(study, tmp_p
 
 def test_status_names_the_change_and_checks_the_runs_fingerprints(study, tmp_path):
     """`locvit status` on the finished study planned by an edited copy of locvit (29/34 items 3 and 4): a
-    refactor of training's code that keeps every number (a local renamed) re-plans both variants' training for
+    refactor of the engine's schedule that keeps every number (a local added) re-plans both variants' training for
     locvit's shared code, and `--check` finds every run's fingerprint equal; a real change of the warm-up (one
     step more) makes every fingerprint differ."""
     work = tmp_path / "work"
     shutil.copytree(study, work, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    loop = work / "src" / "locvit" / "train" / "loop.py"
+    loop = work / "src" / "locvit" / "train" / "engine.py"  # make_schedule: the run's warm-up and cosine
     env = {**env_with_venv(), "PYTHONPATH": os.pathsep.join([str(work / "src"), env_with_venv()["PYTHONPATH"]])}
 
     def status() -> str:
