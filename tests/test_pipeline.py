@@ -418,6 +418,61 @@ def test_status_names_the_change_and_checks_the_runs_fingerprints(study, tmp_pat
     assert out.count("fingerprint differs") == 4 and "fingerprint equal" not in out, out
 
 
+def test_an_accepted_change_keeps_the_runs_and_a_real_one_retrains(tmp_path, raw_tiny):
+    """The upgrade journey's end (29/34 items 5 and 7), on a study of DeiT and MaiT trained by a copy of
+    locvit: a MaiT refactor that computes the same (an unused constant) is cleared by the fingerprint and
+    accepted; evaluation, analysis and throughput re-run and load the accepted checkpoint, MaiT is not
+    retrained, and the runs record why. A report-only fix accepted by hand plans nothing. A real change of the
+    warm-up afterwards retrains both variants all the same."""
+    work = copy_workflow(tmp_path)
+    params = {**raw_tiny, "seeds": [0], "study": "journey", "variants": dict(list(raw_tiny["variants"].items())[:2])}
+    params.pop("mask_search", None)
+    params["train"] = {**params["train"], "epochs": 1}
+    (work / "journey.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    src = work / "src" / "locvit"
+    env = {**env_with_venv(), "PYTHONPATH": os.pathsep.join([str(work / "src"), env_with_venv()["PYTHONPATH"]])}
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    def plan() -> list[str]:
+        return _jobs(run(str(BIN / "snakemake"), "-n", "all", "--config", "params=journey.yaml"))
+
+    def edit(path: str, old: str, new: str) -> None:
+        text = (src / path).read_text()
+        assert old in text
+        (src / path).write_text(text.replace(old, new, 1))
+
+    run(str(BIN / "snakemake"), "--cores", "2", "all", "--config", "params=journey.yaml")
+    runs = work / "results" / "journey" / "runs"
+    trained = {p: p.stat().st_mtime_ns for p in runs.rglob("*.pt")}
+    edit("models/mait.py", "\n\n\ndef ", "\n\n\nUNUSED = 2\n\n\ndef ")
+    assert "train mait_b" in plan()
+    out = run(str(BIN / "locvit"), "accept", "--params", "journey.yaml", "--cleared", "--why", "an unused constant")
+    assert "accepted train mait_b (fingerprint equal): an unused constant" in out, out
+    assert not [j for j in plan() if j.startswith("train")]
+    out = run(str(BIN / "snakemake"), "--cores", "2", "all", "--config", "params=journey.yaml")
+    assert "rule train" not in out and "rule evaluate" in out  # scored from the accepted best.pt
+    assert plan() == []
+    metrics = json.loads((runs / "mait_b" / "seed0" / "metrics.json").read_text())
+    assert [(a["how"], a["why"]) for a in metrics["code_accepted"]] == [("fingerprint equal", "an unused constant")]
+    assert {p: p.stat().st_mtime_ns for p in runs.rglob("*.pt")} == trained  # kept, their times too
+
+    edit("report/plots.py", "\n\n\ndef ", "\n\n\nUNUSED = 2\n\n\ndef ")
+    assert plan() == ["report"]
+    out = run(str(BIN / "locvit"), "accept", "--params", "journey.yaml", "report", "--why", "a constant")
+    assert "accepted report (by hand): a constant" in out and "snakemake -n now plans: nothing" in out, out
+    assert plan() == []
+
+    warmup = 'warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch))'
+    edit("train/engine.py", warmup, warmup[:-1] + " + 1)")
+    out = run(str(BIN / "locvit"), "accept", "--params", "journey.yaml", "--cleared", "--why", "hoped so")
+    assert "nothing accepted" in out and out.count("fingerprint differs") == 2, out
+    assert {"train deit_a", "train mait_b"} <= set(plan())
+
+
 def test_bad_config_stops_before_any_job(tmp_path, raw_tiny):
     work = copy_workflow(tmp_path)
     raw_tiny["variants"]["../escape"] = raw_tiny["variants"]["deit_a"]

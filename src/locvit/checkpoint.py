@@ -115,7 +115,8 @@ def load_checkpoint(
         raise InputError(
             f"checkpoint {path} was trained with other model code: {', '.join(changed)} changed since "
             f"it was written, so its weights would load into a different model. {fix} Or put that code "
-            "back, or load it anyway with load_checkpoint(..., allow_code_change=True)."
+            "back; or, where the change computes the same (locvit status --check), keep the run with locvit "
+            "accept; or load it anyway with load_checkpoint(..., allow_code_change=True)."
         )
     return state
 

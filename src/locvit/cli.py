@@ -68,6 +68,12 @@ def cmd_status(args) -> None:
     print("\n".join(status(args.params, check=args.check)))
 
 
+def cmd_accept(args) -> None:
+    from locvit.status import accept
+
+    print("\n".join(accept(args.params, args.jobs, args.cleared, args.why)))
+
+
 def cmd_prepare(args) -> None:
     from locvit.data.prepare import prepare
 
@@ -457,6 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="for each training run whose code changed, compare the fingerprint it recorded with the code's now",
     )
+
+    p = add("accept", cmd_accept, "keep what jobs made although their code changed, on the record (see status)")
+    p.add_argument("jobs", nargs="*", metavar="JOB", help="a job locvit status lists, e.g. 'evaluate mait_b'")
+    p.add_argument("--cleared", action="store_true", help="every training job whose runs' fingerprints are equal")
+    p.add_argument("--why", required=True, help="why the change keeps the results (recorded with the acceptance)")
 
     p = add("prepare", cmd_prepare, "split the dataset and write one FFCV file per split plus a manifest")
     p.add_argument(

@@ -240,6 +240,11 @@ class StudyLayout:
         return self.logs / step / f"{name}.log" if name else self.logs / f"{step}.log"
 
     @property
+    def accepted_code(self) -> Path:
+        """The code changes the user accepted (``locvit accept``): per job, its new code and the code it ran with."""
+        return self.root / "accepted_code.json"
+
+    @property
     def tracking_db(self) -> Path:
         """The default MLflow backend, a SQLite file (``MLFLOW_TRACKING_URI`` overrides it)."""
         return self.root / TRACKING_DB

@@ -153,3 +153,128 @@ def status(params_file: Path, check: bool = False) -> list[str]:
         if not trained:
             lines.append("  none: no training job re-runs for a code change")
     return lines
+
+
+# Accepting a change ------------------------------------------------------------------------------------------
+# `locvit accept` records, per job, that its new code may keep what it made: the ledger (layout.accepted_code)
+# maps the job's new `code` param to the one Snakemake recorded (the Snakefile then finds it unchanged), and a
+# training job's runs record the acceptance in metrics.json, best.pt and last.pt (their run key and model code
+# now the new code's, so evaluation loads the checkpoint and a later re-run of the job restores it) and in the
+# MLflow run's tags. The outputs keep their file times: Snakemake sees nothing newer.
+
+COMMANDS = {"search_train": "train", "search_evaluate": "evaluate", "search_analyse": "analyse"}
+
+
+def command_of(job: Job) -> str:
+    """The ``locvit`` command a job's rule runs (whose code its ``code`` param is)."""
+    rule = re.sub(r"_\d+seeds(_\d+)?$", "", job.rule)
+    return COMMANDS.get(rule, rule).replace("_", "-")
+
+
+def code_change(job: Job) -> tuple[str, str] | None:
+    """(the code it ran with, its code now) of a job re-planned for its code alone, else None."""
+    found = re.search(r"before: '([0-9a-f]{16}[^']*)' now: '([0-9a-f]{16}[^']*)'$", job.reason)
+    return (found[1], found[2]) if found else None
+
+
+def accept(params_file: Path, names: list[str], cleared: bool, why: str) -> list[str]:
+    """Accept the code change of the jobs ``names`` (by hand) and, with ``cleared``, of every training job
+    whose runs' fingerprints are all equal; the lines to print."""
+    import datetime
+
+    from locvit.config import load_params
+    from locvit.io import write_json
+    from locvit.layout import StudyLayout
+    from locvit.versioning import accepted, commit_after_snakemake, job_key
+
+    params = load_params(params_file, check_models=False)
+    layout = StudyLayout.of(params)
+    planned = planned_jobs(dry_run(params_file))
+    unknown = [name for name in names if name not in {job.name for job in planned}]
+    if unknown:
+        raise InputError(
+            f"accept: {', '.join(map(repr, unknown))}: not a job snakemake -n plans; it plans: "
+            f"{', '.join(job.name for job in planned) or 'nothing'} (locvit status says why)"
+        )
+    at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    lines, done, checked = [], [], set()
+    while True:  # a job re-planned after an accepted one shows its own change only once that one is accepted
+        chosen = {}
+        for job in planned:
+            if not code_change(job) or job.name in done:
+                continue
+            if job.name in names:
+                chosen[job.name] = (job, "by hand")
+            elif cleared and command_of(job) == "train" and job.rule == "train" and job.name not in checked:
+                checked.add(job.name)
+                checks = check_runs(params, job.wildcards["variant"])
+                lines += checks
+                if all("fingerprint equal" in line for line in checks):
+                    chosen[job.name] = (job, "fingerprint equal")
+        if not chosen:
+            break
+        ledger = accepted(layout)
+        for name, (job, how) in chosen.items():
+            ran_with, now = code_change(job)
+            entry = {"now": now, "ran_with": ran_with, "how": how, "why": why, "at": at}
+            ledger[job_key(command_of(job), job.wildcards.get("variant"))] = entry
+            if command_of(job) == "train":
+                lines += record_in_runs(params, job.wildcards["variant"], entry)
+            lines.append(f"accepted {name} ({how}): {why}")
+            done.append(name)
+        write_json(layout.accepted_code, ledger)
+        planned = planned_jobs(dry_run(params_file))
+    if not done:
+        return [*lines, "accept: nothing accepted (no named job re-runs for its code, no training run cleared)"]
+    left = [job.name for job in planned]
+    lines.append(f"recorded in {layout.accepted_code}; snakemake -n now plans: {', '.join(left) or 'nothing'}")
+    return [*lines, f"DVC: {commit_after_snakemake(str(params_file))}"]
+
+
+def record_in_runs(params: dict, variant: str, entry: dict) -> list[str]:
+    """Write the acceptance into each run of ``variant``: metrics.json, best.pt and last.pt (the run key and
+    model code of the code now) and its MLflow run's tags; the files keep their times."""
+    import os
+
+    from locvit import models
+    from locvit.config.run import run_config, variant_fraction, variant_seeds
+    from locvit.io import write_json
+    from locvit.layout import StudyLayout
+    from locvit.train.state import run_key
+
+    models.import_modules(params["model_modules"])  # model_code reads the model's module: registered first
+    layout, lines = StudyLayout.of(params), []
+    for seed in variant_seeds(params, variant):
+        files, cfg = layout.run_files(variant, seed), run_config(params, variant, seed)
+        manifest = layout.data_files(variant_fraction(params, variant), seed=seed if layout.per_seed else None)
+        key = run_key(cfg, json.loads(manifest["manifest"].read_text())["data_hash"])
+        metrics = json.loads(files.metrics.read_text())
+        times = {path: path.stat() for path in (files.metrics, files.best, files.last) if path.is_file()}
+        write_json(
+            files.metrics, {**metrics, "run_key": key, "code_accepted": [*metrics.get("code_accepted", []), entry]}
+        )
+        for path in (files.best, files.last):
+            if path in times:
+                _resave(path, entry, key if path == files.last else None)
+        for path, stat in times.items():  # Snakemake decides by file times: nothing here is newer than it was
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        lines.append(f"  {variant} seed {seed}: acceptance recorded in {files.metrics.parent}")
+        run_id = metrics.get("mlflow_run_id")
+        try:
+            from locvit.tracking.backend import connect, set_tags
+
+            connect(params["study"], layout.tracking_db)
+            set_tags(run_id, {"locvit.code_accepted": json.dumps(entry, sort_keys=True)})
+        except Exception as err:  # noqa: BLE001 - the files hold the record; the tracking store is a view of it
+            lines.append(f"  {variant} seed {seed}: MLflow run {run_id} not tagged ({type(err).__name__}: {err})")
+    return lines
+
+
+def _resave(path: Path, entry: dict, key: str | None) -> None:
+    """A checkpoint written again with ``entry`` among its acceptances (and ``key`` as its run key, where
+    given), recording the model code of the code now (``save_checkpoint``)."""
+    from locvit.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(path, allow_code_change=True)
+    state["code_accepted"] = [*state.get("code_accepted", []), entry]
+    save_checkpoint(path, {**state, **({"run_key": key} if key else {})})

@@ -218,6 +218,28 @@ def job_code(params: dict, command: str, variants: Iterable[str] | None = None, 
     return code_digest(command, package=package, families=sorted(families), model_modules=sorted(users))
 
 
+def job_key(command: str, variant: str | None = None) -> str:
+    """A job's name in the accepted-code ledger: ``train mait_b``, ``throughput``."""
+    return f"{command} {variant}" if variant else command
+
+
+def accepted(layout: StudyLayout) -> dict[str, dict]:
+    """The study's accepted code changes (``locvit accept``): job key -> ``{"now", "ran_with", ...}``; none
+    where the ledger is missing or unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        ledger = json.loads(layout.accepted_code.read_text())
+        if isinstance(ledger, dict):
+            return ledger
+    return {}
+
+
+def recorded_code(code: str, key: str, ledger: dict[str, dict]) -> str:
+    """A job's ``code`` param: ``code``, or the code the job ran with where the user accepted ``code`` for it
+    (the ledger's ``now``), so Snakemake finds the job's params as it recorded them."""
+    entry = ledger.get(key) or {}
+    return entry["ran_with"] if entry.get("now") == code and "ran_with" in entry else code
+
+
 def variant_code(params: dict, variant: str) -> list[str]:
     """The modules whose code variant ``variant``'s model runs: its family's file and a user's module, or,
     where its model does not build (the job will fail and say why), every family and ``model_modules``."""

@@ -100,11 +100,17 @@ os.environ[launch.PYTHON_ENV] = sys.executable
 LOCVIT = f"{launch.PYTHON} -m locvit"
 
 
+ACCEPTED = versioning.accepted(LAYOUT)  # code changes the user accepted (locvit accept)
+
+
 @functools.cache
 def job_code(command, variants=None):
     """What the code of a `locvit <command>` job for ``variants`` (None: every variant) computes
-    (locvit.versioning.job_code): a comment, a docstring or a family no variant of the job runs changes nothing."""
-    return versioning.job_code(P, command, variants)
+    (locvit.versioning.job_code): a comment, a docstring or a family no variant of the job runs changes nothing.
+    Where the user accepted that code for the job, the code it ran with (locvit.versioning.recorded_code)."""
+    per_variant = command in ("train", "evaluate", "analyse") and variants and len(variants) == 1
+    key = versioning.job_key(command, variants[0] if per_variant else None)  # as locvit status names the job
+    return versioning.recorded_code(versioning.job_code(P, command, variants), key, ACCEPTED)
 
 
 def code_digest(command):
