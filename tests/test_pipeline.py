@@ -468,8 +468,11 @@ def test_an_accepted_change_keeps_the_runs_and_a_real_one_retrains(tmp_path, raw
 
     warmup = 'warmup_steps=int(round(recipe["warmup_epochs"] * steps_per_epoch))'
     edit("train/engine.py", warmup, warmup[:-1] + " + 1)")
-    out = run(str(BIN / "locvit"), "accept", "--params", "journey.yaml", "--cleared", "--why", "hoped so")
+    out = run(
+        str(BIN / "locvit"), "accept", "--params", "journey.yaml", "--cleared", "evaluate deit_a", "--why", "hoped so"
+    )
     assert "nothing accepted" in out and out.count("fingerprint differs") == 2, out
+    assert "not accepted: evaluate deit_a re-runs for another reason (an input it reads re-runs)" in out, out
     assert {"train deit_a", "train mait_b"} <= set(plan())
 
 

@@ -177,9 +177,9 @@ def code_change(job: Job) -> tuple[str, str] | None:
     return (found[1], found[2]) if found else None
 
 
-def accept(params_file: Path, names: list[str], cleared: bool, why: str) -> list[str]:
+def accept(params_file: Path, names: list[str], cleared: bool, because: str) -> list[str]:
     """Accept the code change of the jobs ``names`` (by hand) and, with ``cleared``, of every training job
-    whose runs' fingerprints are all equal; the lines to print."""
+    whose runs' fingerprints are all equal, ``because`` (the user's reason, recorded); the lines to print."""
     import datetime
 
     from locvit.config import load_params
@@ -216,14 +216,19 @@ def accept(params_file: Path, names: list[str], cleared: bool, why: str) -> list
         ledger = accepted(layout)
         for name, (job, how) in chosen.items():
             ran_with, now = code_change(job)
-            entry = {"now": now, "ran_with": ran_with, "how": how, "why": why, "at": at}
+            entry = {"now": now, "ran_with": ran_with, "how": how, "why": because, "at": at}
             ledger[job_key(command_of(job), job.wildcards.get("variant"))] = entry
             if command_of(job) == "train":
                 lines += record_in_runs(params, job.wildcards["variant"], entry)
-            lines.append(f"accepted {name} ({how}): {why}")
+            lines.append(f"accepted {name} ({how}): {because}")
             done.append(name)
         write_json(layout.accepted_code, ledger)
         planned = planned_jobs(dry_run(params_file))
+    lines += [
+        f"not accepted: {job.name} re-runs for another reason ({why(job)})"
+        for job in planned
+        if job.name in names and job.name not in done
+    ]
     if not done:
         return [*lines, "accept: nothing accepted (no named job re-runs for its code, no training run cleared)"]
     left = [job.name for job in planned]
